@@ -1,0 +1,140 @@
+"""`pcd-mcp`: check the arguments, then serve the MCP tools over stdio or streamable HTTP.
+
+Every flag has an environment variable, so that an agent host's config can set either. Arguments are
+checked before the model loads or a transport opens, so a typo fails in a second with exit status 2.
+Logs go to stderr: on stdio, stdout is the wire.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import importlib.util
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+TRANSPORTS = ("stdio", "streamable-http")
+BACKENDS = {"torch": "torch", "mlx": "mlx"}  # backend name -> the module it needs
+DTYPES = ("float32", "float16", "bfloat16")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _port(text: str) -> int:
+    value = _positive_int(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"a port is 1 to 65535, got {text!r}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    env = os.environ.get
+    parser = argparse.ArgumentParser(
+        prog="pcd-mcp",
+        description="Serve pcd-engine's typed decisions (noul, choice, score, decide, fill) as MCP tools.",
+        epilog="Each flag defaults to the environment variable named in its help.",
+    )
+    add = parser.add_argument
+    add(
+        "--transport",
+        default=env("PCD_MCP_TRANSPORT", "stdio"),
+        help=f"one of {', '.join(TRANSPORTS)} (PCD_MCP_TRANSPORT; default stdio)",
+    )
+    add("--host", default=env("PCD_MCP_HOST", "127.0.0.1"), help="HTTP bind address (PCD_MCP_HOST)")
+    add(
+        "--port",
+        type=_port,
+        default=env("PCD_MCP_PORT", "8765"),
+        help="HTTP port; the endpoint is /mcp (PCD_MCP_PORT; default 8765)",
+    )
+    add(
+        "--model",
+        default=env("PCD_MODEL"),
+        help="embedded alias (smollm2-135m, gemma3-270m), .gguf path, local folder or cached Hugging Face "
+        "id (PCD_MODEL; default smollm2-135m)",
+    )
+    add("--backend", default=env("PCD_BACKEND", "torch"), help=f"one of {', '.join(BACKENDS)} (PCD_BACKEND)")
+    add("--device", default=env("PCD_DEVICE"), help="torch device, such as cpu or cuda (PCD_DEVICE)")
+    add("--dtype", default=env("PCD_DTYPE"), help=f"one of {', '.join(DTYPES)} (PCD_DTYPE; default float32)")
+    add(
+        "--max-tokens-per-pass",
+        type=_positive_int,
+        default=env("PCD_MAX_TOKENS_PER_PASS"),
+        help="KV budget: the most tokens one forward pass may hold (PCD_MAX_TOKENS_PER_PASS)",
+    )
+    add(
+        "--log-level",
+        default=env("PCD_LOG_LEVEL", "INFO"),
+        help=f"one of {', '.join(LOG_LEVELS)} (PCD_LOG_LEVEL; default INFO)",
+    )
+    return parser
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Parse and check every argument; exits with status 2 and a message on stderr for a bad one.
+
+    `choices=` is not used because argparse does not check it against defaults, which come from the
+    environment here.
+    """
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    args.log_level = args.log_level.upper()
+    if args.transport not in TRANSPORTS:
+        parser.error(f"--transport must be one of {', '.join(TRANSPORTS)}, got {args.transport!r}")
+    if args.backend not in BACKENDS:
+        parser.error(f"--backend must be one of {', '.join(BACKENDS)}, got {args.backend!r}")
+    if importlib.util.find_spec("mcp") is None:
+        parser.error("the MCP server needs the 'mcp' package; run: pip install 'pcd-engine[mcp]'")
+    if importlib.util.find_spec(BACKENDS[args.backend]) is None:
+        parser.error(
+            f"the {args.backend!r} backend needs {BACKENDS[args.backend]!r}, which is not installed; "
+            f"run: pip install 'pcd-engine[{args.backend}]'"
+        )
+    if args.dtype is not None and args.dtype not in DTYPES:
+        parser.error(f"--dtype must be one of {', '.join(DTYPES)}, got {args.dtype!r}")
+    if args.log_level not in LOG_LEVELS:
+        parser.error(f"--log-level must be one of {', '.join(LOG_LEVELS)}, got {args.log_level!r}")
+    if args.model is not None:
+        from pcd_core import PcdError
+        from pcd_core.models import resolve
+
+        try:
+            resolve(args.model)  # finds embedded packages and .gguf files without loading weights
+        except PcdError as exc:
+            parser.error(f"--model {args.model!r}: {exc}")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    logging.basicConfig(stream=sys.stderr, level=args.log_level, format="%(asctime)s %(name)s: %(message)s")
+
+    # Imported after the checks: pulling in the engine and the SDK takes a while.
+    from pcd_core import Engine
+
+    from mcp_server.server import serve
+
+    load = functools.partial(
+        Engine.load,
+        backend=args.backend,
+        device=args.device,
+        dtype=args.dtype,
+        max_tokens_per_pass=args.max_tokens_per_pass,
+        **({"model": args.model} if args.model else {}),
+    )
+    serve(load, transport=args.transport, host=args.host, port=args.port, log_level=args.log_level)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,136 @@
+"""The typed results of the MCP tools: each becomes a tool's `outputSchema` and `structured_content`.
+
+Every result carries `model` and `usage`, so that an agent can see what answered and what it cost. The
+`decide` answers mirror the `POST /v1/systemone` wire format (`Answer.to_wire()` in `pcd_core.questions`)
+field for field; `tests/test_mcp_server.py` checks both the schemas and the equality.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, Field
+
+#: `noul` at or above this is a "yes" verdict. The band is symmetric around 0.5 and wide enough that a
+#: verdict is never a coin flip; a caller who needs another cut-off reads `noul` itself.
+YES_AT = 0.65
+#: `noul` at or below this is a "no" verdict; between NO_AT and YES_AT the verdict is "uncertain".
+NO_AT = 0.35
+
+
+def verdict_of(noul: float) -> Literal["yes", "no", "uncertain"]:
+    """The verdict for P(yes) = `noul`, by the band above."""
+    if noul >= YES_AT:
+        return "yes"
+    if noul <= NO_AT:
+        return "no"
+    return "uncertain"
+
+
+class Usage(BaseModel):
+    """What one call cost: prompt tokens read, no tokens generated, and model forward passes."""
+
+    input_tokens: int
+    output_tokens: int = 0
+    forward_passes: int
+
+
+class NoulResult(BaseModel):
+    """A yes/no judgement."""
+
+    noul: float = Field(description="P(yes), renormalised over yes and no.")
+    verdict: Literal["yes", "no", "uncertain"] = Field(
+        description=f"'yes' when noul >= {YES_AT}, 'no' when noul <= {NO_AT}, otherwise 'uncertain'."
+    )
+    candidate_mass: float = Field(
+        description="Probability the model put on yes or no at all, before renormalising; low means the "
+        "question did not fit the state well."
+    )
+    model: str
+    usage: Usage
+
+
+class ChoiceResult(BaseModel):
+    """One option picked from a closed set."""
+
+    choice: str = Field(description="The most probable option, exactly as it was given.")
+    confidence: float = Field(description="The normalised peak (n*max p - 1)/(n - 1), in [0, 1].")
+    probabilities: dict[str, float] = Field(description="Every option's probability; they sum to 1.")
+    runner_up: str = Field(description="The second most probable option.")
+    candidate_mass: float = Field(description="Probability on any option before renormalising.")
+    model: str
+    usage: Usage
+
+
+class ScoreResult(BaseModel):
+    """A position on an ordered scale."""
+
+    score: float = Field(description="Expected level index, sum of i * p_i, from 0 to len(levels) - 1.")
+    nearest_level: str = Field(description="The level whose index is closest to score.")
+    confidence: float = Field(description="The normalised peak of the level probabilities, in [0, 1].")
+    probabilities: dict[str, float] = Field(description="Level index ('0', '1', ...) to probability.")
+    legend: dict[str, str] = Field(description="Level index ('0', '1', ...) to the level's text.")
+    candidate_mass: float = Field(description="Probability on any level before renormalising.")
+    model: str
+    usage: Usage
+
+
+class NoulWireAnswer(BaseModel):
+    """A noul answer as `POST /v1/systemone` sends it."""
+
+    type: Literal["noul"]
+    noul: float = Field(description="P(yes).")
+    x_candidate_mass: float
+
+
+class ChoiceWireAnswer(BaseModel):
+    """A choice answer as `POST /v1/systemone` sends it."""
+
+    type: Literal["choice"]
+    choice: str
+    probabilities: dict[str, float]
+    confidence: float
+    x_candidate_mass: float
+    x_logits: dict[str, float] = Field(description="Each option's log-probability before renormalising.")
+
+
+class ScoreWireAnswer(BaseModel):
+    """A score answer as `POST /v1/systemone` sends it."""
+
+    type: Literal["score"]
+    score: float = Field(description="Expected level index, sum of i * p_i.")
+    legend: dict[str, str]
+    probabilities: dict[str, float]
+    confidence: float
+    x_candidate_mass: float
+    x_logits: dict[str, float] = Field(description="Each level's log-probability before renormalising.")
+
+
+WireAnswer = Annotated[NoulWireAnswer | ChoiceWireAnswer | ScoreWireAnswer, Field(discriminator="type")]
+
+
+class DecideResult(BaseModel):
+    """Many answers about one state, exactly as `POST /v1/systemone` returns them."""
+
+    model: str
+    answers: dict[str, WireAnswer] = Field(description="Question id to answer, in the System One format.")
+    usage: Usage
+
+
+class FieldDecision(BaseModel):
+    """How one field of a filled object was decided."""
+
+    value: Any = Field(description="The chosen value.")
+    probability: float = Field(description="Probability of the chosen value among the allowed ones.")
+    candidate_mass: float = Field(description="Probability on any allowed value before renormalising.")
+    confidence: float
+
+
+class FillResult(BaseModel):
+    """A JSON object filled against a closed schema."""
+
+    value: dict[str, Any] = Field(description="The filled object; it validates against the schema.")
+    fields: dict[str, FieldDecision]
+    warnings: list[str] = Field(description="Soft problems, such as a field with low candidate mass.")
+    model: str
+    usage: Usage

@@ -1,0 +1,322 @@
+"""The MCP tools: typed decisions (`noul`, `choice`, `score`, `decide`, `fill`) on a local `Engine`.
+
+Each tool translates its arguments into engine questions or a schema, awaits the engine on a worker
+thread, and returns a pydantic model, so the SDK publishes a typed `outputSchema` and answers with
+`structured_content`. The server never builds prompts or touches token ids.
+
+Invariants:
+- The model loads once, on a background thread started by the lifespan, so the handshake is answered
+  at once; a tool call made during the load waits for it and reports progress.
+- Arguments are checked before waiting for the model, so a bad call fails at once, as a `ToolError`.
+- Engine errors caused by the caller (`SchemaError`, `PromptError`, `TokenizationError`, pydantic
+  `ValidationError`) become `ToolError`s; nothing a caller sends can stop the server.
+- Model access is serialised by the engine's own lock, so concurrent calls are safe.
+
+`tests/test_mcp_server.py` proves these in process, over real stdio and over streamable HTTP.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Annotated, Any, Literal
+
+try:
+    from mcp.server.mcpserver import Context, MCPServer
+    from mcp.server.mcpserver.exceptions import ToolError
+    from mcp_types import ToolAnnotations
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "the MCP server needs the 'mcp' package, which is not installed; run: pip install 'pcd-engine[mcp]'"
+    ) from exc
+from pydantic import Field, ValidationError
+
+from pcd_core import (
+    ChoiceQuestion,
+    Engine,
+    NoulQuestion,
+    PromptError,
+    Question,
+    SchemaError,
+    ScoreQuestion,
+    TokenizationError,
+    __version__,
+    parse_schema,
+)
+from pcd_core.questions import DecideRequest
+
+from .loading import EngineFactory, EngineLoader
+from .results import (
+    NO_AT,
+    YES_AT,
+    ChoiceResult,
+    DecideResult,
+    FieldDecision,
+    FillResult,
+    NoulResult,
+    ScoreResult,
+    Usage,
+    verdict_of,
+)
+
+LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
+State = Annotated[
+    str | dict[str, Any] | list[Any],
+    Field(description="What the question is about: text, or any JSON object or array (shown as JSON)."),
+]
+QuestionText = Annotated[str, Field(description="The question, in plain words, to answer about the state.")]
+_TOOL_ANNOTATIONS = ToolAnnotations(read_only_hint=True, open_world_hint=False, idempotent_hint=True)
+_CALLER_ERRORS = (SchemaError, PromptError, TokenizationError, ValidationError)
+# the wire names of question fields, as the single-question tools call them
+_NAMES = {"instructions": "question"}
+_CHOICE_NAMES = {**_NAMES, "criteria": "options"}
+_SCORE_NAMES = {**_NAMES, "criteria": "levels"}
+
+
+def _caller_error(exc: Exception, names: dict[str, str] | None = None) -> ToolError:
+    """A ToolError whose message an agent can act on.
+
+    `names` maps wire field names to this tool's argument names (`criteria` is `options` in `choice`),
+    so that the message names what the caller actually sent.
+    """
+    if isinstance(exc, ValidationError):
+        names = names or {}
+        problems = "; ".join(
+            f"{'.'.join(names.get(str(part), str(part)) for part in err['loc']) or 'value'}: {err['msg']}"
+            for err in exc.errors()
+        )
+        return ToolError(f"invalid arguments: {problems}")
+    return ToolError(str(exc))
+
+
+def _checked(build: Callable[[], Any], names: dict[str, str] | None = None) -> Any:
+    """Run `build`, turning a caller's mistake into a ToolError."""
+    try:
+        return build()
+    except _CALLER_ERRORS as exc:
+        raise _caller_error(exc, names) from exc
+
+
+def _usage(input_tokens: int, forward_passes: int) -> Usage:
+    return Usage(input_tokens=input_tokens, output_tokens=0, forward_passes=forward_passes)
+
+
+def build_server(
+    engine_or_factory: Engine | EngineFactory, *, name: str = "pcd", log_level: LogLevel = "INFO"
+) -> MCPServer:
+    """An MCP server whose tools answer on `engine_or_factory`.
+
+    Pass an `Engine` to serve it as is, or a zero-argument factory (such as a `functools.partial` of
+    `Engine.load`) to load it in the background when the server starts.
+    """
+    loader = EngineLoader(engine_or_factory)
+
+    @asynccontextmanager
+    async def lifespan(_server: MCPServer) -> AsyncIterator[EngineLoader]:
+        loader.start()
+        yield loader
+
+    server = MCPServer(
+        name,
+        instructions=(
+            "Local, deterministic judgements by a small language model, read from its next-token "
+            "probabilities: no text is generated, and every answer comes with its probabilities. Use noul "
+            "for a yes/no question, choice to pick one of named options, score to place the state on an "
+            "ordered scale, decide for several such questions about one state in one pass, and fill to "
+            "fill a JSON object whose fields are all closed (booleans, enums)."
+        ),
+        version=__version__,
+        lifespan=lifespan,
+        log_level=log_level,
+    )
+
+    async def ask(ctx: Context, state: Any, question: Any) -> tuple[Any, str, Usage]:
+        engine = await loader.get(ctx)
+        try:
+            resp = await engine.adecide(state, {"q": question})
+        except _CALLER_ERRORS as exc:
+            raise _caller_error(exc) from exc
+        usage = _usage(resp.usage.input_tokens, resp.stats.forward_passes)
+        return resp.answers["q"], resp.model, usage
+
+    @server.tool(
+        title="Yes/no judgement",
+        description=(
+            "Answer a yes/no question about the state with a probability. Use it for checks and "
+            "gates (is this a complaint? does the text mention a deadline?). Returns noul = P(yes) and "
+            f"a verdict: yes when noul >= {YES_AT}, no when noul <= {NO_AT}, uncertain in between. "
+            "criteria may say what counts as yes ('true') and as no ('false')."
+        ),
+        annotations=_TOOL_ANNOTATIONS,
+    )
+    async def noul(
+        state: State,
+        question: QuestionText,
+        ctx: Context,
+        criteria: Annotated[
+            dict[Literal["true", "false"], str | None] | None,
+            Field(description="Optional: what counts as yes ('true') and as no ('false'); either or both."),
+        ] = None,
+    ) -> NoulResult:
+        asked = _checked(lambda: NoulQuestion(instructions=question, criteria=criteria), _NAMES)
+        answer, model, usage = await ask(ctx, state, asked)
+        return NoulResult(
+            noul=answer.noul,
+            verdict=verdict_of(answer.noul),
+            candidate_mass=answer.candidate_mass,
+            model=model,
+            usage=usage,
+        )
+
+    @server.tool(
+        title="Pick one option",
+        description=(
+            "Pick the one option that best answers the question about the state, from 2 to 255 named "
+            "options (classification, routing, intent). Each option maps to a description or null. "
+            "Returns the choice, every option's probability, the runner-up and a confidence in [0, 1]."
+        ),
+        annotations=_TOOL_ANNOTATIONS,
+    )
+    async def choice(
+        state: State,
+        question: QuestionText,
+        options: Annotated[
+            dict[str, str | None],
+            Field(description="Option name to a description of when it applies, or null; 2 to 255 options."),
+        ],
+        ctx: Context,
+    ) -> ChoiceResult:
+        asked = _checked(lambda: ChoiceQuestion(instructions=question, criteria=options), _CHOICE_NAMES)
+        answer, model, usage = await ask(ctx, state, asked)
+        ranked = sorted(answer.probabilities, key=answer.probabilities.__getitem__, reverse=True)
+        return ChoiceResult(
+            choice=answer.choice,
+            confidence=answer.confidence,
+            probabilities=answer.probabilities,
+            runner_up=next(name for name in ranked if name != answer.choice),
+            candidate_mass=answer.candidate_mass,
+            model=model,
+            usage=usage,
+        )
+
+    @server.tool(
+        title="Score on a scale",
+        description=(
+            "Place the state on an ordered scale of 2 to 10 levels, listed from lowest to highest "
+            "(severity, sentiment, urgency, quality). Returns the expected level index as score, the "
+            "nearest level's text, each level's probability and a confidence in [0, 1]."
+        ),
+        annotations=_TOOL_ANNOTATIONS,
+    )
+    async def score(
+        state: State,
+        question: QuestionText,
+        levels: Annotated[
+            list[str], Field(description="The scale's levels, lowest first; 2 to 10 of them.")
+        ],
+        ctx: Context,
+    ) -> ScoreResult:
+        asked = _checked(lambda: ScoreQuestion(instructions=question, criteria=levels), _SCORE_NAMES)
+        answer, model, usage = await ask(ctx, state, asked)
+        return ScoreResult(
+            score=answer.score,
+            nearest_level=levels[min(len(levels) - 1, max(0, round(answer.score)))],
+            confidence=answer.confidence,
+            probabilities=answer.probabilities,
+            legend=answer.legend,
+            candidate_mass=answer.candidate_mass,
+            model=model,
+            usage=usage,
+        )
+
+    @server.tool(
+        title="Many questions, one state",
+        description=(
+            "Ask several independent questions about the same state in one call; the state is read "
+            "once, so this is much cheaper than one call per question. questions maps your ids to "
+            "System One questions: {'type': 'noul'|'choice'|'score', 'instructions': ..., 'criteria': "
+            "...}, with criteria as for the noul, choice (options) and score (levels) tools. Answers "
+            "come back in the System One wire format, keyed by the same ids."
+        ),
+        annotations=_TOOL_ANNOTATIONS,
+    )
+    async def decide(
+        state: State,
+        questions: Annotated[
+            dict[str, Question],
+            Field(description="Question id to question; at least one. Ids are never shown to the model."),
+        ],
+        ctx: Context,
+    ) -> DecideResult:
+        _checked(lambda: DecideRequest(state=state, questions=questions))
+        engine = await loader.get(ctx)
+        try:
+            resp = await engine.adecide(state, questions)
+        except _CALLER_ERRORS as exc:
+            raise _caller_error(exc) from exc
+        wire = resp.to_wire()
+        return DecideResult(
+            model=wire["model"],
+            answers=wire["answers"],
+            usage=_usage(wire["usage"]["input_tokens"], resp.stats.forward_passes),
+        )
+
+    @server.tool(
+        title="Fill a closed JSON object",
+        description=(
+            "Fill a JSON object from the state against a JSON Schema whose properties are all closed: "
+            "boolean, enum, const, or anyOf/oneOf of consts ($ref into $defs is fine). Free-text, "
+            "number-range and nested-object fields are rejected. Use it to extract a record in one "
+            "call; every field comes back with its probability and candidate mass."
+        ),
+        annotations=_TOOL_ANNOTATIONS,
+    )
+    async def fill(
+        state: Annotated[str, Field(description="The text to read.")],
+        schema: Annotated[
+            dict[str, Any], Field(description="A JSON Schema object with closed properties.")
+        ],
+        ctx: Context,
+    ) -> FillResult:
+        _checked(lambda: parse_schema(schema))
+        engine = await loader.get(ctx)
+        try:
+            ex = await engine.afill(schema, state)
+        except _CALLER_ERRORS as exc:
+            raise _caller_error(exc) from exc
+        return FillResult(
+            value=dict(ex.value),
+            fields={
+                name: FieldDecision(
+                    value=f.value,
+                    probability=f.probability,
+                    candidate_mass=f.candidate_mass,
+                    confidence=f.confidence,
+                )
+                for name, f in ex.fields.items()
+            },
+            warnings=list(ex.warnings),
+            model=engine.model_name,
+            # Stats has no head length on a head-cache miss, so a miss undercounts by the schema's head.
+            usage=_usage(
+                ex.stats.prompt_tokens + ex.stats.cached_tokens + ex.stats.row_tokens, ex.stats.forward_passes
+            ),
+        )
+
+    return server
+
+
+def serve(
+    engine_or_factory: Engine | EngineFactory,
+    *,
+    transport: Literal["stdio", "streamable-http"] = "stdio",
+    host: str = "127.0.0.1",
+    port: int = 8765,
+    log_level: LogLevel = "INFO",
+) -> None:
+    """Serve the tools until the client goes away (stdio) or the process is stopped (HTTP, at /mcp)."""
+    server = build_server(engine_or_factory, log_level=log_level)
+    if transport == "stdio":
+        server.run()
+    else:
+        server.run(transport="streamable-http", host=host, port=port)

@@ -1,0 +1,63 @@
+"""pcd-engine: parallel constrained decoding. An open causal LM as a typed-decision engine.
+
+The engine reads every closed field of a schema out of one shared prompt and a few batched forward
+passes, instead of letting the model write JSON token by token.
+"""
+
+from .engine import Engine
+from .errors import (
+    BackendError,
+    BackendUnavailableError,
+    FreeTextNotSupportedError,
+    PcdError,
+    PromptError,
+    SchemaError,
+    TokenizationError,
+)
+from .questions import (
+    Answer,
+    ChoiceAnswer,
+    ChoiceQuestion,
+    DecideRequest,
+    DecideResponse,
+    NoulAnswer,
+    NoulQuestion,
+    Question,
+    ScoreAnswer,
+    ScoreQuestion,
+    Usage,
+)
+from .result import Extraction, FieldResult, Stats
+from .schema import Field, Label, Schema, parse_schema
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Answer",
+    "ChoiceAnswer",
+    "ChoiceQuestion",
+    "DecideRequest",
+    "DecideResponse",
+    "NoulAnswer",
+    "NoulQuestion",
+    "Question",
+    "ScoreAnswer",
+    "ScoreQuestion",
+    "Usage",
+    "BackendError",
+    "BackendUnavailableError",
+    "Engine",
+    "Extraction",
+    "Field",
+    "FreeTextNotSupportedError",
+    "FieldResult",
+    "Label",
+    "PcdError",
+    "PromptError",
+    "Schema",
+    "SchemaError",
+    "Stats",
+    "TokenizationError",
+    "parse_schema",
+    "__version__",
+]

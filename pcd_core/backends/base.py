@@ -1,0 +1,235 @@
+"""The backend contract: two primitives, and everything a backend shares.
+
+A backend knows nothing about schemas, labels or JSON. It offers:
+
+``prefill(ids, parent=None) -> Prefix``
+    Reads ``ids`` after ``parent`` (or from scratch) and returns a new, immutable ``Prefix``.
+    The parent is never modified, so one cached head can serve any number of requests.
+
+``score(prefix, rows, queries) -> list[np.ndarray]``
+    Every row continues ``prefix``; rows never see each other. Each ``Query(row, position, ids)``
+    returns the full-vocabulary log-softmax after token ``rows[row][position]`` (``position == -1``
+    means after the prefix's own last token), gathered at ``ids``, as float64. The prefix is never
+    modified.
+
+``next_logp(prefix)``, the full-vocabulary log-softmax after a prefix, exists for token-by-token
+baselines only; the engine itself never needs a whole vocabulary.
+
+Memory is bounded by one knob, ``max_tokens_per_pass``: the row tokens read in one forward pass. The
+base class splits rows into such chunks (whole rows, never a row across two chunks), so chunking
+cannot change a result, only the number of passes. Every pass is counted in ``forward_passes``;
+`pcd_core.testing.check_backend` proves the rest of the contract for any backend.
+"""
+
+from __future__ import annotations
+
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import BackendError, PromptError
+
+
+@dataclass(frozen=True)
+class Query:
+    """Which log-probs to read: after token ``position`` of row ``row``, at token ``ids``."""
+
+    row: int
+    position: int
+    ids: tuple[int, ...]
+
+
+@dataclass(frozen=True, eq=False)
+class Prefix:
+    """An immutable read prompt: its token ids and the backend's state for them (KV, last hidden)."""
+
+    ids: tuple[int, ...]
+    state: Any = field(repr=False)
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.ids)
+
+
+@dataclass
+class PassCounter:
+    """Forward passes and tokens read, counted under a lock so that threads may share a backend."""
+
+    forward_passes: int = 0
+    tokens_read: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add(self, n_tokens: int) -> None:
+        """Count one forward pass over ``n_tokens`` distinct tokens."""
+        with self._lock:
+            self.forward_passes += 1
+            self.tokens_read += n_tokens
+
+
+def plan_chunks(rows: Sequence[Sequence[int]], max_tokens_per_pass: int | None) -> list[list[int]]:
+    """Group row indices into passes of at most ``max_tokens_per_pass`` row tokens (one row at least)."""
+    if not rows:
+        return []
+    if max_tokens_per_pass is None:
+        return [list(range(len(rows)))]
+    chunks: list[list[int]] = [[]]
+    used = 0
+    for index, row in enumerate(rows):
+        if chunks[-1] and used + len(row) > max_tokens_per_pass:
+            chunks.append([])
+            used = 0
+        chunks[-1].append(index)
+        used += len(row)
+    return chunks
+
+
+@dataclass
+class TokenTree:
+    """Rows merged where they share a start: each distinct row prefix is one packed token.
+
+    Rows of one question share a long text and part only at the answer, so packing them as a tree
+    reads the shared text once instead of once per branch, in the same single pass.
+    """
+
+    tokens: list[int]
+    parent: list[int]  # -1 for a token that follows the prefix directly
+    depth: list[int]
+    node_of: list[list[int]]  # per row, per position: the packed index
+
+    def ancestors(self) -> np.ndarray:
+        """[n, n] boolean: token i may attend to token k iff k is i or one of its ancestors."""
+        n = len(self.tokens)
+        allowed = np.zeros((n, n), dtype=bool)
+        for i, parent in enumerate(self.parent):
+            if parent >= 0:
+                allowed[i] = allowed[parent]
+            allowed[i, i] = True
+        return allowed
+
+
+def pack_tree(rows: list[tuple[int, ...]]) -> TokenTree:
+    tree = TokenTree([], [], [], [])
+    roots: dict[int, tuple[int, dict]] = {}
+    for row in rows:
+        children, parent, placed = roots, -1, []
+        for depth, token in enumerate(row):
+            if token not in children:
+                tree.tokens.append(token)
+                tree.parent.append(parent)
+                tree.depth.append(depth)
+                children[token] = (len(tree.tokens) - 1, {})
+            parent, children = children[token]
+            placed.append(parent)
+        tree.node_of.append(placed)
+    return tree
+
+
+class Backend(ABC):
+    """A loaded causal LM behind the two primitives. Subclasses implement the underscored hooks."""
+
+    #: short name used in stats and errors ("torch", "mlx", "oracle")
+    name: str = "backend"
+    #: how rows share the prefix: "packed" (one sequence, tree mask) or "copies" (a KV copy per row)
+    row_layout: str = "packed"
+
+    def __init__(self, *, context_length: int, max_tokens_per_pass: int | None = None) -> None:
+        if max_tokens_per_pass is not None and max_tokens_per_pass < 1:
+            raise ValueError(f"max_tokens_per_pass must be positive, got {max_tokens_per_pass!r}")
+        self.context_length = context_length
+        self.max_tokens_per_pass = max_tokens_per_pass
+        self.counter = PassCounter()
+
+    @property
+    def forward_passes(self) -> int:
+        return self.counter.forward_passes
+
+    # -- the contract -------------------------------------------------------------------------
+    def prefill(self, ids: Sequence[int], parent: Prefix | None = None) -> Prefix:
+        ids = tuple(int(i) for i in ids)
+        if not ids:
+            raise BackendError("prefill needs at least one token")
+        start = parent.n_tokens if parent is not None else 0
+        if start + len(ids) > self.context_length:
+            raise PromptError(
+                f"{start + len(ids)} tokens do not fit the model's context of {self.context_length}"
+            )
+        self.counter.add(len(ids))
+        state = self._prefill(ids, parent)
+        return Prefix(ids=(parent.ids if parent is not None else ()) + ids, state=state)
+
+    def score(
+        self, prefix: Prefix, rows: Sequence[Sequence[int]], queries: Sequence[Query]
+    ) -> list[np.ndarray]:
+        rows = [tuple(int(i) for i in row) for row in rows]
+        self._check_queries(prefix, rows, queries)
+        longest = max((len(row) for row in rows), default=0)
+        if prefix.n_tokens + longest > self.context_length:
+            raise PromptError(
+                f"a row reaches {prefix.n_tokens + longest} tokens, over the model's context of "
+                f"{self.context_length}"
+            )
+        results: list[np.ndarray | None] = [None] * len(queries)
+        after_prefix = [k for k, q in enumerate(queries) if q.position == -1]
+        if after_prefix:
+            logp = self._prefix_logp(prefix)
+            for k in after_prefix:
+                results[k] = logp[list(queries[k].ids)].astype(np.float64)
+        for chunk in plan_chunks(rows, self.max_tokens_per_pass):
+            local = {row: n for n, row in enumerate(chunk)}
+            picked = [k for k, q in enumerate(queries) if q.row in local and q.position >= 0]
+            if not picked:
+                continue
+            chunk_rows = [rows[row] for row in chunk]
+            chunk_queries = [
+                Query(local[queries[k].row], queries[k].position, queries[k].ids) for k in picked
+            ]
+            self.counter.add(len(pack_tree(chunk_rows).tokens))
+            for k, values in zip(picked, self._score_chunk(prefix, chunk_rows, chunk_queries)):
+                results[k] = np.asarray(values, dtype=np.float64)
+        return [r if r is not None else np.zeros(0) for r in results]
+
+    def next_logp(self, prefix: Prefix) -> np.ndarray:
+        """Full-vocabulary log-softmax after the prefix (for token-by-token baselines)."""
+        return np.asarray(self._prefix_logp(prefix), dtype=np.float64)
+
+    # -- hooks --------------------------------------------------------------------------------
+    @abstractmethod
+    def _prefill(self, ids: tuple[int, ...], parent: Prefix | None) -> Any:
+        """Read ``ids`` after ``parent`` and return the new prefix's state, leaving the parent's intact."""
+
+    @abstractmethod
+    def _score_chunk(
+        self, prefix: Prefix, rows: list[tuple[int, ...]], queries: list[Query]
+    ) -> list[np.ndarray]:
+        """One forward pass over ``rows`` after ``prefix``; one gathered log-prob array per query."""
+
+    @abstractmethod
+    def _prefix_logp(self, prefix: Prefix) -> np.ndarray:
+        """Full-vocabulary log-softmax after the prefix's last token, from its stored state."""
+
+    @property
+    @abstractmethod
+    def vocab_size(self) -> int:
+        """Number of rows of the output head."""
+
+    # -- shared checks ------------------------------------------------------------------------
+    @staticmethod
+    def _check_queries(prefix: Prefix, rows: list[tuple[int, ...]], queries: Sequence[Query]) -> None:
+        for query in queries:
+            if query.position == -1:
+                continue
+            if not 0 <= query.row < len(rows):
+                raise BackendError(f"query {query!r} names row {query.row}, but there are {len(rows)}")
+            if not 0 <= query.position < len(rows[query.row]):
+                raise BackendError(
+                    f"query {query!r} reads position {query.position} of a "
+                    f"{len(rows[query.row])}-token row"
+                )
+            if not query.ids:
+                raise BackendError(f"query {query!r} asks for no token ids")
+        if prefix.n_tokens == 0:
+            raise BackendError("score needs a non-empty prefix")

@@ -1,0 +1,222 @@
+"""The PyTorch backend: any ``transformers`` causal LM, on CPU or CUDA.
+
+Rows share the prefix KV without a copy per row. All rows of a pass are packed into one sequence
+after the prefix, under a tree-shaped 4D mask: each token sees the whole prefix and the earlier tokens
+of its own row, and each row's positions restart at the prefix length. Models with sliding-window
+layers (Gemma 3) get a second mask with the window applied. The output head runs only at queried
+positions: on this CPU the head over every row token cost as much as the whole input prefill.
+
+The packed path is checked against a plain full forward pass when the backend is built. A model whose
+attention ignores custom masks fails that check and falls back to ``copies`` (one broadcast KV per
+row, padded), which ``stats.row_layout`` reports; if that fails too the backend refuses to load.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import BackendError, BackendUnavailableError
+from .base import Backend, Prefix, Query, pack_tree
+
+try:
+    import torch
+    from transformers.cache_utils import Cache, DynamicLayer
+except ImportError as error:  # pragma: no cover - exercised only without the extra
+    raise BackendUnavailableError("torch", error.name or "torch") from error
+
+# Without this, transformers materialises repeat_kv for masked GQA attention: on 2 CPU cores the row
+# pass took 3.4 s instead of 1.5 s in the prototype (REFERENCE.md section 6).
+os.environ.setdefault("TRANSFORMERS_SDPA_FORCE_GQA", "1")
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TorchState:
+    keys: tuple[torch.Tensor, ...]
+    values: tuple[torch.Tensor, ...]
+    last_hidden: torch.Tensor
+
+
+class _PrefixLayer(DynamicLayer):
+    """A cache layer over existing tensors. ``update`` returns prefix + new states and keeps them only
+    when ``grow`` is set (prefill); for scoring the concatenation lives for one layer, then goes."""
+
+    def __init__(self, keys: torch.Tensor | None, values: torch.Tensor | None, grow: bool) -> None:
+        super().__init__()
+        self.grow = grow
+        if keys is not None:
+            self.keys, self.values = keys, values
+            self.device = keys.device
+            self.is_initialized = True
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        keys = torch.cat([self.keys, key_states], dim=-2)
+        values = torch.cat([self.values, value_states], dim=-2)
+        if self.grow:
+            self.keys, self.values = keys, values
+        return keys, values
+
+
+class TorchBackend(Backend):
+    name = "torch"
+
+    def __init__(self, model: Any, *, max_tokens_per_pass: int | None = None, row_layout: str = "auto") -> None:
+        config = model.config
+        context = getattr(config, "max_position_embeddings", None) or 2048
+        super().__init__(context_length=int(context), max_tokens_per_pass=max_tokens_per_pass)
+        self.model = model.eval()
+        self.decoder = model.get_decoder()
+        self.head = model.get_output_embeddings()
+        self.device = next(model.parameters()).device
+        self.n_layers = int(config.num_hidden_layers)
+        self.layer_types = tuple(getattr(config, "layer_types", None) or ("full_attention",) * self.n_layers)
+        self.window = getattr(config, "sliding_window", None)
+        self.softcap = getattr(config, "final_logit_softcapping", None)
+        self._vocab = int(self.head.weight.shape[0])
+        self.row_layout = self._choose_layout(row_layout)
+
+    @property
+    def vocab_size(self) -> int:
+        return self._vocab
+
+    # -- prefill ------------------------------------------------------------------------------
+    def _cache(self, prefix: Prefix | None, grow: bool) -> Cache:
+        if prefix is None:
+            return Cache(layers=[_PrefixLayer(None, None, grow) for _ in range(self.n_layers)])
+        state: TorchState = prefix.state
+        return Cache(layers=[_PrefixLayer(k, v, grow) for k, v in zip(state.keys, state.values)])
+
+    @torch.inference_mode()
+    def _prefill(self, ids: tuple[int, ...], parent: Prefix | None) -> TorchState:
+        start = parent.n_tokens if parent is not None else 0
+        cache = self._cache(parent, grow=True)
+        out = self.decoder(
+            input_ids=torch.tensor([ids], device=self.device),
+            position_ids=torch.arange(start, start + len(ids), device=self.device)[None],
+            cache=cache,
+            use_cache=True,
+        )
+        layers = cache.layers
+        return TorchState(
+            keys=tuple(layer.keys for layer in layers),
+            values=tuple(layer.values for layer in layers),
+            last_hidden=out.last_hidden_state[0, -1].detach(),
+        )
+
+    def _logp(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = self.head(hidden).float()
+        if self.softcap:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return torch.log_softmax(logits, dim=-1)
+
+    @torch.inference_mode()
+    def _prefix_logp(self, prefix: Prefix) -> np.ndarray:
+        return self._logp(prefix.state.last_hidden[None])[0].double().cpu().numpy()
+
+    # -- scoring ------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def _score_chunk(self, prefix: Prefix, rows: list[tuple[int, ...]], queries: list[Query]) -> list[np.ndarray]:
+        if self.row_layout == "packed":
+            hidden, index = self._packed_hidden(prefix, rows, queries)
+        else:
+            hidden, index = self._copied_hidden(prefix, rows, queries)
+        logp = self._logp(hidden[index])
+        return [logp[k, list(q.ids)].double().cpu().numpy() for k, q in enumerate(queries)]
+
+    def _masks(self, q_pos: torch.Tensor, k_pos: torch.Tensor, allowed: torch.Tensor) -> Any:
+        """Additive masks per attention type; ``allowed`` is [batch, q, k] before any window."""
+        dtype = next(self.model.parameters()).dtype
+        blocked = torch.finfo(dtype).min
+
+        def additive(ok: torch.Tensor) -> torch.Tensor:
+            return torch.where(ok, 0.0, blocked).to(dtype)[:, None]
+
+        if "sliding_attention" not in self.layer_types:
+            return additive(allowed)
+        in_window = (q_pos[..., :, None] - k_pos[..., None, :]) < self.window
+        return {"full_attention": additive(allowed), "sliding_attention": additive(allowed & in_window)}
+
+    def _packed_hidden(self, prefix: Prefix, rows, queries):
+        n_prefix = prefix.n_tokens
+        tree = pack_tree(rows)
+        depth = torch.tensor(tree.depth, device=self.device)
+        q_pos = n_prefix + depth
+        k_pos = torch.cat([torch.arange(n_prefix, device=self.device), q_pos])
+        allowed = torch.cat(
+            [torch.ones(len(tree.tokens), n_prefix, dtype=torch.bool, device=self.device),
+             torch.from_numpy(tree.ancestors()).to(self.device)],
+            1,
+        )
+        out = self.decoder(
+            input_ids=torch.tensor([tree.tokens], device=self.device),
+            position_ids=q_pos[None],
+            attention_mask=self._masks(q_pos[None], k_pos[None], allowed[None]),
+            cache=self._cache(prefix, grow=False),
+            use_cache=True,
+        )
+        index = [tree.node_of[q.row][q.position] for q in queries]
+        return out.last_hidden_state[0], index
+
+    def _copied_hidden(self, prefix: Prefix, rows, queries):
+        """The fallback: rows batched and padded, each on its own broadcast copy of the prefix KV."""
+        n_prefix, width, batch = prefix.n_tokens, max(len(row) for row in rows), len(rows)
+        pad = self.model.config.pad_token_id or 0
+        ids = torch.tensor([list(row) + [pad] * (width - len(row)) for row in rows], device=self.device)
+        q_pos = n_prefix + torch.arange(width, device=self.device)
+        k_pos = torch.arange(n_prefix + width, device=self.device)
+        causal = k_pos[None, :] <= q_pos[:, None]
+        state: TorchState = prefix.state
+        cache = Cache(layers=[
+            _PrefixLayer(k.expand(batch, -1, -1, -1), v.expand(batch, -1, -1, -1), grow=False)
+            for k, v in zip(state.keys, state.values)
+        ])
+        out = self.decoder(
+            input_ids=ids,
+            position_ids=q_pos[None].expand(batch, -1),
+            attention_mask=self._masks(q_pos[None], k_pos[None], causal[None].expand(batch, -1, -1)),
+            cache=cache,
+            use_cache=True,
+        )
+        hidden = out.last_hidden_state.reshape(batch * width, -1)
+        return hidden, [q.row * width + q.position for q in queries]
+
+    # -- self-check ---------------------------------------------------------------------------
+    def _choose_layout(self, requested: str) -> str:
+        if requested not in ("auto", "packed", "copies"):
+            raise ValueError(f"row_layout must be 'auto', 'packed' or 'copies', got {requested!r}")
+        candidates = ("packed", "copies") if requested == "auto" else (requested,)
+        for layout in candidates:
+            self.row_layout = layout
+            error = self._self_check()
+            if error <= 1e-3:
+                return layout
+            logger.warning("row layout %r disagrees with a full forward pass by %.2e", layout, error)
+        raise BackendError(f"no row layout of {self.model.config.model_type!r} matches its full forward pass")
+
+    @torch.inference_mode()
+    def _self_check(self) -> float:
+        """Max |log-prob| difference between scored rows and a plain forward pass over the same text."""
+        vocab = self._vocab
+        prompt = [(7 * i + 3) % vocab for i in range(1, 12)]
+        rows = [tuple((11 * i + 5) % vocab for i in range(1, 6)), tuple((13 * i + 1) % vocab for i in range(1, 4))]
+        saved = self.counter.forward_passes, self.counter.tokens_read
+        prefix = self.prefill(prompt)
+        ids = tuple(range(0, vocab, max(1, vocab // 64)))
+        queries = [Query(r, len(row) - 1, ids) for r, row in enumerate(rows)]
+        scored = self._score_chunk(prefix, rows, queries)
+        self.counter.forward_passes, self.counter.tokens_read = saved
+        worst = 0.0
+        for row, got in zip(rows, scored):
+            # the model's own forward pass applies any final soft-capping itself
+            full = self.model(input_ids=torch.tensor([prompt + list(row)], device=self.device)).logits[0, -1]
+            want = torch.log_softmax(full.float(), -1)[list(ids)].double().cpu().numpy()
+            worst = max(worst, float(np.max(np.abs(want - got))))
+        return worst

@@ -1,0 +1,103 @@
+"""One batched backend call per round; every decision advances by its own small state machine.
+
+A round gathers, from every pending decision, the trie nodes it must read, lays them out as rows
+(a node on the path of a longer row is read from that row instead of getting its own), and scores
+all rows after the shared prefix in one ``backend.score`` call. ``trie`` and ``exact`` finish in one
+round; ``greedy`` takes one round per trie level it descends.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .backends.base import Backend, Prefix, Query
+from .errors import SchemaError
+from .readout import Readout, make_readout
+from .trie import STRATEGIES, LabelTrie, Path, exact_logmass, greedy_next, settled_logmass
+
+
+@dataclass
+class DecisionTask:
+    """One decision after the prefix: its trie, the strategy, and what has been read so far."""
+
+    trie: LabelTrie
+    strategy: str = "trie"
+    branch_norm: bool = False
+    reads: dict[Path, dict[int, float]] = field(default_factory=dict)
+    pending: list[Path] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.strategy not in STRATEGIES:
+            raise SchemaError(f"unknown strategy {self.strategy!r}; choose one of {', '.join(STRATEGIES)}")
+        if self.strategy == "trie":
+            self.pending = self.trie.decision_paths()
+        elif self.strategy == "exact":
+            self.pending = self.trie.all_paths()
+        else:
+            self.pending = [()]
+
+    def absorb(self, path: Path, read: dict[int, float]) -> None:
+        self.reads[path] = read
+        if self.strategy == "greedy":
+            following = greedy_next(self.trie, path, read)
+            if following is not None:
+                self.pending.append(following)
+
+    def readout(self) -> Readout:
+        n = self.trie.n_labels()
+        if self.strategy == "exact":
+            logmass = exact_logmass(self.trie, self.reads, n)
+        else:
+            logmass = settled_logmass(self.trie, self.reads, n, self.branch_norm)
+        return make_readout(logmass, self.reads[()])
+
+
+@dataclass
+class RoundStats:
+    rounds: int = 0
+    n_rows: int = 0
+    row_tokens: int = 0
+
+
+def plan_rows(paths: list[tuple[tuple[int, ...], Path]]) -> tuple[list[tuple[int, ...]], list[tuple[int, int]]]:
+    """Lay out (row prefix, path) reads as rows: ``(row index, position)`` per read, in input order.
+
+    A read whose tokens are a prefix of a longer row's tokens is read from that row, so a chain of
+    nested decision nodes (``"`` then ``true``) costs one row with several queries.
+    """
+    full = [row + path for row, path in paths]
+    order = sorted(range(len(full)), key=lambda k: -len(full[k]))
+    rows: list[tuple[int, ...]] = []
+    placed: list[tuple[int, int]] = [(0, -1)] * len(full)
+    for k in order:
+        tokens = full[k]
+        if not tokens:
+            placed[k] = (0, -1)  # read straight after the prefix
+            continue
+        index = next((r for r, row in enumerate(rows) if row[: len(tokens)] == tokens), None)
+        if index is None:
+            rows.append(tokens)
+            index = len(rows) - 1
+        placed[k] = (index, len(tokens) - 1)
+    return rows, placed
+
+
+def decode(backend: Backend, prefix: Prefix, tasks: list[DecisionTask], stats: RoundStats) -> list[Readout]:
+    """Run rounds until no task has pending reads; one ``score`` call per round for all tasks."""
+    while any(task.pending for task in tasks):
+        requests = [(task, path) for task in tasks for path in task.pending]
+        for task in tasks:
+            task.pending = []
+        rows, placed = plan_rows([(task.trie.row, path) for task, path in requests])
+        queries = [
+            Query(row, position, task.trie.children_ids(path))
+            for (task, path), (row, position) in zip(requests, placed)
+        ]
+        tokens_before = backend.counter.tokens_read
+        values = backend.score(prefix, rows, queries)
+        stats.rounds += 1
+        stats.n_rows += len(rows)
+        stats.row_tokens += backend.counter.tokens_read - tokens_before  # distinct tokens read
+        for (task, path), query, logp in zip(requests, queries, values):
+            task.absorb(path, dict(zip(query.ids, logp.tolist())))
+    return [task.readout() for task in tasks]

@@ -1,0 +1,227 @@
+"""``Engine``: caches, waves and timings around one backend; wiring only, no math.
+
+A warm fill is four forward passes: the request prefill on the cached head, the first field alone,
+its answer line, and one packed pass for every other field (``depends_on`` adds two passes per extra
+wave). A cold fill adds the head prefill. Compiled schemas and head KV live in small LRUs. One lock
+serialises model access, so threads and async callers (``afill``, which runs in a worker thread) may
+share an engine. ``tests/test_engine.py`` checks the pass counts and the cache on the real model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections import OrderedDict
+from typing import Any
+
+from .asking import as_text, ask, render_decide_prompt
+from .backends.base import Backend, Prefix
+from .compiler import CompiledSchema, compile_schema
+from .decoding import DecisionTask, RoundStats, decode
+from .errors import PromptError
+from .models import DEFAULT_MODEL, load_backend
+from .prompt import PromptParts, normalise_input
+from .questions import DecideRequest, DecideResponse, Usage
+from .result import Extraction, FieldResult, Stats, mass_warnings
+from .schema import Schema, parse_schema
+from .tokenizer import TextTokenizer
+
+
+class _Lru(OrderedDict):
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self.size = size
+
+    def get_or(self, key: Any, make) -> tuple[Any, bool]:
+        if key in self:
+            self.move_to_end(key)
+            return self[key], True
+        value = make()
+        if self.size > 0:
+            self[key] = value
+            while len(self) > self.size:
+                self.popitem(last=False)
+        return value, False
+
+
+def schema_key(schema: Any) -> Any:
+    if isinstance(schema, type):
+        return schema
+    return json.dumps(schema, sort_keys=True, default=repr)
+
+
+class Engine:
+    def __init__(
+        self,
+        backend: Backend,
+        tokenizer: TextTokenizer,
+        model_name: str,
+        *,
+        head_cache_size: int = 8,
+        schema_cache_size: int = 64,
+    ) -> None:
+        self.backend = backend
+        self.tokenizer = tokenizer
+        self.model_name = model_name
+        self._lock = threading.RLock()
+        self._compiled = _Lru(schema_cache_size)
+        self._heads = _Lru(head_cache_size)
+        self._decide_prompt: PromptParts | None = None
+
+    @classmethod
+    def load(
+        cls,
+        model: str = DEFAULT_MODEL,
+        backend: str = "torch",
+        device: str | None = None,
+        dtype: str | None = None,
+        max_tokens_per_pass: int | None = None,
+        row_layout: str = "auto",
+        head_cache_size: int = 8,
+    ) -> "Engine":
+        loaded, tokenizer, name = load_backend(model, backend, device, dtype, max_tokens_per_pass, row_layout)
+        return cls(loaded, tokenizer, name, head_cache_size=head_cache_size)
+
+    @property
+    def context_length(self) -> int:
+        return self.backend.context_length
+
+    # -- compile and cache --------------------------------------------------------------------
+    def compile(self, schema: Any) -> CompiledSchema:
+        with self._lock:
+            compiled, _ = self._compiled.get_or(
+                schema_key(schema), lambda: compile_schema(parse_schema(schema), self.tokenizer)
+            )
+            return compiled
+
+    def _head(self, compiled: CompiledSchema, use_cache: bool) -> tuple[Prefix, bool]:
+        if not use_cache:
+            return self.backend.prefill(compiled.head_ids), False
+        return self._heads.get_or(compiled.head_ids, lambda: self.backend.prefill(compiled.head_ids))
+
+    def warmup(self, schema: Any) -> None:
+        """Compile the schema and prefill its head, so that the first request is already warm."""
+        with self._lock:
+            self._head(self.compile(schema), use_cache=True)
+
+    # -- fill ---------------------------------------------------------------------------------
+    def fill(self, schema: Any, text: str, *, strategy: str = "trie", use_head_cache: bool = True) -> Extraction:
+        """Decide every field of ``schema`` for ``text``; see the module docstring for the cost."""
+        started = time.perf_counter()
+        with self._lock:
+            compiled = self.compile(schema)
+            stats = Stats(row_layout=self.backend.row_layout, compile_ms=_ms(started))
+            passes_before = self.backend.forward_passes
+            clock = time.perf_counter()
+            head, hit = self._head(compiled, use_head_cache)
+            stats.head_ms, stats.head_cache = _ms(clock), "hit" if hit else "miss"
+            clock = time.perf_counter()
+            prefix, warnings = self._request_prefix(compiled, head, text, stats)
+            stats.prefill_ms = _ms(clock)
+            clock = time.perf_counter()
+            results = self._decide_waves(compiled, prefix, strategy, stats)
+            stats.decode_ms = _ms(clock)
+            stats.forward_passes = self.backend.forward_passes - passes_before
+        stats.total_ms = _ms(started)
+        ordered = {f.name: results[f.name] for f in compiled.schema.fields}
+        value = compiled.schema.rebuild({name: r.value for name, r in ordered.items()})
+        return Extraction(value, ordered, stats, warnings + mass_warnings(ordered))
+
+    def _request_prefix(
+        self, compiled: CompiledSchema, head: Prefix, text: str, stats: Stats
+    ) -> tuple[Prefix, list[str]]:
+        """Read the input and the tail after the head, checking the seam in context."""
+        whole = self.tokenizer.encode_head(compiled.prompt.head + compiled.prompt.request_text(text))
+        budget = len(whole) + sum(max(map(len, f.answer_ids)) for f in compiled.fields) + compiled.max_variant_tokens
+        if budget > self.context_length:
+            raise PromptError(
+                f"the input needs {budget} tokens with the schema, over the model's context of "
+                f"{self.context_length}; shorten the input"
+            )
+        n_head = len(compiled.head_ids)
+        if tuple(whole[:n_head]) == compiled.head_ids:
+            stats.cached_tokens = n_head if stats.head_cache == "hit" else 0
+            stats.prompt_tokens = len(whole) - n_head
+            return self.backend.prefill(whole[n_head:], parent=head), []
+        # the input's first characters merged with the head's last token: read it all from scratch
+        stats.head_cache, stats.prompt_tokens = "bypassed", len(whole)
+        return self.backend.prefill(whole), ["the input merged with the cached head; the head was re-read"]
+
+    def _decide_waves(
+        self, compiled: CompiledSchema, prefix: Prefix, strategy: str, stats: Stats
+    ) -> dict[str, FieldResult]:
+        results: dict[str, FieldResult] = {}
+        chosen: dict[str, int] = {}
+        rounds = RoundStats()
+        for wave_index, wave in enumerate(compiled.waves):
+            if wave_index:
+                # the previous wave's answers are written into the prompt, in schema order
+                previous = set(compiled.waves[wave_index - 1])
+                ids = [t for f in compiled.fields if f.name in previous for t in f.answer_ids[chosen[f.name]]]
+                prefix = self.backend.prefill(ids, parent=prefix)
+                stats.prompt_tokens += len(ids)
+            tasks = [DecisionTask(compiled.field(name).trie, strategy) for name in wave]
+            for name, readout in zip(wave, decode(self.backend, prefix, tasks, rounds)):
+                chosen[name] = readout.best
+                results[name] = FieldResult.from_readout(compiled.schema.field(name), readout, strategy, wave_index)
+        stats.n_rows, stats.row_tokens, stats.rounds = rounds.n_rows, rounds.row_tokens, rounds.rounds
+        return results
+
+    def fill_many(self, schema: Any, texts: list[str], **options: Any) -> list[Extraction]:
+        """Many inputs against one schema: the head is compiled and prefilled once for all of them."""
+        self.warmup(schema)
+        return [self.fill(schema, text, **options) for text in texts]
+
+    async def afill(self, schema: Any, text: str, **options: Any) -> Extraction:
+        return await asyncio.to_thread(self.fill, schema, text, **options)
+
+    async def afill_many(self, schema: Any, texts: list[str], **options: Any) -> list[Extraction]:
+        return await asyncio.to_thread(self.fill_many, schema, texts, **options)
+
+    def schema(self, schema: Any) -> Schema:
+        return parse_schema(schema)
+
+    # -- questions ----------------------------------------------------------------------------
+    def decide(self, state: Any, questions: dict[str, Any]) -> DecideResponse:
+        """Jev-style questions over one state: one state prefill, then every question's row in one
+        packed pass. ``usage.input_tokens`` counts every token read: head, state and all rows."""
+        request = DecideRequest(state=state, questions=questions)
+        with self._lock:
+            passes_before = self.backend.forward_passes
+            stats = Stats(row_layout=self.backend.row_layout)
+            if self._decide_prompt is None:
+                self._decide_prompt = render_decide_prompt(self.tokenizer)
+            prompt = self._decide_prompt
+            head_ids = self.tokenizer.encode_head(prompt.head)
+            head, hit = self._heads.get_or(head_ids, lambda: self.backend.prefill(head_ids))
+            state_text = prompt.head + normalise_input(as_text(request.state))
+            whole = self.tokenizer.encode_head(state_text)
+            asked = [ask(self.tokenizer, prompt, state_text, q, qid) for qid, q in request.questions.items()]
+            longest = max(len(a.trie.row) + 4 for a in asked)
+            if len(whole) + longest > self.context_length:
+                raise PromptError(
+                    f"the state and its longest question need {len(whole) + longest} tokens, over the "
+                    f"model's context of {self.context_length}; shorten the state"
+                )
+            if tuple(whole[: len(head_ids)]) == head_ids:
+                prefix = self.backend.prefill(whole[len(head_ids):], parent=head)
+            else:
+                prefix, stats.head_cache = self.backend.prefill(whole), "bypassed"
+            rounds = RoundStats()
+            tasks = [DecisionTask(a.trie, "trie", branch_norm=a.branch_norm) for a in asked]
+            readouts = decode(self.backend, prefix, tasks, rounds)
+            stats.forward_passes = self.backend.forward_passes - passes_before
+        stats.n_rows, stats.row_tokens, stats.rounds = rounds.n_rows, rounds.row_tokens, rounds.rounds
+        stats.prompt_tokens, stats.cached_tokens = len(whole) - len(head_ids), len(head_ids) if hit else 0
+        answers = {qid: a.answer(r) for qid, a, r in zip(request.questions, asked, readouts)}
+        usage = Usage(input_tokens=len(whole) + rounds.row_tokens)
+        return DecideResponse(model=self.model_name, answers=answers, usage=usage, stats=stats)
+
+    async def adecide(self, state: Any, questions: dict[str, Any]) -> DecideResponse:
+        return await asyncio.to_thread(self.decide, state, questions)
+
+
+def _ms(since: float) -> float:
+    return (time.perf_counter() - since) * 1000.0

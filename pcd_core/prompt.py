@@ -1,0 +1,100 @@
+"""The prompt a schema is decided with, split into a cached head and a per-request part.
+
+The prompt is rendered once through the model's own chat template (``enable_thinking=False``), with
+a marker where the input goes, and cut at that marker: the *head* (instructions, the catalog of every
+key with every allowed value, the start of the user turn) is the same for every request on the schema
+and is prefilled once; the *tail* closes the user turn and opens the assistant turn. A template that
+drops or repeats the marker is a ``PromptError``. Models without a template get a plain layout, and a
+template that rejects the system role gets the system text merged into the user turn.
+``tests/test_prompt.py`` renders all three.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from .errors import PromptError
+from .schema import Field, Schema
+
+MARKER = "\u27e6pcd:input\u27e7"
+
+INSTRUCTIONS = (
+    "You are a careful classifier. Read the input, then write one JSON object that has exactly the "
+    "keys below, in this order. Each value must be one of the key's allowed values, copied exactly."
+)
+
+
+class ChatTemplater(Protocol):
+    """What prompt rendering needs from a tokenizer: the Hugging Face chat-template call."""
+
+    chat_template: str | None
+
+    def apply_chat_template(self, conversation: list[dict[str, str]], **kwargs: Any) -> Any: ...
+
+
+@dataclass(frozen=True)
+class PromptParts:
+    head: str
+    tail: str
+    layout: str  # "chat", "chat-merged-system" or "plain"
+
+    def request_text(self, text: str) -> str:
+        return normalise_input(text) + self.tail
+
+
+def normalise_input(text: str) -> str:
+    """Strip outer whitespace so that the head's last token never merges with the input's first."""
+    if not isinstance(text, str):
+        raise PromptError(f"the input must be a string, got {type(text).__name__}")
+    stripped = text.strip()
+    if not stripped:
+        raise PromptError("the input is empty")
+    return stripped
+
+
+def catalog_line(field: Field) -> str:
+    allowed = " | ".join(label.forms[0] for label in field.labels)
+    description = f" {field.description.rstrip('.')}." if field.description else ""
+    return f"- {json.dumps(field.name, ensure_ascii=False)}:{description} Allowed: {allowed}"
+
+
+def system_text(schema: Schema, task: str = "") -> str:
+    lines = [INSTRUCTIONS]
+    if task:
+        lines.append(task.strip())
+    lines += ["", "Keys:"] + [catalog_line(f) for f in schema.fields]
+    return "\n".join(lines)
+
+
+def render(tokenizer: ChatTemplater, system: str, user_prefix: str, opener: str) -> PromptParts:
+    """Render ``system`` and ``user_prefix + <input>`` through the template and split at the input."""
+    user = user_prefix + MARKER
+    if not getattr(tokenizer, "chat_template", None):
+        text, layout = f"{system}\n\n{user}\n\nOutput:\n", "plain"
+    else:
+        try:
+            text = _apply(tokenizer, [{"role": "system", "content": system}, {"role": "user", "content": user}])
+            layout = "chat"
+        except Exception as error:  # templates signal a rejected system role by raising
+            if "system" not in str(error).lower():
+                raise PromptError(f"the chat template failed: {error}") from error
+            text = _apply(tokenizer, [{"role": "user", "content": f"{system}\n\n{user}"}])
+            layout = "chat-merged-system"
+    if text.count(MARKER) != 1:
+        raise PromptError(
+            f"the chat template kept {text.count(MARKER)} copies of the input slot instead of one"
+        )
+    head, tail = text.split(MARKER)
+    return PromptParts(head=head, tail=tail + opener, layout=layout)
+
+
+def _apply(tokenizer: ChatTemplater, messages: list[dict[str, str]]) -> str:
+    return tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True, enable_thinking=False
+    )
+
+
+def build_prompt(tokenizer: ChatTemplater, schema: Schema, opener: str, task: str = "") -> PromptParts:
+    return render(tokenizer, system_text(schema, task), "Input:\n", opener)

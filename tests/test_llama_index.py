@@ -1,0 +1,259 @@
+"""The LlamaIndex adapter on the embedded model: programs, structured LLM calls, async, the Workflow."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from typing import Literal
+
+import pytest
+from llama_index.core.base.llms.types import ChatMessage, ImageBlock, MessageRole, TextBlock
+from llama_index.core.llms import LLM
+from llama_index.core.prompts import ChatPromptTemplate, PromptTemplate
+from llama_index.core.types import BasePydanticProgram
+from pydantic import BaseModel, Field
+
+from pcd_core import Engine, PcdError, PromptError, SchemaError
+from pcd_integrations.llama_index import PCDLLM, PCDProgram, PlainCompletionError, prompt_to_text
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "llama_index_workflow.py"
+
+MESSAGE = "My card was charged twice and nobody answers the phone. This is unacceptable!"
+
+
+class Ticket(BaseModel):
+    """A customer message, triaged."""
+
+    urgent: bool = Field(description="Does the customer need an answer today?")
+    sentiment: Literal["positive", "negative", "neutral"] = Field(
+        description="The customer's mood"
+    )
+
+
+class FreeText(BaseModel):
+    urgent: bool
+    summary: str
+
+
+@pytest.fixture
+def program(engine: Engine) -> PCDProgram[Ticket]:
+    return PCDProgram.from_defaults(
+        output_cls=Ticket, prompt_template_str="Customer message:\n{message}", engine=engine
+    )
+
+
+@pytest.fixture
+def llm(engine: Engine) -> PCDLLM:
+    return PCDLLM(engine)
+
+
+def _ticket_prompt() -> PromptTemplate:
+    return PromptTemplate("Customer message:\n{message}")
+
+
+def test_pcd_program_is_a_base_pydantic_program() -> None:
+    names = [base.__name__ for base in PCDProgram.__mro__]
+    assert BasePydanticProgram.__name__ in names
+    assert issubclass(PCDProgram, BasePydanticProgram)
+
+
+def test_pcd_llm_is_an_llm() -> None:
+    names = [base.__name__ for base in PCDLLM.__mro__]
+    assert LLM.__name__ in names
+    assert issubclass(PCDLLM, LLM)
+
+
+def test_program_returns_output_cls_with_its_decisions(program: PCDProgram[Ticket]) -> None:
+    assert program.last_decisions == {}
+    ticket = program(message=MESSAGE)
+
+    assert isinstance(ticket, Ticket)
+    decisions = program.last_decisions
+    assert list(decisions) == ["urgent", "sentiment"]
+    for name, result in decisions.items():
+        assert result.value == getattr(ticket, name)
+        assert result.probability == pytest.approx(max(result.probabilities.values()))
+        assert sum(result.probabilities.values()) == pytest.approx(1.0)
+        assert 0.0 < result.candidate_mass <= 1.0 + 1e-6
+        assert 0.0 <= result.confidence <= 1.0
+    assert set(decisions["urgent"].probabilities) == {"true", "false"}
+    assert set(decisions["sentiment"].probabilities) == {"positive", "negative", "neutral"}
+    assert program.last_extraction is not None
+    assert program.last_extraction.value == ticket
+
+
+def test_complaint_reads_negative_and_praise_positive(program: PCDProgram[Ticket]) -> None:
+    complaint = program(message="I hate this app. It is terrible and broken.")
+    praise = program(message="Thank you so much, the support team was wonderful and fixed everything!")
+    assert (complaint.sentiment, praise.sentiment) == ("negative", "positive")
+
+
+def test_stream_call_yields_the_complete_object_once(program: PCDProgram[Ticket]) -> None:
+    items = list(program.stream_call(message=MESSAGE))
+    assert len(items) == 1
+    assert isinstance(items[0], Ticket)
+
+
+@pytest.mark.asyncio
+async def test_acall_matches_call_without_blocking_the_loop(program: PCDProgram[Ticket]) -> None:
+    ticks = 0
+    done = asyncio.Event()
+
+    async def tick() -> None:
+        nonlocal ticks
+        while not done.is_set():
+            ticks += 1
+            await asyncio.sleep(0.01)
+
+    ticker = asyncio.create_task(tick())
+    ticket = await program.acall(message=MESSAGE)
+    done.set()
+    await ticker
+    async_decisions = program.last_decisions
+
+    assert ticks >= 3, "the event loop stalled while the engine was deciding"
+    sync = program.extract(message=MESSAGE)
+    assert ticket == sync.value
+    for name, result in async_decisions.items():
+        assert result.probabilities == pytest.approx(sync.fields[name].probabilities, abs=1e-5)
+
+
+def test_structured_predict_goes_through_the_engine(
+    llm: PCDLLM, program: PCDProgram[Ticket], engine: Engine
+) -> None:
+    passes_before = engine.backend.forward_passes
+    ticket = llm.structured_predict(Ticket, _ticket_prompt(), message=MESSAGE)
+
+    assert isinstance(ticket, Ticket)
+    assert engine.backend.forward_passes > passes_before
+    assert ticket == program(message=MESSAGE)
+
+
+def test_stream_structured_predict_yields_one_object(llm: PCDLLM) -> None:
+    items = list(llm.stream_structured_predict(Ticket, _ticket_prompt(), message=MESSAGE))
+    assert len(items) == 1
+    assert isinstance(items[0], Ticket)
+
+
+@pytest.mark.asyncio
+async def test_async_structured_predict_and_its_stream_agree(llm: PCDLLM) -> None:
+    ticket = await llm.astructured_predict(Ticket, _ticket_prompt(), message=MESSAGE)
+    assert isinstance(ticket, Ticket)
+    stream = await llm.astream_structured_predict(Ticket, _ticket_prompt(), message=MESSAGE)
+    assert [item async for item in stream] == [ticket]
+
+
+def test_as_structured_llm_returns_engine_objects(llm: PCDLLM, engine: Engine) -> None:
+    structured = llm.as_structured_llm(Ticket)
+    passes_before = engine.backend.forward_passes
+
+    response = structured.chat([ChatMessage(role=MessageRole.USER, content=MESSAGE)])
+    assert isinstance(response.raw, Ticket)
+    assert engine.backend.forward_passes > passes_before
+    assert Ticket.model_validate(json.loads(response.message.content)) == response.raw
+    # a lone user message is the engine's input as it is, whichever way it arrives
+    assert structured.complete(MESSAGE).raw == response.raw
+
+
+@pytest.mark.asyncio
+async def test_as_structured_llm_async_chat(llm: PCDLLM) -> None:
+    structured = llm.as_structured_llm(Ticket)
+    response = await structured.achat([ChatMessage(role=MessageRole.USER, content=MESSAGE)])
+    assert isinstance(response.raw, Ticket)
+
+
+def test_free_text_calls_raise_and_point_to_structured_calls(llm: PCDLLM) -> None:
+    with pytest.raises(PlainCompletionError, match="structured_predict"):
+        llm.complete("Tell me a story")
+    with pytest.raises(PlainCompletionError, match="as_structured_llm"):
+        llm.stream_complete("Tell me a story")
+    with pytest.raises(PlainCompletionError, match="PCDProgram"):
+        llm.chat([ChatMessage(role=MessageRole.USER, content="hi")])
+    assert issubclass(PlainCompletionError, PcdError)
+    assert issubclass(PlainCompletionError, NotImplementedError)
+
+
+def test_free_text_field_is_a_schema_error_before_any_model_call(
+    llm: PCDLLM, engine: Engine
+) -> None:
+    passes_before = engine.backend.forward_passes
+    with pytest.raises(SchemaError, match="summary"):
+        PCDProgram.from_defaults(output_cls=FreeText, prompt_template_str="{x}", engine=engine)
+    with pytest.raises(SchemaError, match="summary"):
+        llm.structured_predict(FreeText, PromptTemplate("{x}"), x="text")
+    with pytest.raises(SchemaError, match="summary"):
+        llm.as_structured_llm(FreeText).complete("text")
+    assert engine.backend.forward_passes == passes_before
+
+
+def test_output_cls_must_be_a_pydantic_class(engine: Engine) -> None:
+    with pytest.raises(SchemaError, match="pydantic BaseModel"):
+        PCDProgram.from_defaults(
+            output_cls={"type": "object"}, prompt_template_str="{x}", engine=engine
+        )
+
+
+def test_from_defaults_rejects_ambiguous_arguments(engine: Engine) -> None:
+    with pytest.raises(ValueError, match="exactly one"):
+        PCDProgram.from_defaults(output_cls=Ticket, engine=engine)
+    with pytest.raises(ValueError, match="exactly one"):
+        PCDProgram.from_defaults(
+            output_cls=Ticket, prompt_template_str="{x}", prompt=PromptTemplate("{x}"), engine=engine
+        )
+    with pytest.raises(ValueError, match="either engine= or model="):
+        PCDProgram.from_defaults(
+            output_cls=Ticket, prompt_template_str="{x}", engine=engine, model="smollm2-135m"
+        )
+
+
+def test_metadata_describes_the_engine(llm: PCDLLM, engine: Engine) -> None:
+    metadata = llm.metadata
+    assert metadata.model_name == engine.model_name == llm.model_name
+    assert metadata.context_window == engine.context_length
+    assert metadata.num_output == 0
+    assert not metadata.is_function_calling_model
+
+
+def test_one_message_is_passed_as_it_is() -> None:
+    assert prompt_to_text(PromptTemplate("Message: {m}"), {"m": "hello"}) == "Message: hello"
+
+
+def test_several_messages_keep_their_roles() -> None:
+    prompt = ChatPromptTemplate(
+        message_templates=[ChatMessage(role=MessageRole.USER, content="Message: {m}")]
+    )
+    text = prompt_to_text(prompt, {"m": "hello"}, system_prompt="Be strict.")
+    assert text == "system: Be strict.\n\nuser: Message: hello"
+
+
+def test_non_text_blocks_are_a_prompt_error() -> None:
+    image = ChatMessage(
+        role=MessageRole.USER, blocks=[TextBlock(text="see"), ImageBlock(url="http://x/y.png")]
+    )
+    with pytest.raises(PromptError, match="ImageBlock"):
+        prompt_to_text(ChatPromptTemplate(message_templates=[image]), {})
+
+
+def test_workflow_example_routes_every_document(
+    engine: Engine, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spec = importlib.util.spec_from_file_location("llama_index_workflow", EXAMPLE)
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    # pydantic resolves the example's annotations through sys.modules, as for an imported module
+    monkeypatch.setitem(sys.modules, spec.name, example)
+    spec.loader.exec_module(example)
+
+    report = example.main(engine)
+
+    decisions = report.accepted + report.review
+    assert sorted(d.source for d in decisions) == sorted(example.MESSAGES)
+    assert all(isinstance(d.triage, example.Triage) for d in decisions)
+    assert all(d.weakest_confidence >= example.CONFIDENCE_THRESHOLD for d in report.accepted)
+    assert all(d.weakest_confidence < example.CONFIDENCE_THRESHOLD for d in report.review)
+    printed = capsys.readouterr().out
+    assert all(source in printed for source in example.MESSAGES)
+    assert "review:" in printed

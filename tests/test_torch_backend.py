@@ -1,0 +1,89 @@
+"""The PyTorch backend and the engine on the real embedded model (SmolLM2-135M, fp32)."""
+
+import numpy as np
+import pytest
+import torch
+
+from pcd_core import Engine
+from pcd_core.backends.torch_backend import TorchBackend
+from pcd_core.testing import check_backend
+
+from conftest import load_case
+
+TICKET = load_case("support_ticket")
+
+
+def test_backend_contract(engine):
+    ids = list(engine.tokenizer.encode("The customer was billed twice and wants a refund now."))
+    rows = [engine.tokenizer.encode(' "refund": true'), engine.tokenizer.encode(' "team": "BILLING"')]
+    check_backend(engine.backend, ids, rows)
+
+
+def test_copy_fallback_passes_the_same_contract(engine):
+    copies = TorchBackend(engine.backend.model, row_layout="copies")
+    assert copies.row_layout == "copies"
+    ids = list(engine.tokenizer.encode("Order 55120 arrived broken."))
+    rows = [engine.tokenizer.encode(" yes it"), engine.tokenizer.encode(" no")]
+    check_backend(copies, ids, rows)
+
+
+def test_restricted_softmax_equals_native_next_token_probabilities(engine):
+    schema = TICKET["json_schema"]
+    result = engine.fill(schema, TICKET["input"])
+    compiled = engine.compile(schema)
+    first = compiled.field(compiled.waves[0][0])
+    context = compiled.head_ids + engine.tokenizer.encode(compiled.prompt.request_text(TICKET["input"]))
+    context = list(context + first.trie.row)
+    with torch.inference_mode():
+        logits = engine.backend.model(input_ids=torch.tensor([context])).logits[0, -1]
+    native = torch.softmax(logits.double(), -1)
+    firsts = {}
+    for variant in first.variants:
+        firsts.setdefault(variant.label, set()).add(variant.ids[len(first.trie.row)])
+    # every label of this field is settled by its first token, so the decision is one restricted softmax
+    assert all(len(tokens) == 1 for tokens in firsts.values())
+    mass = {label: float(native[list(tokens)].sum()) for label, tokens in firsts.items()}
+    total = sum(mass.values())
+    got = result.fields[first.name]
+    for index, label in enumerate(first.field.labels):
+        assert got.probabilities[label.text] == pytest.approx(mass[index] / total, abs=1e-5)
+    assert got.candidate_mass == pytest.approx(total, abs=1e-5)
+
+
+def _probabilities(result):
+    return {name: list(f.probabilities.values()) for name, f in result.fields.items()}
+
+
+def test_packed_rows_equal_copies_and_chunking_changes_nothing(engine):
+    schema = load_case("fintech_fraud")["json_schema"]
+    text = load_case("fintech_fraud")["input"]
+    packed = engine.fill(schema, text)
+    copies = Engine(TorchBackend(engine.backend.model, row_layout="copies"), engine.tokenizer, "copies")
+    chunked = Engine(TorchBackend(engine.backend.model, max_tokens_per_pass=16), engine.tokenizer, "chunked")
+    by_copies, by_chunks = copies.fill(schema, text), chunked.fill(schema, text)
+    for other in (by_copies, by_chunks):
+        for name, values in _probabilities(packed).items():
+            np.testing.assert_allclose(_probabilities(other)[name], values, atol=1e-4, err_msg=name)
+        assert other.values == packed.values
+    assert by_copies.stats.row_layout == "copies"
+    assert by_chunks.stats.forward_passes > packed.stats.forward_passes
+
+
+def test_head_cache_on_and_off_agree(engine):
+    schema = load_case("code_security")["json_schema"]
+    text = load_case("code_security")["input"]
+    cached = engine.fill(schema, text)
+    uncached = engine.fill(schema, text, use_head_cache=False)
+    for name, values in _probabilities(cached).items():
+        np.testing.assert_allclose(_probabilities(uncached)[name], values, atol=1e-4, err_msg=name)
+
+
+def test_a_warm_28_field_request_costs_four_passes_and_a_cold_one_five():
+    engine = Engine.load("smollm2-135m")  # a fresh engine: nothing cached
+    schema, text = TICKET["json_schema"], TICKET["input"]
+    cold = engine.fill(schema, text)
+    warm = engine.fill(schema, text)
+    assert len(cold.fields) == 28
+    assert (cold.stats.forward_passes, cold.stats.head_cache) == (5, "miss")
+    assert (warm.stats.forward_passes, warm.stats.head_cache) == (4, "hit")
+    assert warm.stats.cached_tokens > 500
