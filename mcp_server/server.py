@@ -297,10 +297,7 @@ def build_server(
             },
             warnings=list(ex.warnings),
             model=engine.model_name,
-            # Stats has no head length on a head-cache miss, so a miss undercounts by the schema's head.
-            usage=_usage(
-                ex.stats.prompt_tokens + ex.stats.cached_tokens + ex.stats.row_tokens, ex.stats.forward_passes
-            ),
+            usage=_usage(ex.stats.input_tokens, ex.stats.forward_passes),
         )
 
     return server

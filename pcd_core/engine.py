@@ -124,6 +124,8 @@ class Engine:
             results = self._decide_waves(compiled, prefix, strategy, stats)
             stats.decode_ms = _ms(clock)
             stats.forward_passes = self.backend.forward_passes - passes_before
+        head_tokens = 0 if stats.head_cache == "bypassed" else len(compiled.head_ids)  # a bypass counts it as prompt
+        stats.input_tokens = head_tokens + stats.prompt_tokens + stats.row_tokens
         stats.total_ms = _ms(started)
         ordered = {f.name: results[f.name] for f in compiled.schema.fields}
         value = compiled.schema.rebuild({name: r.value for name, r in ordered.items()})
@@ -216,7 +218,8 @@ class Engine:
         stats.n_rows, stats.row_tokens, stats.rounds = rounds.n_rows, rounds.row_tokens, rounds.rounds
         stats.prompt_tokens, stats.cached_tokens = len(whole) - len(head_ids), len(head_ids) if hit else 0
         answers = {qid: a.answer(r) for qid, a, r in zip(request.questions, asked, readouts)}
-        usage = Usage(input_tokens=len(whole) + rounds.row_tokens)
+        stats.input_tokens = len(whole) + rounds.row_tokens
+        usage = Usage(input_tokens=stats.input_tokens)
         return DecideResponse(model=self.model_name, answers=answers, usage=usage, stats=stats)
 
     async def adecide(self, state: Any, questions: dict[str, Any]) -> DecideResponse:

@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 from tqdm.auto import tqdm
 
-from .errors import BackendUnavailableError, PcdError
+from .errors import BackendError, BackendUnavailableError, PcdError
 from .tokenizer import TextTokenizer
 
 logger = logging.getLogger(__name__)
@@ -175,5 +175,8 @@ def _mlx_backend(source: ModelSource, folder: str, max_tokens: int | None):
     from .backends.mlx_backend import MlxBackend
 
     if source.gguf is not None:
-        return MlxBackend.from_gguf(str(source.gguf), max_tokens_per_pass=max_tokens)
+        try:  # MLX keeps Q4_0/Q4_1/Q8_0 llama GGUFs quantized (SmolLM2)
+            return MlxBackend.from_gguf(str(source.gguf), max_tokens_per_pass=max_tokens)
+        except BackendError as error:  # k-quants (Gemma's Q4_K_M): read the dequantized folder
+            logger.info("MLX cannot read %s natively (%s); using %s", source.gguf.name, error, folder)
     return MlxBackend.from_hf_dir(folder, max_tokens_per_pass=max_tokens)

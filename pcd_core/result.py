@@ -15,7 +15,8 @@ LOW_MASS = 0.5
 @dataclass
 class Stats:
     forward_passes: int = 0
-    prompt_tokens: int = 0  # tokens read for this request outside the cached head
+    input_tokens: int = 0  # every token read: the head (cached or not), the request and every row
+    prompt_tokens: int = 0  # tokens prefilled for this request outside the cached head
     cached_tokens: int = 0  # head tokens served from the cache (0 on a miss)
     row_tokens: int = 0
     n_rows: int = 0

@@ -56,32 +56,31 @@ class Schema:
         return next(f for f in self.fields if f.name == name)
 
     def waves(self) -> tuple[tuple[str, ...], ...]:
-        """Dependency levels. The first independent field is decided alone, so that every later field
-        is asked after one real answer line instead of as the object's first key (seed 000)."""
-        names = [f.name for f in self.fields]
-        level: dict[str, int] = {}
+        """Dependency levels. The first independent field is decided alone (wave 0), so that every later
+        field is asked after one real answer line instead of as the object's first key (seed 000); any
+        other field goes one wave after the latest of its dependencies, and at least into wave 1."""
+        first = next((f.name for f in self.fields if not f.depends_on), None)
+        if first is None:
+            raise SchemaError("every field depends on another, so none can be decided first")
+        wave: dict[str, int] = {first: 0}
         visiting: set[str] = set()
 
-        def depth(name: str) -> int:
-            if name in level:
-                return level[name]
+        def level(name: str) -> int:
+            if name in wave:
+                return wave[name]
             if name in visiting:
                 raise SchemaError("depends_on forms a cycle", field=name)
             visiting.add(name)
-            deps = self.field(name).depends_on
-            level[name] = 1 + max((depth(d) for d in deps), default=0) if deps else 0
+            wave[name] = 1 + max((level(d) for d in self.field(name).depends_on), default=0)
             visiting.discard(name)
-            return level[name]
+            return wave[name]
 
-        for name in names:
-            depth(name)
-        first = next(n for n in names if level[n] == 0)
+        for f in self.fields:
+            level(f.name)
         grouped: dict[int, list[str]] = {}
-        for name in names:
-            if name != first:
-                # every other field is asked after the first field's answer, so it sits one level on
-                grouped.setdefault(level[name] + 1, []).append(name)
-        return ((first,),) + tuple(tuple(grouped[k]) for k in sorted(grouped))
+        for f in self.fields:
+            grouped.setdefault(wave[f.name], []).append(f.name)
+        return tuple(tuple(grouped[k]) for k in sorted(grouped))
 
     def rebuild(self, values: dict[str, Any]) -> Any:
         """The caller's type: a pydantic instance for a pydantic class, else the plain dict."""

@@ -35,7 +35,7 @@ from langchain_core.runnables import (
 )
 from pydantic import ConfigDict, Field, PrivateAttr, model_validator
 
-from pcd_core import DecideResponse, Engine, Extraction, PcdError, PromptError, Question
+from pcd_core import DecideResponse, Engine, Extraction, FreeTextNotSupportedError, PromptError, Question
 from pcd_core.models import DEFAULT_MODEL
 
 __all__ = ["ChatPCD", "PCDDecider", "PlainChatError"]
@@ -46,7 +46,7 @@ StructuredOutputMethod = Literal["json_schema", "function_calling", "json_mode"]
 _METHODS = get_args(StructuredOutputMethod)
 
 
-class PlainChatError(PcdError, NotImplementedError):
+class PlainChatError(FreeTextNotSupportedError):
     """A chat call without a schema: PCD decides closed fields and does not write free text."""
 
     def __init__(self) -> None:
@@ -212,8 +212,7 @@ class ChatPCD(BaseChatModel):
         # The JSON of the decided labels; the parsers rebuild the caller's type from it.
         content = json.dumps(extraction.values, ensure_ascii=False)
         stats = extraction.stats
-        # prompt_tokens counts what this request read beyond the cached head
-        input_tokens = stats.prompt_tokens + stats.cached_tokens
+        input_tokens = stats.input_tokens
         return AIMessageChunk(
             content=content,
             response_metadata={

@@ -6,9 +6,9 @@ its per-field decisions stay reachable (`extract`, `last_decisions`). `PCDLLM` i
 `structured_predict` family runs the same program, so `llm.as_structured_llm(Schema)` works too.
 
 PCD reads the model's distribution over closed values; it never samples text. So `PCDLLM.complete`,
-`stream_complete` and the chat calls built on them raise `PlainCompletionError` (a `PcdError` and a
-`NotImplementedError`) that points to the structured calls, as the LangChain chat model does, rather
-than return text the engine did not decide. For the same reason sampling options (`llm_kwargs`) have
+`stream_complete` and the chat calls built on them raise `PlainCompletionError` (a
+`FreeTextNotSupportedError`, so a `PcdError` and a `NotImplementedError`) that points to the structured
+calls, as the LangChain chat model does, rather than return text the engine did not decide. For the same reason sampling options (`llm_kwargs`) have
 nothing to act on and are ignored.
 
 This module is a translation layer only: it turns LlamaIndex prompts into input text and `Extraction`
@@ -50,7 +50,7 @@ from pcd_core import (
     Engine,
     Extraction,
     FieldResult,
-    PcdError,
+    FreeTextNotSupportedError,
     PromptError,
     SchemaError,
     parse_schema,
@@ -61,7 +61,7 @@ __all__ = ["PCDLLM", "PCDProgram", "PlainCompletionError", "prompt_to_text"]
 dispatcher = get_dispatcher(__name__)
 
 
-class PlainCompletionError(PcdError, NotImplementedError):
+class PlainCompletionError(FreeTextNotSupportedError):
     """A completion or chat call without a schema: PCD decides closed fields, it writes no text."""
 
     def __init__(self) -> None:

@@ -57,9 +57,10 @@ def tiny_llama(tmp_path_factory):
 @pytest.fixture(scope="module")
 def tiny_gemma(tmp_path_factory):
     folder = tmp_path_factory.mktemp("tiny_gemma")
-    # six layers: five with a 4-token sliding window, the sixth global (Gemma 3's pattern)
+    # six layers: five with a 4-token sliding window, the sixth global (Gemma 3's pattern);
+    # sqrt(80) is not a bfloat16, so the embedding scale's precision shows too
     config = Gemma3TextConfig(
-        vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
+        vocab_size=TINY_VOCAB, hidden_size=80, intermediate_size=128, num_hidden_layers=6,
         num_attention_heads=4, num_key_value_heads=1, head_dim=16, max_position_embeddings=256,
         sliding_window=4, initializer_range=TINY_INIT,
     )

@@ -1,0 +1,150 @@
+"""``pcd bench``: arguments, the loop over schemas, field counts and backends, and the outputs.
+
+Arguments and schema files are checked before any model loads. A backend that cannot load (the mlx
+extra missing, say) is reported on stderr and skipped, so ``--backend all`` still measures the rest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..errors import PcdError
+from ..models import DEFAULT_MODEL
+from ..schema import parse_schema
+from .report import write_json, write_plot, write_table
+from .runner import BASELINES, BenchCase, bench_case, bench_throughput
+
+DATA_DIR = Path(__file__).resolve().parents[1] / "benchdata"
+
+
+def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``bench`` on the ``pcd`` subparsers; ``run_bench`` is set as its ``run``."""
+    bench = subparsers.add_parser(
+        "bench", help="measure PCD against token-by-token generation on the same model and prompt"
+    )
+    bench.add_argument("--schema", action="append", metavar="FILE_OR_CASE",
+                       help="a JSON Schema file, a case file (json_schema + input) or the name of a "
+                            "bundled case; repeatable (default: every bundled case with a json_schema)")
+    bench.add_argument("--input", metavar="FILE", help="the text for a --schema file that carries none")
+    bench.add_argument("--backend", default="torch", choices=("torch", "mlx", "all"))
+    bench.add_argument("--model", default=DEFAULT_MODEL, help="embedded alias, HF id, local folder or .gguf path")
+    bench.add_argument("--repeat", type=int, default=3, help="timed repeats per method; medians are reported")
+    bench.add_argument("--fields", metavar="N,N,...",
+                       help="also run each schema truncated to its first N fields, e.g. 4,8,16,28")
+    bench.add_argument("--baselines", default=",".join(BASELINES),
+                       help="which competitors to run, from ar,arc,seq (default: all three)")
+    bench.add_argument("--ar-cap", type=int, default=None,
+                       help="cap on AR's new tokens (default: 16 x fields + 32)")
+    bench.add_argument("--throughput", type=int, default=0, metavar="N",
+                       help="instead, fill_many N inputs against the first schema and report documents/s")
+    bench.add_argument("--json", metavar="OUT.json", help="write the records here")
+    bench.add_argument("--plot", metavar="OUT.png", help="plot ms per request against fields here")
+    bench.set_defaults(run=run_bench)
+    return bench
+
+
+def load_cases(paths: list[str] | None, input_path: str | None) -> list[BenchCase]:
+    """The cases to run, each schema parsed now so that a bad file fails before the model loads."""
+    if not paths:
+        paths = sorted(str(p) for p in DATA_DIR.glob("*.json") if "json_schema" in json.loads(p.read_text()))
+    text = Path(input_path).read_text(encoding="utf-8") if input_path else None
+    cases = []
+    for given in paths:
+        path = Path(given) if Path(given).exists() else DATA_DIR / f"{given}.json"
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as error:
+            raise PcdError(f"cannot read schema {given!r}: {error}") from error
+        schema, case_text = (data["json_schema"], data.get("input")) if "json_schema" in data else (data, None)
+        if not isinstance(schema, dict) or not isinstance(schema.get("properties"), dict):
+            raise PcdError(f"{given!r}: pcd bench takes a JSON Schema with 'properties'")
+        parse_schema(schema)
+        if (text or case_text) is None:
+            raise PcdError(f"{given!r} carries no input; give --input FILE")
+        cases.append(BenchCase(path.stem, schema, text or case_text))
+    return cases
+
+
+def _field_counts(spec: str | None) -> list[int] | None:
+    if spec is None:
+        return None
+    try:
+        counts = sorted({int(n) for n in spec.split(",") if n.strip()})
+    except ValueError as error:
+        raise PcdError(f"--fields {spec!r}: give comma-separated whole numbers, e.g. 4,8,16,28") from error
+    if not counts or counts[0] < 1:
+        raise PcdError(f"--fields {spec!r}: every count must be at least 1")
+    return counts
+
+
+def _check(args: argparse.Namespace) -> tuple[list[BenchCase], tuple[str, ...]]:
+    if args.repeat < 1:
+        raise PcdError(f"--repeat {args.repeat}: at least 1")
+    if args.ar_cap is not None and args.ar_cap < 1:
+        raise PcdError(f"--ar-cap {args.ar_cap}: at least 1")
+    baselines = tuple(b.strip() for b in args.baselines.split(",") if b.strip())
+    unknown = set(baselines) - set(BASELINES)
+    if unknown:
+        raise PcdError(f"--baselines: unknown {sorted(unknown)}; choose from {', '.join(BASELINES)}")
+    cases = load_cases(args.schema, args.input)
+    counts = _field_counts(args.fields)
+    if counts is not None:
+        cases = [case.truncated(n) for case in cases for n in counts if n <= case.n_fields]
+        if not cases:
+            raise PcdError(f"--fields {args.fields}: every count is above every schema's field count")
+    return cases, baselines
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from ..engine import Engine
+
+    cases, baselines = _check(args)
+    backends = ("torch", "mlx") if args.backend == "all" else (args.backend,)
+    steps = 1 + args.repeat * (2 + len(baselines))
+    total = len(backends) * (1 if args.throughput else len(cases) * steps)
+    records: list[dict[str, Any]] = []
+    with tqdm(total=total, desc="pcd bench", unit="run", file=sys.stderr, disable=None) as progress:
+        for backend in backends:
+            try:
+                engine = Engine.load(args.model, backend=backend)
+            except (PcdError, ImportError) as error:
+                print(f"pcd bench: skipping backend {backend!r}: {error}", file=sys.stderr)
+                progress.update(1 if args.throughput else len(cases) * steps)
+                continue
+            if args.throughput:
+                records.append(bench_throughput(engine, cases[0], args.throughput))
+                progress.update(1)
+                continue
+            for case in cases:
+                progress.set_postfix_str(f"{backend} {case.name} {case.n_fields} fields")
+                records.append(bench_case(engine, case, repeat=args.repeat, baselines=baselines,
+                                          cap=args.ar_cap, tick=lambda: progress.update(1)))
+    write_table(records, sys.stdout)
+    meta = {"command": "pcd bench " + " ".join(getattr(args, "argv", []) or []), "model": args.model,
+            "machine": f"{platform.machine()} {platform.processor() or platform.system()}",
+            "python": platform.python_version(), "arc_engine": "pcd-grammar-mask"}
+    if args.json:
+        write_json(records, args.json, meta)
+    if args.plot:
+        write_plot(records, args.plot, f"pcd bench, {args.model}")
+    return 0 if records else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``pcd bench`` on its own (``python -m pcd_core.bench``), until the CLI wires it in."""
+    parser = argparse.ArgumentParser(prog="pcd")
+    add_bench_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["bench", *(argv if argv is not None else sys.argv[1:])])
+    args.argv = argv if argv is not None else sys.argv[1:]
+    try:
+        return args.run(args)
+    except PcdError as error:
+        print(f"pcd: error: {error}", file=sys.stderr)
+        return 2

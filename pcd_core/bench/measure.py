@@ -1,0 +1,79 @@
+"""Wall time, forward passes and peak memory of one call, taken the same way for every method.
+
+Peak memory is resident memory (RSS) sampled by a thread every few milliseconds during the call,
+minus the RSS just before it: tracemalloc cannot see torch's CPU allocations, and the kernel's
+high-water mark (VmHWM) cannot be reset between runs. The allocator keeps freed pages, so a later
+run that reuses them reads lower: read the figure as the new memory this call needed.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+_PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def rss_bytes() -> int:
+    """Resident memory of this process now: /proc on Linux, psutil elsewhere, 0 if neither exists."""
+    try:
+        with open("/proc/self/statm", "rb") as statm:
+            return int(statm.read().split()[1]) * _PAGE_BYTES
+    except OSError:
+        pass
+    try:
+        import psutil
+    except ImportError:
+        return 0
+    return int(psutil.Process().memory_info().rss)
+
+
+class PeakSampler:
+    """Samples RSS on a daemon thread while the ``with`` block runs; ``peak_mb`` is the rise."""
+
+    def __init__(self, interval_s: float = 0.005) -> None:
+        self.interval_s = interval_s
+        self.start = 0
+        self.peak = 0
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while not self._done.wait(self.interval_s):
+            self.peak = max(self.peak, rss_bytes())
+
+    def __enter__(self) -> "PeakSampler":
+        self.start = self.peak = rss_bytes()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._done.set()
+        self._thread.join()
+        self.peak = max(self.peak, rss_bytes())
+
+    @property
+    def peak_mb(self) -> float:
+        return (self.peak - self.start) / 2**20
+
+
+@dataclass
+class Timed:
+    result: Any
+    ms: float
+    forward_passes: int
+    peak_mem_mb: float
+
+
+def timed(backend: Any, call: Callable[[], Any]) -> Timed:
+    """Run ``call`` once and measure it."""
+    passes = backend.forward_passes
+    with PeakSampler() as sampler:
+        started = time.perf_counter()
+        result = call()
+        ms = (time.perf_counter() - started) * 1000.0
+    return Timed(result, ms, backend.forward_passes - passes, sampler.peak_mb)

@@ -1,0 +1,101 @@
+"""The benchmark's outputs: a table for the terminal, the JSON records, and the plot for the README."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, TextIO
+
+_COLUMNS = (
+    ("schema", "schema", "{}"),
+    ("backend", "backend", "{}"),
+    ("fields", "fields", "{}"),
+    ("pcd_ms", "PCD ms", "{:.0f}"),
+    ("prefill_ms", "prefill ms", "{:.0f}"),
+    ("pcd_forward_passes", "PCD passes", "{}"),
+    ("ar_ms", "AR ms", "{:.0f}"),
+    ("ratio", "AR/PCD", "{:.1f}x"),
+    ("ar_tokens", "AR tok", "{}"),
+    ("ar_stop", "AR stop", "{}"),
+    ("arc_ms", "ARC ms", "{:.0f}"),
+    ("arc_ratio", "ARC/PCD", "{:.1f}x"),
+    ("seq_ms", "seq ms", "{:.0f}"),
+    ("seq_ratio", "seq/PCD", "{:.1f}x"),
+    ("seq_forward_passes", "seq passes", "{}"),
+    ("pcd_valid", "PCD valid", "{}"),
+    ("ar_valid", "AR valid", "{}"),
+    ("arc_valid", "ARC valid", "{}"),
+    ("agreement", "agree AR", "{}"),
+    ("seq_agreement", "agree seq", "{}"),
+    ("peak_mem_mb", "PCD +MB", "{:.0f}"),
+)
+
+
+def _cell(record: dict[str, Any], key: str, fmt: str) -> str:
+    value = record.get(key)
+    if value is None:
+        return "-"
+    if key in ("agreement", "seq_agreement"):
+        return f"{value}/{record['fields']}"
+    return fmt.format(value)
+
+
+def write_table(records: list[dict[str, Any]], out: TextIO) -> None:
+    """A Markdown table, so that the same text goes into the terminal and the README."""
+    compared = [r for r in records if r.get("mode") != "throughput"]
+    if compared:
+        head = [title for _, title, _ in _COLUMNS]
+        rows = [[_cell(r, key, fmt) for key, _, fmt in _COLUMNS] for r in compared]
+        _markdown(head, rows, out)
+    throughput = [r for r in records if r.get("mode") == "throughput"]
+    if throughput:
+        out.write("\n")
+        head = ["schema", "backend", "fields", "documents", "docs/s", "ms/doc", "passes"]
+        rows = [[r["schema"], r["backend"], str(r["fields"]), str(r["documents"]), f"{r['docs_per_s']:.2f}",
+                 f"{r['ms_per_doc']:.0f}", str(r["forward_passes"])] for r in throughput]
+        _markdown(head, rows, out)
+
+
+def _markdown(head: list[str], rows: list[list[str]], out: TextIO) -> None:
+    out.write("| " + " | ".join(head) + " |\n")
+    out.write("|" + "|".join("---" for _ in head) + "|\n")
+    for row in rows:
+        out.write("| " + " | ".join(row) + " |\n")
+
+
+def write_json(records: list[dict[str, Any]], path: str, meta: dict[str, Any]) -> None:
+    Path(path).write_text(json.dumps({"meta": meta, "records": records}, indent=2, ensure_ascii=False) + "\n")
+
+
+def write_plot(records: list[dict[str, Any]], path: str, title: str) -> None:
+    """Milliseconds per request against the number of fields: one panel per backend, one line per
+    method, one marker style per schema."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as error:
+        raise ImportError("--plot needs matplotlib; run: pip install 'pcd-engine[bench]'") from error
+    compared = [r for r in records if r.get("mode") != "throughput"]
+    backends = sorted({r["backend"] for r in compared})
+    figure, axes = plt.subplots(1, max(1, len(backends)), figsize=(6 * max(1, len(backends)), 4.5), squeeze=False)
+    methods = (("pcd_ms", "PCD"), ("seq_ms", "sequential jump-forward"), ("arc_ms", "AR-constrained"),
+               ("ar_ms", "AR"))
+    for axis, backend in zip(axes[0], backends):
+        mine = [r for r in compared if r["backend"] == backend]
+        for key, label in methods:
+            for schema in sorted({r["schema"] for r in mine}):
+                points = sorted((r["fields"], r[key]) for r in mine if r["schema"] == schema and r.get(key))
+                if points:
+                    xs, ys = zip(*points)
+                    axis.plot(xs, ys, marker="o", label=f"{label} ({schema})")
+        axis.set_yscale("log")
+        axis.set_xlabel("fields")
+        axis.set_ylabel("ms per request (median)")
+        axis.set_title(f"{title} - {backend}")
+        axis.grid(True, which="both", alpha=0.3)
+        axis.legend(fontsize=7)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)

@@ -1,0 +1,172 @@
+"""One benchmark record per (schema, number of fields, backend): PCD and its competitors, pair by pair.
+
+Every repeat runs PCD, the request prefill alone, then each baseline, back to back on the same
+engine and cached head, so that a noisy machine slows a pair together; ratios are medians of the
+per-repeat ratios, times are medians of the repeats. One warm-up before the repeats fills the head
+and compiled-schema caches and touches each loop once (a short one for the generators).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .baselines import (BaselineRun, ar_cap, cached_head, decide_sequential, generate_constrained,
+                        generate_free, read_request, request_ids)
+from .checks import agreement, is_valid, json_object_end, parse_lenient
+from .measure import Timed, timed
+
+BASELINES = ("ar", "arc", "seq")
+#: how AR-constrained is implemented, written into every record
+ARC_ENGINE = "pcd-grammar-mask"
+
+
+@dataclass(frozen=True)
+class BenchCase:
+    name: str
+    schema: dict[str, Any]  # a JSON Schema
+    text: str
+
+    @property
+    def n_fields(self) -> int:
+        return len(self.schema["properties"])
+
+    def truncated(self, n_fields: int) -> "BenchCase":
+        """The same case on the schema's first ``n_fields`` properties (``--fields``)."""
+        keep = list(self.schema["properties"])[:n_fields]
+        schema = dict(self.schema, properties={k: self.schema["properties"][k] for k in keep})
+        if "required" in schema:
+            schema["required"] = [k for k in schema["required"] if k in keep]
+        return BenchCase(self.name, schema, self.text)
+
+
+def strict_json(text: str) -> Any:
+    """The object up to its closing brace as ``json.loads`` reads it, or None: what a validator sees."""
+    end, start = json_object_end(text), text.find("{")
+    if end is None or start < 0:
+        return None
+    try:
+        return json.loads(text[start:end])
+    except json.JSONDecodeError:
+        return None
+
+
+def bench_case(
+    engine: Any,
+    case: BenchCase,
+    *,
+    repeat: int = 3,
+    baselines: tuple[str, ...] = BASELINES,
+    cap: int | None = None,
+    tick: Callable[[], None] = lambda: None,
+) -> dict[str, Any]:
+    backend = engine.backend
+    compiled = engine.compile(case.schema)
+    schema = compiled.schema
+    head = cached_head(engine, compiled)
+    cap = cap or ar_cap(case.n_fields)
+    methods: dict[str, Callable[[], Any]] = {
+        "pcd": lambda: engine.fill(case.schema, case.text),
+        "prefill": lambda: read_request(engine, compiled, head, case.text),
+        "ar": lambda: generate_free(engine, compiled, head, case.text, cap),
+        "arc": lambda: generate_constrained(engine, compiled, head, case.text),
+        "seq": lambda: decide_sequential(engine, compiled, head, case.text),
+    }
+    order = ["pcd", "prefill"] + [b for b in BASELINES if b in baselines]
+    engine.fill(case.schema, case.text)  # warm-up; sequential runs on the same primitives as PCD
+    if "ar" in order:
+        generate_free(engine, compiled, head, case.text, 4)
+    if "arc" in order:
+        generate_constrained(engine, compiled, head, case.text, 4)
+    tick()
+    runs: dict[str, list[Timed]] = {name: [] for name in order}
+    for _ in range(repeat):
+        for name in order:
+            runs[name].append(timed(backend, methods[name]))
+            tick()
+
+    pcd_values = runs["pcd"][-1].result.values
+    record: dict[str, Any] = {
+        "schema": case.name,
+        "backend": backend.name,
+        "model": engine.model_name,
+        "fields": case.n_fields,
+        "input_tokens": len(request_ids(engine, compiled, case.text)[0]),
+        "repeat": repeat,
+        "pcd_ms": _median_ms(runs["pcd"]),
+        "pcd_forward_passes": runs["pcd"][-1].forward_passes,
+        "pcd_row_tokens": runs["pcd"][-1].result.stats.row_tokens,
+        "pcd_valid": all(is_valid(schema, run.result.values) for run in runs["pcd"]),
+        "prefill_ms": _median_ms(runs["prefill"]),
+        "pcd_over_prefill": _median_ratio(runs["pcd"], runs["prefill"]),
+        "peak_mem_mb": max(run.peak_mem_mb for run in runs["pcd"]),
+        "pcd_output": pcd_values,
+    }
+    for name in BASELINES:
+        record.update(_baseline_fields(name, runs.get(name), runs["pcd"], schema, pcd_values))
+    record["arc_engine"] = ARC_ENGINE if "arc" in runs else None
+    return record
+
+
+def _baseline_fields(
+    name: str, runs: list[Timed] | None, pcd: list[Timed], schema: Any, pcd_values: dict[str, Any]
+) -> dict[str, Any]:
+    """The ``<name>_*`` keys of a record; all None when the baseline was skipped."""
+    ratio_key = "ratio" if name == "ar" else f"{name}_ratio"
+    agree_key = "agreement" if name == "ar" else f"{name}_agreement"
+    keys = [f"{name}_ms", ratio_key, f"{name}_forward_passes", f"{name}_tokens", f"{name}_valid",
+            agree_key, f"{name}_peak_mem_mb"]
+    if name != "seq":
+        keys += [f"{name}_stop", f"{name}_output"]
+    if not runs:
+        return dict.fromkeys(keys)
+    last: BaselineRun = runs[-1].result
+    if name == "seq":
+        written, valid = last.values, all(is_valid(schema, r.result.values) for r in runs)
+    else:
+        written = parse_lenient(schema, last.text)
+        valid = all(is_valid(schema, strict_json(r.result.text)) for r in runs)
+    fields = {
+        f"{name}_ms": _median_ms(runs),
+        ratio_key: _median_ratio(runs, pcd),
+        f"{name}_forward_passes": runs[-1].forward_passes,
+        f"{name}_tokens": last.tokens,
+        f"{name}_valid": valid,
+        agree_key: agreement(schema, pcd_values, written),
+        f"{name}_peak_mem_mb": max(run.peak_mem_mb for run in runs),
+    }
+    if name != "seq":
+        fields[f"{name}_stop"] = last.stop
+        fields[f"{name}_output"] = last.text
+    return fields
+
+
+def bench_throughput(engine: Any, case: BenchCase, n_docs: int) -> dict[str, Any]:
+    """``fill_many`` over ``n_docs`` distinct inputs on one warm schema: documents per second."""
+    texts = [f"(document {k + 1} of {n_docs})\n{case.text}" for k in range(n_docs)]
+    engine.fill(case.schema, texts[0])
+    run = timed(engine.backend, lambda: engine.fill_many(case.schema, texts))
+    return {
+        "mode": "throughput",
+        "schema": case.name,
+        "backend": engine.backend.name,
+        "model": engine.model_name,
+        "fields": case.n_fields,
+        "documents": n_docs,
+        "total_ms": run.ms,
+        "ms_per_doc": run.ms / n_docs,
+        "docs_per_s": n_docs / (run.ms / 1000.0),
+        "forward_passes": run.forward_passes,
+        "peak_mem_mb": run.peak_mem_mb,
+    }
+
+
+def _median_ms(runs: list[Timed]) -> float:
+    return statistics.median(run.ms for run in runs)
+
+
+def _median_ratio(slow: list[Timed], fast: list[Timed]) -> float:
+    return statistics.median(s.ms / f.ms for s, f in zip(slow, fast))

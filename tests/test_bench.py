@@ -1,0 +1,86 @@
+"""``pcd bench`` end to end on the real embedded model (a tiny schema, one repeat), and its judges."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pcd_core.bench import agreement, is_valid, main, parse_lenient
+from pcd_core.bench.checks import json_object_end
+from pcd_core.schema import parse_schema
+
+TINY = {
+    "type": "object",
+    "properties": {
+        "urgent": {"type": "boolean", "description": "The sender needs help today"},
+        "sentiment": {"enum": ["POSITIVE", "NEUTRAL", "NEGATIVE"], "description": "Overall tone"},
+        "channel": {"enum": ["EMAIL", "PHONE", "CHAT"], "description": "How to answer"},
+    },
+    "required": ["urgent", "sentiment", "channel"],
+}
+INPUT = "Our checkout has been down since 9am and we are losing orders. Call me right away!"
+
+RECORD_KEYS = {
+    "schema", "backend", "fields", "pcd_ms", "ar_ms", "ratio", "pcd_forward_passes", "ar_forward_passes",
+    "ar_tokens", "ar_stop", "pcd_valid", "ar_valid", "agreement", "prefill_ms", "peak_mem_mb",
+    "arc_ms", "arc_ratio", "arc_valid", "seq_ms", "seq_ratio", "seq_agreement", "seq_forward_passes",
+}
+
+
+def test_strict_validity_rejects_quoted_booleans_missing_keys_and_invented_labels():
+    schema = parse_schema(TINY)
+    good = {"urgent": True, "sentiment": "NEGATIVE", "channel": "PHONE"}
+    assert is_valid(schema, good)
+    assert not is_valid(schema, dict(good, urgent="true"))
+    assert not is_valid(schema, dict(good, urgent=1))
+    assert not is_valid(schema, {"urgent": True, "sentiment": "NEGATIVE"})
+    assert not is_valid(schema, dict(good, channel="FAX"))
+    assert not is_valid(schema, dict(good, extra=True))
+    assert not is_valid(schema, None)
+
+
+def test_agreement_counts_decisions_and_forgives_spelling_only():
+    schema = parse_schema(TINY)
+    ours = {"urgent": True, "sentiment": "NEGATIVE", "channel": "PHONE"}
+    assert agreement(schema, ours, {"urgent": "true", "sentiment": "NEGATIVE", "channel": "EMAIL"}) == 2
+    assert agreement(schema, ours, {"sentiment": "negative"}) == 0
+    assert agreement(schema, ours, ours) == 3
+
+
+def test_lenient_parse_reads_a_looping_object_key_by_key():
+    schema = parse_schema(TINY)
+    closed = '{\n  "urgent": true, "sentiment": "NEGATIVE", "channel": "PHONE"}\nextra text {'
+    assert parse_lenient(schema, closed) == {"urgent": True, "sentiment": "NEGATIVE", "channel": "PHONE"}
+    looping = '{\n  "urgent": "true",\n  "sentiment": "NEGATIVE", "note": "a } in a string", "urgent": false'
+    assert json_object_end(looping) is None
+    assert parse_lenient(schema, looping) == {"urgent": "true", "sentiment": "NEGATIVE"}
+
+
+def test_bench_records_every_method_and_pcd_is_valid(engine, tmp_path, monkeypatch, capsys):
+    from pcd_core.engine import Engine
+
+    monkeypatch.setattr(Engine, "load", classmethod(lambda cls, *args, **kwargs: engine))
+    schema_file = tmp_path / "tiny.json"
+    schema_file.write_text(json.dumps(TINY))
+    (tmp_path / "input.txt").write_text(INPUT)
+    out = tmp_path / "out.json"
+    argv = ["--schema", str(schema_file), "--input", str(tmp_path / "input.txt"), "--repeat", "1",
+            "--ar-cap", "8", "--json", str(out), "--plot", str(tmp_path / "out.png")]
+    assert main(argv) == 0
+    (record,) = json.loads(out.read_text())["records"]
+    assert RECORD_KEYS <= set(record)
+    assert record["fields"] == 3 and record["pcd_valid"] and record["pcd_forward_passes"] == 4
+    assert record["ar_tokens"] <= 8 and record["ar_stop"] in ("brace", "cap", "eos")
+    assert record["arc_valid"]
+    # one pass for the request with the first row, one per later field, one per deeper decision node
+    assert 3 <= record["seq_forward_passes"] <= 6
+    assert (tmp_path / "out.png").stat().st_size > 0
+    assert "| tiny | torch | 3 |" in capsys.readouterr().out
+
+
+def test_bad_arguments_fail_before_a_model_loads(tmp_path, capsys):
+    assert main(["--schema", str(tmp_path / "missing.json")]) == 2
+    assert main(["--schema", "support_ticket", "--fields", "99"]) == 2
+    assert main(["--schema", "support_ticket", "--baselines", "ar,beam"]) == 2
+    assert "pcd: error" in capsys.readouterr().err
