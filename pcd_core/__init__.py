@@ -4,6 +4,8 @@ The engine reads every closed field of a schema out of one shared prompt and a f
 passes, instead of letting the model write JSON token by token.
 """
 
+import logging
+
 from .engine import Engine
 from .errors import (
     BackendError,
@@ -31,6 +33,9 @@ from .result import Extraction, FieldResult, Stats
 from .schema import Field, Label, Schema, parse_schema
 
 __version__ = "0.1.0"
+
+# a library logs, the application decides where to: silent unless the caller configures logging
+logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 __all__ = [
     "Answer",

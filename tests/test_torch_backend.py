@@ -1,5 +1,8 @@
 """The PyTorch backend and the engine on the real embedded model (SmolLM2-135M, fp32)."""
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -11,6 +14,9 @@ from pcd_core.testing import check_backend
 from conftest import load_case
 
 TICKET = load_case("support_ticket")
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+SMALL_SCHEMA = json.loads((EXAMPLES / "ticket_schema.json").read_text())
+SMALL_TEXT = (EXAMPLES / "ticket.txt").read_text()
 
 
 def test_backend_contract(engine):
@@ -55,8 +61,7 @@ def _probabilities(result):
 
 
 def test_packed_rows_equal_copies_and_chunking_changes_nothing(engine):
-    schema = load_case("fintech_fraud")["json_schema"]
-    text = load_case("fintech_fraud")["input"]
+    schema, text = SMALL_SCHEMA, SMALL_TEXT
     packed = engine.fill(schema, text)
     copies = Engine(TorchBackend(engine.backend.model, row_layout="copies"), engine.tokenizer, "copies")
     chunked = Engine(TorchBackend(engine.backend.model, max_tokens_per_pass=16), engine.tokenizer, "chunked")
@@ -70,8 +75,7 @@ def test_packed_rows_equal_copies_and_chunking_changes_nothing(engine):
 
 
 def test_head_cache_on_and_off_agree(engine):
-    schema = load_case("code_security")["json_schema"]
-    text = load_case("code_security")["input"]
+    schema, text = SMALL_SCHEMA, SMALL_TEXT
     cached = engine.fill(schema, text)
     uncached = engine.fill(schema, text, use_head_cache=False)
     for name, values in _probabilities(cached).items():
