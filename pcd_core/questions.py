@@ -77,18 +77,16 @@ class NoulAnswer(BaseModel):
         return {"type": "noul", "noul": float(self.noul), "x_candidate_mass": float(self.candidate_mass)}
 
 
-class ChoiceAnswer(BaseModel):
-    type: Literal["choice"] = "choice"
-    choice: str
+class _DistributionAnswer(BaseModel):
+    """What choice and score answers share: the distribution, its peak, and the x_ extensions."""
+
     probabilities: dict[str, float]
     confidence: float
     candidate_mass: float
     logits: dict[str, float]
 
-    def to_wire(self) -> dict[str, Any]:
+    def _distribution_wire(self) -> dict[str, Any]:
         return {
-            "type": "choice",
-            "choice": self.choice,
             "probabilities": {k: float(v) for k, v in self.probabilities.items()},
             "confidence": float(self.confidence),
             "x_candidate_mass": float(self.candidate_mass),
@@ -96,25 +94,21 @@ class ChoiceAnswer(BaseModel):
         }
 
 
-class ScoreAnswer(BaseModel):
+class ChoiceAnswer(_DistributionAnswer):
+    type: Literal["choice"] = "choice"
+    choice: str
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"type": "choice", "choice": self.choice, **self._distribution_wire()}
+
+
+class ScoreAnswer(_DistributionAnswer):
     type: Literal["score"] = "score"
     score: float
     legend: dict[str, str]
-    probabilities: dict[str, float]
-    confidence: float
-    candidate_mass: float
-    logits: dict[str, float]
 
     def to_wire(self) -> dict[str, Any]:
-        return {
-            "type": "score",
-            "score": float(self.score),
-            "legend": dict(self.legend),
-            "probabilities": {k: float(v) for k, v in self.probabilities.items()},
-            "confidence": float(self.confidence),
-            "x_candidate_mass": float(self.candidate_mass),
-            "x_logits": {k: float(v) for k, v in self.logits.items()},
-        }
+        return {"type": "score", "score": float(self.score), "legend": dict(self.legend), **self._distribution_wire()}
 
 
 Answer = Union[NoulAnswer, ChoiceAnswer, ScoreAnswer]

@@ -122,3 +122,22 @@ def test_every_layout_has_clean_seams_on_gemma(gemma_engine):
     compiled = gemma_engine.compile(SCHEMA)
     assert compiled.layout in LAYOUTS
     assert compiled.prompt.layout == "plain"
+
+
+def test_a_line_that_merges_with_the_text_after_it_raises_tokenization_error():
+    with pytest.raises(TokenizationError, match="text after it") as caught:
+        compile_schema(SCHEMA, TextTokenizer(_MergingVocabulary(",\n", "\n ")))
+    assert caught.value.field == "sentiment"
+
+
+def test_a_question_that_merges_with_the_end_of_the_state_is_refused():
+    from pcd_core.asking import ask, render_decide_prompt
+    from pcd_core.questions import NoulQuestion
+
+    tokenizer = TextTokenizer(_MergingVocabulary(".\n"))
+    prompt = render_decide_prompt(tokenizer)
+    question = NoulQuestion(instructions="Is it broken?")
+    assert ask(tokenizer, prompt, prompt.head + "It broke!", question, "q").trie.row
+    with pytest.raises(TokenizationError, match="end of the state") as caught:
+        ask(tokenizer, prompt, prompt.head + "It broke.", question, "q")
+    assert caught.value.field == "q"
