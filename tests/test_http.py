@@ -8,7 +8,9 @@ float fails it, and so does any extra field that is not an ``x_`` extension.
 import asyncio
 import json
 import math
+import socket
 import threading
+import time
 from typing import Annotated, Any, Literal
 
 import pytest
@@ -19,7 +21,7 @@ httpx = pytest.importorskip("httpx", reason="the HTTP tests need httpx")
 
 from conftest import load_case  # noqa: E402
 from pcd_core import Engine  # noqa: E402
-from pcd_integrations.http import create_app  # noqa: E402
+from pcd_integrations.http import create_app, serve  # noqa: E402
 
 
 def _only_float(value: Any) -> Any:
@@ -448,3 +450,40 @@ def test_create_app_needs_exactly_one_engine_source(engine):
         create_app(engine, engine_factory=lambda: engine)
     with pytest.raises(ValueError):
         create_app(engine, api_key="")
+
+
+def test_serve_answers_over_a_real_socket(engine, monkeypatch):
+    uvicorn = pytest.importorskip("uvicorn")
+    servers: list[Any] = []
+    original_init = uvicorn.Server.__init__
+
+    def remember(self: Any, *args: Any, **kwargs: Any) -> None:  # a handle, to stop the server cleanly
+        servers.append(self)
+        original_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(uvicorn.Server, "__init__", remember)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    thread = threading.Thread(
+        target=serve, args=(lambda: engine,), kwargs={"port": port, "api_key": "k", "log_level": "warning"}
+    )
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(200):
+            if servers and servers[0].started:
+                break
+            time.sleep(0.05)
+        for _ in range(200):
+            if httpx.get(f"{url}/healthz").status_code == 200:
+                break
+            time.sleep(0.05)
+        body = {"state": STATE, "questions": {"q": NOUL}}
+        response = httpx.post(f"{url}/v1/systemone", json=body, headers={"Authorization": "Bearer k"}, timeout=60)
+        assert response.status_code == 200, response.text
+        WireResponse.model_validate(response.json())
+    finally:
+        servers[0].should_exit = True
+        thread.join(timeout=30)
+    assert not thread.is_alive()

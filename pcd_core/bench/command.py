@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 from pathlib import Path
@@ -110,6 +111,10 @@ def run_bench(args: argparse.Namespace) -> int:
     steps = 1 + args.repeat * (2 + len(baselines))
     total = len(backends) * (1 if args.throughput else len(cases) * steps)
     records: list[dict[str, Any]] = []
+    meta = {"command": "pcd bench " + " ".join(getattr(args, "argv", []) or []), "model": args.model,
+            "machine": f"{platform.machine()} {platform.processor() or platform.system()}, "
+                       f"{os.cpu_count()} CPUs", "python": platform.python_version(),
+            "arc_engine": "pcd-grammar-mask"}
     with tqdm(total=total, desc="pcd bench", unit="run", file=sys.stderr, disable=None) as progress:
         for backend in backends:
             try:
@@ -126,10 +131,9 @@ def run_bench(args: argparse.Namespace) -> int:
                 progress.set_postfix_str(f"{backend} {case.name} {case.n_fields} fields")
                 records.append(bench_case(engine, case, repeat=args.repeat, baselines=baselines,
                                           cap=args.ar_cap, tick=lambda: progress.update(1)))
+                if args.json:  # after every record: a long run interrupted still leaves its results
+                    write_json(records, args.json, meta)
     write_table(records, sys.stdout)
-    meta = {"command": "pcd bench " + " ".join(getattr(args, "argv", []) or []), "model": args.model,
-            "machine": f"{platform.machine()} {platform.processor() or platform.system()}",
-            "python": platform.python_version(), "arc_engine": "pcd-grammar-mask"}
     if args.json:
         write_json(records, args.json, meta)
     if args.plot:

@@ -104,6 +104,7 @@ def bench_case(
         "pcd_over_prefill": _median_ratio(runs["pcd"], runs["prefill"]),
         "peak_mem_mb": max(run.peak_mem_mb for run in runs["pcd"]),
         "pcd_output": pcd_values,
+        "pcd_stats": runs["pcd"][-1].result.stats.to_dict(),  # where PCD's time went, by phase
     }
     for name in BASELINES:
         record.update(_baseline_fields(name, runs.get(name), runs["pcd"], schema, pcd_values))
