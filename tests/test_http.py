@@ -240,7 +240,8 @@ def test_state_may_be_an_object_or_an_array(app):
 
 
 def test_unknown_fields_and_a_foreign_model_name_are_ignored(app, engine):
-    body = {"state": STATE, "questions": {"q": NOUL}, "model": "jev-1", "temperature": 0.3, "x": [1]}
+    question = {**NOUL, "priority": "high", "examples": [{"state": "x", "answer": True}]}
+    body = {"state": STATE, "questions": {"q": question}, "model": "jev-1", "temperature": 0.3, "x": [1]}
     assert decide(app, body).model == engine.model_name
 
 
@@ -480,10 +481,12 @@ def test_serve_answers_over_a_real_socket(engine, monkeypatch):
                 break
             time.sleep(0.05)
         body = {"state": STATE, "questions": {"q": NOUL}}
-        response = httpx.post(f"{url}/v1/systemone", json=body, headers={"Authorization": "Bearer k"}, timeout=60)
+        headers = {"Authorization": "Bearer k"}
+        response = httpx.post(f"{url}/v1/systemone", json=body, headers=headers, timeout=60)
         assert response.status_code == 200, response.text
         WireResponse.model_validate(response.json())
     finally:
-        servers[0].should_exit = True
+        for server in servers:
+            server.should_exit = True
         thread.join(timeout=30)
     assert not thread.is_alive()

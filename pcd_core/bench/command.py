@@ -36,7 +36,7 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     bench.add_argument("--model", default=DEFAULT_MODEL, help="embedded alias, HF id, local folder or .gguf path")
     bench.add_argument("--repeat", type=int, default=3, help="timed repeats per method; medians are reported")
     bench.add_argument("--fields", metavar="N,N,...",
-                       help="also run each schema truncated to its first N fields, e.g. 4,8,16,28")
+                       help="run each schema truncated to its first N fields, once per N (e.g. 4,8,16,28)")
     bench.add_argument("--baselines", default=",".join(BASELINES),
                        help="which competitors to run, from ar,arc,seq (default: all three)")
     bench.add_argument("--ar-cap", type=int, default=None,
@@ -111,7 +111,7 @@ def run_bench(args: argparse.Namespace) -> int:
     steps = 1 + args.repeat * (2 + len(baselines))
     total = len(backends) * (1 if args.throughput else len(cases) * steps)
     records: list[dict[str, Any]] = []
-    meta = {"command": "pcd bench " + " ".join(getattr(args, "argv", []) or []), "model": args.model,
+    meta = {"command": "pcd " + " ".join(getattr(args, "argv", None) or sys.argv[1:]), "model": args.model,
             "machine": f"{platform.machine()} {platform.processor() or platform.system()}, "
                        f"{os.cpu_count()} CPUs", "python": platform.python_version(),
             "arc_engine": "pcd-grammar-mask"}
@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pcd")
     add_bench_parser(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["bench", *(argv if argv is not None else sys.argv[1:])])
-    args.argv = argv if argv is not None else sys.argv[1:]
+    args.argv = ["bench", *(argv if argv is not None else sys.argv[1:])]
     try:
         return args.run(args)
     except PcdError as error:

@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
 
 _PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -46,12 +46,12 @@ class PeakSampler:
         while not self._done.wait(self.interval_s):
             self.peak = max(self.peak, rss_bytes())
 
-    def __enter__(self) -> "PeakSampler":
+    def __enter__(self) -> Self:
         self.start = self.peak = rss_bytes()
         self._thread.start()
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._done.set()
         self._thread.join()
         self.peak = max(self.peak, rss_bytes())

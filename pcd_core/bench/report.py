@@ -59,8 +59,7 @@ def write_table(records: list[dict[str, Any]], out: TextIO) -> None:
 def _markdown(head: list[str], rows: list[list[str]], out: TextIO) -> None:
     out.write("| " + " | ".join(head) + " |\n")
     out.write("|" + "|".join("---" for _ in head) + "|\n")
-    for row in rows:
-        out.write("| " + " | ".join(row) + " |\n")
+    out.writelines("| " + " | ".join(row) + " |\n" for row in rows)
 
 
 def write_json(records: list[dict[str, Any]], path: str, meta: dict[str, Any]) -> None:

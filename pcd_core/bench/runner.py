@@ -14,8 +14,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .baselines import (BaselineRun, ar_cap, cached_head, decide_sequential, generate_constrained,
-                        generate_free, read_request, request_ids)
+from .baselines import (
+    BaselineRun,
+    ar_cap,
+    cached_head,
+    decide_sequential,
+    generate_constrained,
+    generate_free,
+    read_request,
+    request_ids,
+)
 from .checks import agreement, is_valid, json_object_end, parse_lenient
 from .measure import Timed, timed
 
@@ -34,7 +42,7 @@ class BenchCase:
     def n_fields(self) -> int:
         return len(self.schema["properties"])
 
-    def truncated(self, n_fields: int) -> "BenchCase":
+    def truncated(self, n_fields: int) -> BenchCase:
         """The same case on the schema's first ``n_fields`` properties (``--fields``)."""
         keep = list(self.schema["properties"])[:n_fields]
         schema = dict(self.schema, properties={k: self.schema["properties"][k] for k in keep})
