@@ -107,6 +107,10 @@ def build_parser() -> argparse.ArgumentParser:
     models = commands.add_parser("models", help="list the embedded models")
     models.set_defaults(run=cmd_models)
 
+    from .bench import add_bench_parser  # light: torch and matplotlib load only when it runs
+
+    add_bench_parser(commands)
+
     serve = commands.add_parser("serve", help="serve Jev-style questions over HTTP (POST /v1/systemone)")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)

@@ -101,10 +101,12 @@ class Engine:
             return self.backend.prefill(compiled.head_ids), False
         return self._heads.get_or(compiled.head_ids, lambda: self.backend.prefill(compiled.head_ids))
 
-    def warmup(self, schema: Any) -> None:
-        """Compile the schema and prefill its head, so that the first request is already warm."""
+    def warmup(self, schema: Any) -> Prefix:
+        """Compile the schema and prefill its head, so that the first request is already warm.
+        Returns the cached head, which token-by-token baselines continue from."""
         with self._lock:
-            self._head(self.compile(schema), use_cache=True)
+            head, _ = self._head(self.compile(schema), use_cache=True)
+            return head
 
     # -- fill ---------------------------------------------------------------------------------
     def fill(self, schema: Any, text: str, *, strategy: str = "trie", use_head_cache: bool = True) -> Extraction:

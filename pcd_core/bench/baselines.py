@@ -37,13 +37,6 @@ class BaselineRun:
     stop: str = ""  # "brace" | "cap" | "eos" for the generators
 
 
-def cached_head(engine: Any, compiled: CompiledSchema) -> Prefix:
-    """The head KV a warm fill reads from, shared with the engine's own LRU so it is prefilled once."""
-    with engine._lock:
-        head, _ = engine._heads.get_or(compiled.head_ids, lambda: engine.backend.prefill(compiled.head_ids))
-        return head
-
-
 def request_ids(engine: Any, compiled: CompiledSchema, text: str) -> tuple[tuple[int, ...], bool]:
     """The per-request tokens after the head, and whether they can be read on the cached head."""
     whole = engine.tokenizer.encode_head(compiled.prompt.head + compiled.prompt.request_text(text))

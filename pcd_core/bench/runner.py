@@ -17,7 +17,6 @@ from typing import Any
 from .baselines import (
     BaselineRun,
     ar_cap,
-    cached_head,
     decide_sequential,
     generate_constrained,
     generate_free,
@@ -74,7 +73,7 @@ def bench_case(
     backend = engine.backend
     compiled = engine.compile(case.schema)
     schema = compiled.schema
-    head = cached_head(engine, compiled)
+    head = engine.warmup(case.schema)
     cap = cap or ar_cap(case.n_fields)
     methods: dict[str, Callable[[], Any]] = {
         "pcd": lambda: engine.fill(case.schema, case.text),
