@@ -287,6 +287,14 @@ class PCDLLM(CustomLLM):
     # The four structured calls below emit the same instrumentation events as `LLM`'s own, so
     # LlamaIndex observers see PCD calls like any other structured prediction.
 
+    def _started(self, output_cls: type[Model], prompt: PromptTemplate, prompt_args: dict[str, Any]) -> PCDProgram:
+        """The program for one call, after announcing the call to LlamaIndex's observers."""
+        program = self._program(output_cls, prompt)
+        dispatcher.event(
+            LLMStructuredPredictStartEvent(output_cls=output_cls, template=prompt, template_args=prompt_args)
+        )
+        return program
+
     def structured_predict(
         self,
         output_cls: type[Model],
@@ -294,12 +302,7 @@ class PCDLLM(CustomLLM):
         llm_kwargs: dict[str, Any] | None = None,
         **prompt_args: Any,
     ) -> Model:
-        program = self._program(output_cls, prompt)
-        dispatcher.event(
-            LLMStructuredPredictStartEvent(
-                output_cls=output_cls, template=prompt, template_args=prompt_args
-            )
-        )
+        program = self._started(output_cls, prompt, prompt_args)
         result = program(**prompt_args)
         dispatcher.event(LLMStructuredPredictEndEvent(output=result))
         return result
@@ -311,12 +314,7 @@ class PCDLLM(CustomLLM):
         llm_kwargs: dict[str, Any] | None = None,
         **prompt_args: Any,
     ) -> Model:
-        program = self._program(output_cls, prompt)
-        dispatcher.event(
-            LLMStructuredPredictStartEvent(
-                output_cls=output_cls, template=prompt, template_args=prompt_args
-            )
-        )
+        program = self._started(output_cls, prompt, prompt_args)
         result = await program.acall(**prompt_args)
         dispatcher.event(LLMStructuredPredictEndEvent(output=result))
         return result
@@ -329,12 +327,7 @@ class PCDLLM(CustomLLM):
         **prompt_args: Any,
     ) -> Generator[Model, None, None]:
         """Yield the complete object once (see `PCDProgram.stream_call`)."""
-        program = self._program(output_cls, prompt)
-        dispatcher.event(
-            LLMStructuredPredictStartEvent(
-                output_cls=output_cls, template=prompt, template_args=prompt_args
-            )
-        )
+        program = self._started(output_cls, prompt, prompt_args)
         for result in program.stream_call(**prompt_args):
             dispatcher.event(LLMStructuredPredictInProgressEvent(output=result))
             yield result
@@ -351,11 +344,9 @@ class PCDLLM(CustomLLM):
         program = self._program(output_cls, prompt)
 
         async def gen() -> AsyncGenerator[Model, None]:
-            dispatcher.event(
-                LLMStructuredPredictStartEvent(
-                    output_cls=output_cls, template=prompt, template_args=prompt_args
-                )
-            )
+            dispatcher.event(LLMStructuredPredictStartEvent(
+                output_cls=output_cls, template=prompt, template_args=prompt_args
+            ))
             async for result in await program.astream_call(**prompt_args):
                 dispatcher.event(LLMStructuredPredictInProgressEvent(output=result))
                 yield result
