@@ -20,13 +20,14 @@ from .asking import as_text, ask, render_decide_prompt
 from .backends.base import Backend, Prefix
 from .compiler import CompiledSchema, compile_schema
 from .decoding import DecisionTask, RoundStats, decode
-from .errors import PromptError
+from .errors import PromptError, SchemaError
 from .models import DEFAULT_MODEL, load_backend
 from .prompt import PromptParts, normalise_input
 from .questions import DecideRequest, DecideResponse, Usage
 from .result import Extraction, FieldResult, Stats, mass_warnings
-from .schema import Schema, parse_schema
+from .schema import parse_schema
 from .tokenizer import TextTokenizer
+from .trie import STRATEGIES
 
 
 class _Lru(OrderedDict):
@@ -53,6 +54,8 @@ def schema_key(schema: Any) -> Any:
 
 
 class Engine:
+    """One loaded model behind ``fill`` (schemas) and ``decide`` (Jev-style questions)."""
+
     def __init__(
         self,
         backend: Backend,
@@ -65,7 +68,8 @@ class Engine:
         self.backend = backend
         self.tokenizer = tokenizer
         self.model_name = model_name
-        self._lock = threading.RLock()
+        self._lock = threading.RLock()  # model access and the head LRU
+        self._compile_lock = threading.Lock()  # the compiled-schema LRU: compiling needs no model
         self._compiled = _Lru(schema_cache_size)
         self._heads = _Lru(head_cache_size)
         self._decide_prompt: PromptParts | None = None
@@ -90,7 +94,7 @@ class Engine:
 
     # -- compile and cache --------------------------------------------------------------------
     def compile(self, schema: Any) -> CompiledSchema:
-        with self._lock:
+        with self._compile_lock:
             compiled, _ = self._compiled.get_or(
                 schema_key(schema), lambda: compile_schema(parse_schema(schema), self.tokenizer)
             )
@@ -111,6 +115,8 @@ class Engine:
     # -- fill ---------------------------------------------------------------------------------
     def fill(self, schema: Any, text: str, *, strategy: str = "trie", use_head_cache: bool = True) -> Extraction:
         """Decide every field of ``schema`` for ``text``; see the module docstring for the cost."""
+        if strategy not in STRATEGIES:
+            raise SchemaError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
         started = time.perf_counter()
         compiled = self.compile(schema)
         whole = self._request_ids(compiled, text)  # before the lock: no model needed, and a bad input costs none
@@ -191,9 +197,6 @@ class Engine:
 
     async def afill_many(self, schema: Any, texts: list[str], **options: Any) -> list[Extraction]:
         return await asyncio.to_thread(self.fill_many, schema, texts, **options)
-
-    def schema(self, schema: Any) -> Schema:
-        return parse_schema(schema)
 
     # -- questions ----------------------------------------------------------------------------
     def decide(self, state: Any, questions: dict[str, Any]) -> DecideResponse:

@@ -39,10 +39,6 @@ class Field:
     labels: tuple[Label, ...]
     depends_on: tuple[str, ...] = ()
 
-    @property
-    def kind(self) -> str:
-        return "boolean" if {label.value for label in self.labels} == {True, False} else "enum"
-
 
 @dataclass(frozen=True)
 class Schema:

@@ -83,9 +83,6 @@ class _ByteVocabulary:
     def convert_tokens_to_ids(self, token: str) -> None:
         return None
 
-    def __len__(self) -> int:
-        return 257
-
 
 class ByteTokenizer(TextTokenizer):
     def __init__(self) -> None:

@@ -67,10 +67,6 @@ class TextTokenizer:
     def apply_chat_template(self, conversation: list[dict[str, str]], **kwargs: Any) -> Any:
         return self.hf.apply_chat_template(conversation, **kwargs)
 
-    @property
-    def vocab_size(self) -> int:
-        return len(self.hf)
-
     def _encode_uncached(self, text: str) -> tuple[int, ...]:
         return tuple(self.hf.encode(text, add_special_tokens=False))
 
