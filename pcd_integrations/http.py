@@ -169,7 +169,7 @@ _UNKNOWN_RELEASE = "1970-01-01"
 def _model_card(engine: Engine) -> ModelCard:
     spec = EMBEDDED.get(engine.model_name)
     description = spec.description if spec is not None else f"{engine.model_name}, loaded by pcd-engine"
-    release_date = getattr(spec, "release_date", None) or _UNKNOWN_RELEASE
+    release_date = spec.release_date if spec is not None else _UNKNOWN_RELEASE
     return ModelCard(name=engine.model_name, description=description, release_date=release_date)
 
 
