@@ -29,11 +29,18 @@ def _read_schema(path: str) -> tuple[Any, str | None]:
     return data, None
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a positive number of tokens")
+    return value
+
+
 def _add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=DEFAULT_MODEL, help="embedded alias, HF id, local folder or .gguf path")
     parser.add_argument("--backend", default="torch", choices=("torch", "mlx"))
     parser.add_argument("--device", default=None, help="torch device, e.g. cpu or cuda")
-    parser.add_argument("--max-tokens-per-pass", type=int, default=None,
+    parser.add_argument("--max-tokens-per-pass", type=_positive, default=None,
                         help="row tokens per forward pass; bounds memory, never changes a result")
 
 

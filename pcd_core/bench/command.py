@@ -41,6 +41,8 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
                        help="which competitors to run, from ar,arc,seq (default: all three)")
     bench.add_argument("--ar-cap", type=int, default=None,
                        help="cap on AR's new tokens (default: 16 x fields + 32)")
+    bench.add_argument("--max-tokens-per-pass", type=int, default=None, metavar="N",
+                       help="the engine's memory knob: row tokens per forward pass (default: no limit)")
     bench.add_argument("--throughput", type=int, default=0, metavar="N",
                        help="instead, fill_many N inputs against the first schema and report documents/s")
     bench.add_argument("--json", metavar="OUT.json", help="write the records here")
@@ -88,6 +90,8 @@ def _check(args: argparse.Namespace) -> tuple[list[BenchCase], tuple[str, ...]]:
         raise PcdError(f"--repeat {args.repeat}: at least 1")
     if args.ar_cap is not None and args.ar_cap < 1:
         raise PcdError(f"--ar-cap {args.ar_cap}: at least 1")
+    if args.max_tokens_per_pass is not None and args.max_tokens_per_pass < 1:
+        raise PcdError(f"--max-tokens-per-pass {args.max_tokens_per_pass}: at least 1")
     baselines = tuple(b.strip() for b in args.baselines.split(",") if b.strip())
     unknown = set(baselines) - set(BASELINES)
     if unknown:
@@ -114,11 +118,11 @@ def run_bench(args: argparse.Namespace) -> int:
     meta = {"command": "pcd " + " ".join(getattr(args, "argv", None) or sys.argv[1:]), "model": args.model,
             "machine": f"{platform.machine()} {platform.processor() or platform.system()}, "
                        f"{os.cpu_count()} CPUs", "python": platform.python_version(),
-            "arc_engine": "pcd-grammar-mask"}
+            "arc_engine": "pcd-grammar-mask", "max_tokens_per_pass": args.max_tokens_per_pass}
     with tqdm(total=total, desc="pcd bench", unit="run", file=sys.stderr, disable=None) as progress:
         for backend in backends:
             try:
-                engine = Engine.load(args.model, backend=backend)
+                engine = Engine.load(args.model, backend=backend, max_tokens_per_pass=args.max_tokens_per_pass)
             except (PcdError, ImportError) as error:
                 print(f"pcd bench: skipping backend {backend!r}: {error}", file=sys.stderr)
                 progress.update(1 if args.throughput else len(cases) * steps)
