@@ -27,8 +27,7 @@ class DecisionTask:
     pending: list[Path] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        if self.strategy not in STRATEGIES:
-            raise SchemaError(f"unknown strategy {self.strategy!r}; choose one of {', '.join(STRATEGIES)}")
+        check_strategy(self.strategy)
         if self.strategy == "trie":
             self.pending = self.trie.decision_paths()
         elif self.strategy == "exact":
@@ -57,6 +56,12 @@ class RoundStats:
     rounds: int = 0
     n_rows: int = 0
     row_tokens: int = 0
+
+
+def check_strategy(strategy: str) -> None:
+    """Reject an unknown strategy; the engine calls this before any pass so a typo costs none."""
+    if strategy not in STRATEGIES:
+        raise SchemaError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
 
 
 def plan_rows(paths: list[tuple[tuple[int, ...], Path]]) -> tuple[list[tuple[int, ...]], list[tuple[int, int]]]:

@@ -19,15 +19,14 @@ from typing import Any
 from .asking import as_text, ask, render_decide_prompt
 from .backends.base import Backend, Prefix
 from .compiler import CompiledSchema, compile_schema
-from .decoding import DecisionTask, RoundStats, decode
-from .errors import PromptError, SchemaError
+from .decoding import DecisionTask, RoundStats, check_strategy, decode
+from .errors import PromptError
 from .models import DEFAULT_MODEL, load_backend
 from .prompt import PromptParts, normalise_input
 from .questions import DecideRequest, DecideResponse, Usage
 from .result import Extraction, FieldResult, Stats, mass_warnings
 from .schema import parse_schema
 from .tokenizer import TextTokenizer
-from .trie import STRATEGIES
 
 
 class _Lru(OrderedDict):
@@ -115,8 +114,7 @@ class Engine:
     # -- fill ---------------------------------------------------------------------------------
     def fill(self, schema: Any, text: str, *, strategy: str = "trie", use_head_cache: bool = True) -> Extraction:
         """Decide every field of ``schema`` for ``text``; see the module docstring for the cost."""
-        if strategy not in STRATEGIES:
-            raise SchemaError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
+        check_strategy(strategy)
         started = time.perf_counter()
         compiled = self.compile(schema)
         whole = self._request_ids(compiled, text)  # before the lock: no model needed, and a bad input costs none
