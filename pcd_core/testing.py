@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from .backends.base import Backend, Prefix, Query
+from .backends.base import Backend, Prefix, Query, TokenTree
 from .tokenizer import TextTokenizer
 
 
@@ -60,7 +60,8 @@ class OracleBackend(Backend):
     def _prefill(self, ids: tuple[int, ...], parent: Prefix | None) -> tuple[int, ...]:
         return (parent.ids if parent is not None else ()) + ids
 
-    def _score_chunk(self, prefix: Prefix, rows: list[tuple[int, ...]], queries: list[Query]) -> list[np.ndarray]:
+    def _score_chunk(self, prefix: Prefix, tree: TokenTree, queries: list[Query]) -> list[np.ndarray]:
+        rows = tree.rows
         return [self.logp(prefix.ids + rows[q.row][: q.position + 1])[list(q.ids)] for q in queries]
 
     def _prefix_logp(self, prefix: Prefix) -> np.ndarray:

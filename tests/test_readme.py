@@ -1,5 +1,6 @@
 """The README's commands are the ones that run: CI's test command and the example files exist."""
 
+import json
 import re
 from pathlib import Path
 
@@ -20,3 +21,32 @@ def test_the_main_command_uses_shipped_examples():
     main = readme_commands()[0]
     for path in re.findall(r"examples/\S+", main):
         assert (ROOT / path).is_file(), path
+
+
+def bench_records(name: str) -> list[dict]:
+    return json.loads((ROOT / "docs" / "bench" / name).read_text())["records"]
+
+
+def test_the_benchmark_table_is_the_recorded_run():
+    """Every row of the README's table is a record in docs/bench, as `pcd bench --json` wrote it."""
+    readme = (ROOT / "README.md").read_text()
+    for record in bench_records("main.json") + bench_records("fields.json"):
+        row = (
+            f"| {record['schema']} | {record['fields']} | {record['pcd_ms']:.0f} | {record['prefill_ms']:.0f} "
+            f"| {record['pcd_forward_passes']} | {record['ratio']:.1f}× | {record['arc_ratio']:.1f}× "
+            f"| {record['seq_ratio']:.1f}× | {record['seq_forward_passes']} |"
+        )
+        assert row in readme, row
+
+
+def test_the_long_input_and_mlx_figures_are_the_recorded_runs():
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    long_input = bench_records("long_input.json")[0]
+    assert f"({long_input['input_tokens']} tokens" in readme
+    assert f"PCD took {long_input['pcd_over_prefill']:.2f}× the request prefill" in readme
+    mlx = bench_records("mlx_linux.json")[0]
+    assert mlx["backend"] == "mlx" and mlx["pcd_forward_passes"] == 4
+    assert f"PCD {mlx['pcd_ms'] / 1000:.0f} s in 4 passes" in readme
+    assert f"AR {mlx['ar_ms'] / 1000:.0f} s ({mlx['ratio']:.1f}×" in readme
+    for record in bench_records("main.json") + bench_records("long_input.json") + [mlx]:
+        assert record["pcd_valid"], record["schema"]

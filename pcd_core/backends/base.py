@@ -102,6 +102,11 @@ class TokenTree:
     depth: list[int]
     node_of: list[list[int]]  # per row, per position: the packed index
 
+    @property
+    def rows(self) -> list[tuple[int, ...]]:
+        """The rows as given, for backends that read them one by one."""
+        return [tuple(self.tokens[node] for node in nodes) for nodes in self.node_of]
+
     def ancestors(self) -> np.ndarray:
         """[n, n] boolean: token i may attend to token k iff k is i or one of its ancestors."""
         n = len(self.tokens)
@@ -185,12 +190,12 @@ class Backend(ABC):
             picked = [k for k, q in enumerate(queries) if q.row in local and q.position >= 0]
             if not picked:
                 continue
-            chunk_rows = [rows[row] for row in chunk]
+            tree = pack_tree([rows[row] for row in chunk])
             chunk_queries = [
                 Query(local[queries[k].row], queries[k].position, queries[k].ids) for k in picked
             ]
-            self.counter.add(len(pack_tree(chunk_rows).tokens))
-            for k, values in zip(picked, self._score_chunk(prefix, chunk_rows, chunk_queries)):
+            self.counter.add(len(tree.tokens))
+            for k, values in zip(picked, self._score_chunk(prefix, tree, chunk_queries)):
                 results[k] = np.asarray(values, dtype=np.float64)
         return [r if r is not None else np.zeros(0) for r in results]
 
@@ -204,10 +209,9 @@ class Backend(ABC):
         """Read ``ids`` after ``parent`` and return the new prefix's state, leaving the parent's intact."""
 
     @abstractmethod
-    def _score_chunk(
-        self, prefix: Prefix, rows: list[tuple[int, ...]], queries: list[Query]
-    ) -> list[np.ndarray]:
-        """One forward pass over ``rows`` after ``prefix``; one gathered log-prob array per query."""
+    def _score_chunk(self, prefix: Prefix, tree: TokenTree, queries: list[Query]) -> list[np.ndarray]:
+        """One forward pass over the rows of ``tree`` after ``prefix``; one gathered log-prob array
+        per query. A query names a row and a position in it; ``tree.node_of`` maps that to a token."""
 
     @abstractmethod
     def _prefix_logp(self, prefix: Prefix) -> np.ndarray:

@@ -5,25 +5,24 @@ layers (projections, norms, rotary embedding, MLP) in a loop of its own:
 
 - ``prefill`` attends the new tokens to the parent's keys and values and returns new per-layer
   arrays; mlx arrays are immutable, so the parent cannot change.
-- ``score`` packs every row into one sequence after the prefix. Each token gets its own rotary
-  position (prefix length + its index in its row) and a tree mask lets it see the prefix and the
-  earlier tokens of its own row only, so rows share the prefix keys and values without a copy per
-  row and carry no padding. On the Linux CPU wheel (SmolLM2 Q4_1, 300-token prefix, 12 rows of
+- ``score`` packs every row into one sequence after the prefix, as a ``TokenTree`` (rows that start
+  alike share those tokens). Each token gets its own rotary position (prefix length + its depth in
+  the tree) and a tree mask lets it see the prefix and its own ancestors only, so rows share the
+  prefix keys and values without a copy per row and carry no padding. On the Linux CPU wheel (SmolLM2 Q4_1, 300-token prefix, 12 rows of
   122 tokens, 156 when padded) one row pass took 29-35 s packed, 38-40 s as a padded batch that
   attends to the prefix broadcast from batch size 1, and 40-41 s with ``mx.repeat`` copies: the
   pass is bound by matmuls over row tokens, so padding costs more than prefix copies do.
 - The LM head runs only at the queried positions: a vocabulary can be 262k wide.
 
 Weights come from an HF directory, loaded as mlx-lm loads it, or natively from a llama GGUF kept
-quantized (Q4_0, Q4_1 and Q8_0 arrive from ``mx.load`` as MLX affine triples, group size 32). At load
-the layer loop is checked once against mlx-lm's own forward pass, so a layout it gets wrong fails
-there and not inside a decision. ``tests/test_mlx_backend.py`` runs the backend conformance checks
+quantized (Q4_0, Q4_1 and Q8_0 arrive from ``mx.load`` as MLX affine triples, group size 32); both
+loaders live in ``mlx_loading``. At load the layer loop is checked once against mlx-lm's own forward
+pass, so a layout it gets wrong fails there and not inside a decision. ``tests/test_mlx_backend.py`` runs the backend conformance checks
 and the parity with the torch backend.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,32 +31,19 @@ from typing import Any
 import numpy as np
 
 from ..errors import BackendError, BackendUnavailableError
-from .base import Backend, Prefix, Query
+from .base import Backend, Prefix, Query, TokenTree, pack_tree
 
 try:
     import mlx.core as mx
-    import mlx.nn as nn
+    from mlx import nn
 except ImportError as error:  # the extra is optional; say how to install it
     raise BackendUnavailableError("mlx", "mlx") from error
+
+from .mlx_loading import load_hf_dir, load_llama_gguf  # it needs mlx, imported above
 
 #: mlx-lm model types whose blocks this loop reproduces (the load-time check proves each one)
 _SUPPORTED_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "gemma3_text"})
 
-#: GGUF tensor names (llama.cpp) to mlx-lm parameter paths
-_GGUF_TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
-_GGUF_BLOCK_NAMES = {
-    "attn_norm": "input_layernorm",
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "ffn_norm": "post_attention_layernorm",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-}
-#: ggml's Q4_0 / Q4_1 / Q8_0 blocks hold 32 weights each, so every MLX triple has this group size
-_GGUF_GROUP_SIZE = 32
 
 
 @dataclass(frozen=True, eq=False)
@@ -111,66 +97,15 @@ class MlxBackend(Backend):
         exactly; on the Linux CPU wheel a float16 quantized matmul ([400, 576] x [576, 1536]) took
         31.5 s against 0.79 s in float32, and float32 also stays within 2e-4 nats of torch.
         """
-        from mlx_lm.models import llama
-
-        try:
-            weights, metadata = mx.load(str(path), return_metadata=True)
-        except (RuntimeError, ValueError) as error:
-            # MLX reads F32, F16, Q4_0, Q4_1 and Q8_0 tensors; k-quants (Q4_K_M...) fail here
-            raise BackendError(
-                f"{path}: MLX cannot read this GGUF ({error}); it reads F32/F16/Q4_0/Q4_1/Q8_0 "
-                "tensors only, so load an HF directory with MlxBackend.from_hf_dir instead"
-            ) from error
-        config, context_length = _llama_config_from_gguf(metadata, weights, path)
-        compute = getattr(mx, dtype)
-        renamed = {
-            _hf_name(name, path): value if value.dtype == mx.uint32 else value.astype(compute)
-            for name, value in weights.items()
-        }
-        # bits per weight follow from the packed width: in_features = scales columns * group size
-        bits = {
-            name[: -len(".scales")]: renamed[name[: -len(".scales")] + ".weight"].shape[-1]
-            // value.shape[-1]
-            for name, value in renamed.items()
-            if name.endswith(".scales")
-        }
-        model = llama.Model(llama.ModelArgs.from_dict(config))
-        nn.quantize(
-            model,
-            class_predicate=lambda module_path, _: (
-                {"group_size": _GGUF_GROUP_SIZE, "bits": bits[module_path], "mode": "affine"}
-                if module_path in bits
-                else False
-            ),
-        )
-        model.load_weights(list(renamed.items()), strict=True)
-        mx.eval(model.parameters())
+        model, context_length = load_llama_gguf(path, dtype)
         return cls(model, context_length=context_length, max_tokens_per_pass=max_tokens_per_pass)
 
     @classmethod
-    def from_hf_dir(
-        cls, path: str | Path, *, max_tokens_per_pass: int | None = None
-    ) -> MlxBackend:
-        """Load an HF model directory (or a cached HF id) the way mlx-lm does.
+    def from_hf_dir(cls, path: str | Path, *, max_tokens_per_pass: int | None = None) -> MlxBackend:
+        """Load an HF model directory (or a cached HF id) as mlx-lm does; see ``load_hf_dir``."""
+        model, context_length = load_hf_dir(path)
+        return cls(model, context_length=context_length, max_tokens_per_pass=max_tokens_per_pass)
 
-        transformers 5 writes ``rope_theta`` inside ``rope_parameters``, while mlx-lm reads the
-        top-level key and silently defaults to 10000; a prototype disagreed with torch on 10 to 17
-        of 28 fields until the value was passed through, so it is passed here explicitly.
-        """
-        from mlx_lm.utils import load_model
-
-        model_dir = Path(path)
-        if not model_dir.is_dir():
-            from huggingface_hub import snapshot_download
-
-            model_dir = Path(snapshot_download(str(path), allow_patterns=["*.json", "*.safetensors"]))
-        config = json.loads((model_dir / "config.json").read_text())
-        model, config = load_model(model_dir, model_config=_rope_overrides(config))
-        text_config = config.get("text_config", config)
-        context_length = text_config.get("max_position_embeddings")
-        if context_length is None:
-            raise BackendError(f"{model_dir / 'config.json'} names no max_position_embeddings")
-        return cls(model, context_length=int(context_length), max_tokens_per_pass=max_tokens_per_pass)
 
     # -- the hooks ----------------------------------------------------------------------------
     @property
@@ -201,22 +136,18 @@ class MlxBackend(Backend):
         mx.eval(state.keys, state.values, state.last_hidden)
         return state
 
-    def _score_chunk(
-        self, prefix: Prefix, rows: list[tuple[int, ...]], queries: list[Query]
-    ) -> list[np.ndarray]:
+    def _score_chunk(self, prefix: Prefix, tree: TokenTree, queries: list[Query]) -> list[np.ndarray]:
         state: _PrefixState = prefix.state
         n_prefix = prefix.n_tokens
-        row_of = np.concatenate([np.full(len(row), n) for n, row in enumerate(rows)])
-        index_in_row = np.concatenate([np.arange(len(row)) for row in rows])
-        positions = n_prefix + index_in_row
+        positions = n_prefix + np.array(tree.depth)
         q_pos = positions[:, None]
-        own_rows = (row_of[:, None] == row_of[None]) & (index_in_row[:, None] >= index_in_row[None])
+        own_row = tree.ancestors()
         masks = {
             window: mx.array(
                 np.concatenate(
                     [
                         _window_ok(q_pos, np.arange(n_prefix)[None], window),
-                        own_rows & _window_ok(q_pos, positions[None], window),
+                        own_row & _window_ok(q_pos, positions[None], window),
                     ],
                     axis=1,
                 )
@@ -229,10 +160,8 @@ class MlxBackend(Backend):
             v = mx.concatenate([state.values[index], v], axis=2)
             return self._attention(index, q, k, v, masks[self._windows[index]])
 
-        flat_ids = mx.array([[token for row in rows for token in row]])
-        hidden = self._run_layers(flat_ids, mx.array(positions), attend)[0]
-        row_starts = np.cumsum([0] + [len(row) for row in rows])
-        return self._gather(hidden, [int(row_starts[q.row]) + q.position for q in queries], queries)
+        hidden = self._run_layers(mx.array([tree.tokens]), mx.array(positions), attend)[0]
+        return self._gather(hidden, [tree.node_of[q.row][q.position] for q in queries], queries)
 
     def _prefix_logp(self, prefix: Prefix) -> np.ndarray:
         logp = self._logp(prefix.state.last_hidden[None])[0]
@@ -315,7 +244,7 @@ class MlxBackend(Backend):
         prefix = Prefix(ids=tuple(ids[:4]), state=self._prefill(tuple(ids[:4]), None))
         rows = [tuple(ids[4:]), tuple(ids[4:6])]
         queries = [Query(0, p, tuple(ids)) for p in range(4)] + [Query(1, 1, tuple(ids))]
-        got = self._score_chunk(prefix, rows, queries)
+        got = self._score_chunk(prefix, pack_tree(rows), queries)
         got_prefix = self._prefix_logp(prefix)[ids]
         diffs = [np.abs(got_prefix - expected[3, ids]).max()]
         diffs += [np.abs(got[p] - expected[4 + p, ids]).max() for p in range(4)]
@@ -354,73 +283,3 @@ def _window_ok(q_pos: np.ndarray, k_pos: np.ndarray, window: int | None) -> np.n
     if window is None:
         return np.ones(np.broadcast_shapes(q_pos.shape, k_pos.shape), dtype=bool)
     return (q_pos - k_pos) < window
-
-
-def _hf_name(gguf_name: str, path: str | Path) -> str:
-    module, _, param = gguf_name.rpartition(".")
-    try:
-        if module.startswith("blk."):
-            _, layer, part = module.split(".", 2)
-            return f"model.layers.{layer}.{_GGUF_BLOCK_NAMES[part]}.{param}"
-        return f"{_GGUF_TOP_NAMES[module]}.{param}"
-    except KeyError:
-        raise BackendError(
-            f"{path}: GGUF tensor {gguf_name!r} has no place in an mlx-lm llama model; "
-            "convert the model to an HF directory and use MlxBackend.from_hf_dir"
-        ) from None
-
-
-def _llama_config_from_gguf(
-    metadata: dict[str, Any], weights: dict[str, Any], path: str | Path
-) -> tuple[dict[str, Any], int]:
-    """mlx-lm llama arguments and the context length, from a GGUF's metadata."""
-    arch = str(metadata.get("general.architecture"))
-    if arch != "llama":
-        raise BackendError(
-            f"{path}: the mlx backend reads llama GGUFs natively, not {arch!r}; "
-            "load an HF directory with MlxBackend.from_hf_dir instead"
-        )
-
-    def get(key: str, default: Any = None) -> Any:
-        value = metadata.get(f"llama.{key}")
-        return default if value is None else value.item()
-
-    hidden_size = get("embedding_length")
-    n_heads = get("attention.head_count")
-    config = {
-        "model_type": "llama",
-        "hidden_size": hidden_size,
-        "num_hidden_layers": get("block_count"),
-        "intermediate_size": get("feed_forward_length"),
-        "num_attention_heads": n_heads,
-        "num_key_value_heads": get("attention.head_count_kv", n_heads),
-        "head_dim": get("attention.key_length", hidden_size // n_heads),
-        "rms_norm_eps": get("attention.layer_norm_rms_epsilon"),
-        "vocab_size": weights["token_embd.weight"].shape[0],
-        "rope_theta": get("rope.freq_base", 10000.0),
-        # llama.cpp's converter permutes the q/k rows of each head so that rotary pairs become
-        # adjacent: that is the "traditional" rotation on the stored weights (checked against
-        # transformers, which undoes the permutation, in tests/test_mlx_backend.py).
-        "rope_traditional": True,
-        "tie_word_embeddings": "output.weight" not in weights,
-        "max_position_embeddings": get("context_length"),
-    }
-    return config, int(get("context_length"))
-
-
-def _rope_overrides(config: dict[str, Any]) -> dict[str, Any]:
-    """Top-level rope keys for mlx-lm, from transformers 5's ``rope_parameters`` when that is all there is."""
-    params = config.get("rope_parameters")
-    if not params or "rope_theta" in config:
-        return {}
-    if "rope_theta" in params:  # one rotary setting for every layer
-        overrides: dict[str, Any] = {"rope_theta": params["rope_theta"]}
-        full = params
-    else:  # one per layer type (Gemma 3: full_attention / sliding_attention)
-        full = params.get("full_attention", {})
-        overrides = {"rope_theta": full["rope_theta"]}
-        if "sliding_attention" in params:
-            overrides["rope_local_base_freq"] = params["sliding_attention"]["rope_theta"]
-    if full.get("rope_type", "default") != "default":
-        overrides["rope_scaling"] = full
-    return overrides

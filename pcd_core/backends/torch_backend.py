@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import BackendError, BackendUnavailableError
-from .base import Backend, Prefix, Query, pack_tree
+from .base import Backend, Prefix, Query, TokenTree, pack_tree
 
 try:
     import torch
@@ -123,11 +123,11 @@ class TorchBackend(Backend):
 
     # -- scoring ------------------------------------------------------------------------------
     @torch.inference_mode()
-    def _score_chunk(self, prefix: Prefix, rows: list[tuple[int, ...]], queries: list[Query]) -> list[np.ndarray]:
+    def _score_chunk(self, prefix: Prefix, tree: TokenTree, queries: list[Query]) -> list[np.ndarray]:
         if self.row_layout == "packed":
-            hidden, index = self._packed_hidden(prefix, rows, queries)
+            hidden, index = self._packed_hidden(prefix, tree, queries)
         else:
-            hidden, index = self._copied_hidden(prefix, rows, queries)
+            hidden, index = self._copied_hidden(prefix, tree.rows, queries)
         logp = self._logp(hidden[index])
         return [logp[k, list(q.ids)].double().cpu().numpy() for k, q in enumerate(queries)]
 
@@ -144,9 +144,8 @@ class TorchBackend(Backend):
         in_window = (q_pos[..., :, None] - k_pos[..., None, :]) < self.window
         return {"full_attention": additive(allowed), "sliding_attention": additive(allowed & in_window)}
 
-    def _packed_hidden(self, prefix: Prefix, rows, queries):
+    def _packed_hidden(self, prefix: Prefix, tree: TokenTree, queries):
         n_prefix = prefix.n_tokens
-        tree = pack_tree(rows)
         depth = torch.tensor(tree.depth, device=self.device)
         q_pos = n_prefix + depth
         k_pos = torch.cat([torch.arange(n_prefix, device=self.device), q_pos])
@@ -211,7 +210,7 @@ class TorchBackend(Backend):
         prefix = self.prefill(prompt)
         ids = tuple(range(0, vocab, max(1, vocab // 64)))
         queries = [Query(r, len(row) - 1, ids) for r, row in enumerate(rows)]
-        scored = self._score_chunk(prefix, rows, queries)
+        scored = self._score_chunk(prefix, pack_tree(rows), queries)
         self.counter.forward_passes, self.counter.tokens_read = saved
         worst = 0.0
         for row, got in zip(rows, scored):
