@@ -50,3 +50,11 @@ def test_the_long_input_and_mlx_figures_are_the_recorded_runs():
     assert f"AR {mlx['ar_ms'] / 1000:.0f} s ({mlx['ratio']:.1f}×" in readme
     for record in bench_records("main.json") + bench_records("long_input.json") + [mlx]:
         assert record["pcd_valid"], record["schema"]
+
+
+def test_the_rerun_figures_are_the_recorded_rerun():
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    rerun = bench_records("main_rerun.json")
+    for key, label in (("ratio", "AR/PCD"), ("arc_ratio", "AR-constrained/PCD"), ("seq_ratio", "sequential/PCD")):
+        first, second, third = (f"{record[key]:.1f}×" for record in rerun)
+        assert f"{label} {first}, {second} and {third}" in readme, label
