@@ -100,6 +100,8 @@ def oracle_engine(**backend_options: Any):
 def check_backend(backend: Backend, prompt: Sequence[int], rows: Sequence[Sequence[int]], atol: float = 1e-4) -> None:
     """Assert the backend contract on ``prompt`` and two or more ``rows`` (token ids of the model)."""
     assert len(rows) >= 2 and all(rows), "check_backend needs at least two non-empty rows"
+    # one more row that starts like the first, so that a packed pass merges their shared token
+    rows = [tuple(row) for row in rows] + [tuple(rows[0][:1]) + tuple(rows[1])]
     ids = tuple(sorted({int(t) for row in rows for t in row} | {0, 1}))
     half = len(prompt) // 2
     whole = backend.prefill(prompt)

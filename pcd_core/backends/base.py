@@ -17,8 +17,9 @@ baselines only; the engine itself never needs a whole vocabulary.
 
 Memory is bounded by one knob, ``max_tokens_per_pass``: the row tokens read in one forward pass. The
 base class splits rows into such chunks (whole rows, never a row across two chunks), so chunking
-cannot change a result, only the number of passes. Within a pass, rows that start alike may be packed
-as a ``TokenTree`` so that their shared tokens are read once; ``tokens_read`` counts distinct tokens.
+cannot change a result, only the number of passes. Each pass's rows reach the backend as one
+``TokenTree``, rows that start alike merged, so that their shared tokens are read once;
+``tokens_read`` counts those distinct tokens.
 Every pass is counted in ``forward_passes``; `pcd_core.testing.check_backend` proves the rest of the
 contract for any backend.
 """
