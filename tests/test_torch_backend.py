@@ -1,6 +1,7 @@
 """The PyTorch backend and the engine on the real embedded model (SmolLM2-135M, fp32)."""
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -8,6 +9,7 @@ import pytest
 import torch
 
 from pcd_core import Engine
+from pcd_core.backends.base import Query
 from pcd_core.backends.torch_backend import TorchBackend
 from pcd_core.testing import check_backend
 
@@ -31,6 +33,19 @@ def test_copy_fallback_passes_the_same_contract(engine):
     ids = list(engine.tokenizer.encode("Order 55120 arrived broken."))
     rows = [engine.tokenizer.encode(" yes it"), engine.tokenizer.encode(" no")]
     check_backend(copies, ids, rows)
+
+
+def test_tokens_read_counts_what_each_layout_reads(engine):
+    """Packed rows read a shared start once; copies read every row whole."""
+    copies = TorchBackend(engine.backend.model, row_layout="copies")
+    rows = [engine.tokenizer.encode(" yes it is"), engine.tokenizer.encode(" yes it was")]
+    shared = len(os.path.commonprefix(rows))
+    assert shared >= 2
+    for backend, expected in ((engine.backend, sum(map(len, rows)) - shared), (copies, sum(map(len, rows)))):
+        prefix = backend.prefill(engine.tokenizer.encode("Is the order late?"))
+        before = backend.counter.tokens_read
+        backend.score(prefix, rows, [Query(0, 0, (1,)), Query(1, 0, (1,))])
+        assert backend.counter.tokens_read - before == expected, backend.row_layout
 
 
 def test_restricted_softmax_equals_native_next_token_probabilities(engine):

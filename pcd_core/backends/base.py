@@ -195,7 +195,8 @@ class Backend(ABC):
             chunk_queries = [
                 Query(local[queries[k].row], queries[k].position, queries[k].ids) for k in picked
             ]
-            self.counter.add(len(tree.tokens))
+            # a packed pass reads the tree's distinct tokens; a pass of copies reads every row whole
+            self.counter.add(len(tree.tokens) if self.row_layout == "packed" else sum(map(len, tree.node_of)))
             for k, values in zip(picked, self._score_chunk(prefix, tree, chunk_queries)):
                 results[k] = np.asarray(values, dtype=np.float64)
         return [r if r is not None else np.zeros(0) for r in results]
