@@ -8,17 +8,18 @@ layers (projections, norms, rotary embedding, MLP) in a loop of its own:
 - ``score`` packs every row into one sequence after the prefix, as a ``TokenTree`` (rows that start
   alike share those tokens). Each token gets its own rotary position (prefix length + its depth in
   the tree) and a tree mask lets it see the prefix and its own ancestors only, so rows share the
-  prefix keys and values without a copy per row and carry no padding. On the Linux CPU wheel (SmolLM2 Q4_1, 300-token prefix, 12 rows of
-  122 tokens, 156 when padded) one row pass took 29-35 s packed, 38-40 s as a padded batch that
-  attends to the prefix broadcast from batch size 1, and 40-41 s with ``mx.repeat`` copies: the
-  pass is bound by matmuls over row tokens, so padding costs more than prefix copies do.
+  prefix keys and values without a copy per row and carry no padding. On the Linux CPU wheel
+  (SmolLM2 Q4_1, 300-token prefix, 12 rows of 122 tokens, 156 when padded) one row pass took
+  29-35 s packed, 38-40 s as a padded batch that attends to the prefix broadcast from batch size 1,
+  and 40-41 s with ``mx.repeat`` copies: the pass is bound by matmuls over row tokens, so padding
+  costs more than prefix copies do.
 - The LM head runs only at the queried positions: a vocabulary can be 262k wide.
 
 Weights come from an HF directory, loaded as mlx-lm loads it, or natively from a llama GGUF kept
 quantized (Q4_0, Q4_1 and Q8_0 arrive from ``mx.load`` as MLX affine triples, group size 32); both
 loaders live in ``mlx_loading``. At load the layer loop is checked once against mlx-lm's own forward
-pass, so a layout it gets wrong fails there and not inside a decision. ``tests/test_mlx_backend.py`` runs the backend conformance checks
-and the parity with the torch backend.
+pass, so a layout it gets wrong fails there and not inside a decision. ``tests/test_mlx_backend.py``
+runs the backend conformance checks and the parity with the torch backend.
 """
 
 from __future__ import annotations
@@ -43,7 +44,6 @@ from .mlx_loading import load_hf_dir, load_llama_gguf  # it needs mlx, imported 
 
 #: mlx-lm model types whose blocks this loop reproduces (the load-time check proves each one)
 _SUPPORTED_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "gemma3_text"})
-
 
 
 @dataclass(frozen=True, eq=False)
@@ -105,7 +105,6 @@ class MlxBackend(Backend):
         """Load an HF model directory (or a cached HF id) as mlx-lm does; see ``load_hf_dir``."""
         model, context_length = load_hf_dir(path)
         return cls(model, context_length=context_length, max_tokens_per_pass=max_tokens_per_pass)
-
 
     # -- the hooks ----------------------------------------------------------------------------
     @property
