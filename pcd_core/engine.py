@@ -14,6 +14,7 @@ import json
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Sequence
 from typing import Any
 
 from .asking import as_text, ask, render_decide_prompt
@@ -117,7 +118,7 @@ class Engine:
         check_strategy(strategy)
         started = time.perf_counter()
         compiled = self.compile(schema)
-        whole = self._request_ids(compiled, text)  # before the lock: no model needed, and a bad input costs none
+        whole = self.request_ids(compiled, text)  # before the lock: no model needed, and a bad input costs none
         stats = Stats(compile_ms=_ms(started))
         with self._lock:
             stats.row_layout = self.backend.row_layout
@@ -140,8 +141,9 @@ class Engine:
         value = compiled.schema.rebuild({name: r.value for name, r in ordered.items()})
         return Extraction(value, ordered, stats, warnings + mass_warnings(ordered))
 
-    def _request_ids(self, compiled: CompiledSchema, text: str) -> tuple[int, ...]:
-        """The whole prompt's ids, tokenized in one piece, after checking that it fits the context."""
+    def request_ids(self, compiled: CompiledSchema, text: str) -> tuple[int, ...]:
+        """The whole prompt's ids, tokenized in one piece, after checking that it fits the context.
+        ``pcd bench`` feeds its token-by-token baselines the same ids."""
         whole = self.tokenizer.encode_head(compiled.prompt.head + compiled.prompt.request_text(text))
         answers = sum(max(map(len, f.answer_ids)) for f in compiled.fields)
         budget = len(whole) + answers + compiled.max_variant_tokens
@@ -156,12 +158,11 @@ class Engine:
         self, compiled: CompiledSchema, head: Prefix, whole: tuple[int, ...], stats: Stats
     ) -> tuple[Prefix, list[str]]:
         """Read the input and the tail after the head, checking the seam in context."""
-        n_head = len(compiled.head_ids)
-        if tuple(whole[:n_head]) == compiled.head_ids:
-            stats.cached_tokens = n_head if stats.head_cache == "hit" else 0
-            stats.prompt_tokens = len(whole) - n_head
-            return self.backend.prefill(whole[n_head:], parent=head), []
-        # the input's first characters merged with the head's last token: read it all from scratch
+        rest = after_head(whole, compiled.head_ids)
+        if rest is not None:
+            stats.cached_tokens = len(compiled.head_ids) if stats.head_cache == "hit" else 0
+            stats.prompt_tokens = len(rest)
+            return self.backend.prefill(rest, parent=head), []
         stats.head_cache, stats.prompt_tokens = "bypassed", len(whole)
         return self.backend.prefill(whole), ["the input merged with the cached head; the head was re-read"]
 
@@ -221,8 +222,9 @@ class Engine:
             passes_before = self.backend.forward_passes
             stats.row_layout = self.backend.row_layout
             head, hit = self._heads.get_or(head_ids, lambda: self.backend.prefill(head_ids))
-            if tuple(whole[: len(head_ids)]) == head_ids:
-                prefix = self.backend.prefill(whole[len(head_ids):], parent=head)
+            rest = after_head(whole, head_ids)
+            if rest is not None:
+                prefix = self.backend.prefill(rest, parent=head)
             else:
                 prefix, stats.head_cache = self.backend.prefill(whole), "bypassed"
             tasks = [DecisionTask(a.trie, "trie", branch_norm=a.branch_norm) for a in asked]
@@ -237,6 +239,15 @@ class Engine:
 
     async def adecide(self, state: Any, questions: dict[str, Any]) -> DecideResponse:
         return await asyncio.to_thread(self.decide, state, questions)
+
+
+def after_head(whole: Sequence[int], head_ids: Sequence[int]) -> tuple[int, ...] | None:
+    """The ids after ``head_ids`` when ``whole`` starts with them. None when the text after the head
+    merged with the head's last token: the cached head cannot be extended, so all is read anew."""
+    n_head = len(head_ids)
+    if tuple(whole[:n_head]) != tuple(head_ids):
+        return None
+    return tuple(whole[n_head:])
 
 
 def _ms(since: float) -> float:

@@ -25,6 +25,7 @@ import numpy as np
 from ..backends.base import Prefix
 from ..compiler import CompiledField, CompiledSchema
 from ..decoding import DecisionTask, RoundStats, decode
+from ..engine import after_head
 from ..errors import BackendError
 from .checks import ObjectScanner
 
@@ -39,11 +40,9 @@ class BaselineRun:
 
 def request_ids(engine: Any, compiled: CompiledSchema, text: str) -> tuple[tuple[int, ...], bool]:
     """The per-request tokens after the head, and whether they can be read on the cached head."""
-    whole = engine.tokenizer.encode_head(compiled.prompt.head + compiled.prompt.request_text(text))
-    n_head = len(compiled.head_ids)
-    if tuple(whole[:n_head]) == compiled.head_ids:
-        return tuple(whole[n_head:]), True
-    return tuple(whole), False  # the input merged with the head: read everything, as fill does
+    whole = engine.request_ids(compiled, text)
+    rest = after_head(whole, compiled.head_ids)
+    return (tuple(whole), False) if rest is None else (rest, True)  # merged: read everything, as fill does
 
 
 def read_request(engine: Any, compiled: CompiledSchema, head: Prefix, text: str, extra: tuple[int, ...] = ()) -> Prefix:
