@@ -24,10 +24,16 @@ STATE = (
 )
 KINDS = (
     {"type": "noul", "instructions": "Does the customer ask for a refund?"},
-    {"type": "choice", "instructions": "Which team owns this?",
-     "criteria": {"returns": "refunds", "safety": "hazards", "logistics": "shipping", "sales": None}},
-    {"type": "score", "instructions": "How frustrated is the customer?",
-     "criteria": ["calm", "annoyed", "frustrated", "angry", "furious"]},
+    {
+        "type": "choice",
+        "instructions": "Which team owns this?",
+        "criteria": {"returns": "refunds", "safety": "hazards", "logistics": "shipping", "sales": None},
+    },
+    {
+        "type": "score",
+        "instructions": "How frustrated is the customer?",
+        "criteria": ["calm", "annoyed", "frustrated", "angry", "furious"],
+    },
     {"type": "noul", "instructions": "Is there a safety hazard?"},
 )
 
@@ -55,9 +61,11 @@ async def measure(app, engine: Engine, n_questions: int, n_requests: int, client
         started = time.perf_counter()
         await asyncio.gather(*(client() for _ in range(clients)))
         wall = time.perf_counter() - started
-    return (f"{n_questions:>2} questions, {clients} client(s): {len(latencies) / wall:5.2f} req/s, "
-            f"{len(latencies) * n_questions / wall:5.1f} answers/s, median latency "
-            f"{statistics.median(latencies) * 1000:7.1f} ms, {per_request} forward passes per request")
+    return (
+        f"{n_questions:>2} questions, {clients} client(s): {len(latencies) / wall:5.2f} req/s, "
+        f"{len(latencies) * n_questions / wall:5.1f} answers/s, median latency "
+        f"{statistics.median(latencies) * 1000:7.1f} ms, {per_request} forward passes per request"
+    )
 
 
 async def main(n_requests: int) -> None:

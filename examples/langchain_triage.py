@@ -30,12 +30,8 @@ class Ticket(BaseModel):
     """A customer support ticket, triaged."""
 
     urgent: bool = Field(description="Does the customer need an answer today?")
-    category: Literal["billing", "bug", "account", "praise"] = Field(
-        description="What the ticket is about"
-    )
-    sentiment: Literal["positive", "neutral", "negative"] = Field(
-        description="The customer's mood"
-    )
+    category: Literal["billing", "bug", "account", "praise"] = Field(description="What the ticket is about")
+    sentiment: Literal["positive", "neutral", "negative"] = Field(description="The customer's mood")
     wants_refund: bool = Field(description="Does the customer ask for money back?")
 
 

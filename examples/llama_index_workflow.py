@@ -46,9 +46,7 @@ class Triage(BaseModel):
     topic: Literal["billing", "outage", "security", "feature_request", "other"] = Field(
         description="What the message is about"
     )
-    risk: Literal["low", "medium", "high"] = Field(
-        description="How much harm follows if nobody acts on it today"
-    )
+    risk: Literal["low", "medium", "high"] = Field(description="How much harm follows if nobody acts on it today")
 
 
 class Decision(BaseModel):
@@ -82,9 +80,7 @@ class ClassifiedEvent(Event):
 class TriageWorkflow(Workflow):
     """load -> classify (one event per document) -> route (once all are classified)."""
 
-    def __init__(
-        self, program: PCDProgram[Triage], threshold: float = CONFIDENCE_THRESHOLD, **kwargs
-    ) -> None:
+    def __init__(self, program: PCDProgram[Triage], threshold: float = CONFIDENCE_THRESHOLD, **kwargs) -> None:
         super().__init__(**kwargs)
         self.program = program
         self.threshold = threshold
@@ -137,18 +133,14 @@ def format_decision(decision: Decision) -> str:
     return f"{decision.source}: {fields}"
 
 
-async def triage(
-    program: PCDProgram[Triage], messages: dict[str, str] | None = None
-) -> TriageReport:
+async def triage(program: PCDProgram[Triage], messages: dict[str, str] | None = None) -> TriageReport:
     workflow = TriageWorkflow(program, timeout=600)
     return await workflow.run(messages=MESSAGES if messages is None else messages)
 
 
 def main(engine: Engine | None = None) -> TriageReport:
     """Triage `MESSAGES` on ``engine`` (the embedded default model if None) and print the routes."""
-    program = PCDProgram.from_defaults(
-        output_cls=Triage, prompt_template_str=PROMPT, engine=engine or Engine.load()
-    )
+    program = PCDProgram.from_defaults(output_cls=Triage, prompt_template_str=PROMPT, engine=engine or Engine.load())
     report = asyncio.run(triage(program))
     print(f"accepted (every field's confidence >= {CONFIDENCE_THRESHOLD}):")
     for decision in report.accepted:

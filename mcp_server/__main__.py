@@ -121,9 +121,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     logging.basicConfig(stream=sys.stderr, level=args.log_level, format="%(asctime)s %(name)s: %(message)s")
 
     # Imported after the checks: pulling in the engine and the SDK takes a while.
-    from pcd_core import Engine
-
     from mcp_server.server import serve
+    from pcd_core import Engine
 
     load = functools.partial(
         Engine.load,

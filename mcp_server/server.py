@@ -211,9 +211,7 @@ def build_server(
     async def score(
         state: State,
         question: QuestionText,
-        levels: Annotated[
-            list[str], Field(description="The scale's levels, lowest first; 2 to 10 of them.")
-        ],
+        levels: Annotated[list[str], Field(description="The scale's levels, lowest first; 2 to 10 of them.")],
         ctx: Context,
     ) -> ScoreResult:
         asked = _checked(lambda: ScoreQuestion(instructions=question, criteria=levels), _SCORE_NAMES)
@@ -273,9 +271,7 @@ def build_server(
     )
     async def fill(
         state: Annotated[str, Field(description="The text to read.")],
-        schema: Annotated[
-            dict[str, Any], Field(description="A JSON Schema object with closed properties.")
-        ],
+        schema: Annotated[dict[str, Any], Field(description="A JSON Schema object with closed properties.")],
         ctx: Context,
     ) -> FillResult:
         _checked(lambda: parse_schema(schema))

@@ -40,15 +40,20 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=DEFAULT_MODEL, help="embedded alias, HF id, local folder or .gguf path")
     parser.add_argument("--backend", default="torch", choices=("torch", "mlx"))
     parser.add_argument("--device", default=None, help="torch device, e.g. cpu or cuda")
-    parser.add_argument("--max-tokens-per-pass", type=_positive, default=None,
-                        help="row tokens per forward pass; bounds memory, never changes a result")
+    parser.add_argument(
+        "--max-tokens-per-pass",
+        type=_positive,
+        default=None,
+        help="row tokens per forward pass; bounds memory, never changes a result",
+    )
 
 
 def _load_engine(args: argparse.Namespace):
     from .engine import Engine
 
-    return Engine.load(args.model, backend=args.backend, device=args.device,
-                       max_tokens_per_pass=args.max_tokens_per_pass)
+    return Engine.load(
+        args.model, backend=args.backend, device=args.device, max_tokens_per_pass=args.max_tokens_per_pass
+    )
 
 
 def cmd_fill(args: argparse.Namespace) -> int:
@@ -121,8 +126,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="serve Jev-style questions over HTTP (POST /v1/systemone)")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--api-key-env", metavar="VAR",
-                       help="require 'Authorization: Bearer <key>', the key read from environment variable VAR")
+    serve.add_argument(
+        "--api-key-env",
+        metavar="VAR",
+        help="require 'Authorization: Bearer <key>', the key read from environment variable VAR",
+    )
     _add_model_options(serve)
     serve.set_defaults(run=cmd_serve)
     return parser

@@ -10,7 +10,8 @@ no layout can cut cleanly raises ``TokenizationError`` that names it. ``tests/te
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field as dataclass_field
+from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 
 from .errors import TokenizationError
 from .prompt import PromptParts, build_prompt
@@ -80,9 +81,7 @@ def _compile_with(schema: Schema, tokenizer: TextTokenizer, layout: Layout, task
     )
 
 
-def compile_field(
-    tokenizer: TextTokenizer, layout: Layout, field: Field, before: str, last: bool
-) -> CompiledField:
+def compile_field(tokenizer: TextTokenizer, layout: Layout, field: Field, before: str, last: bool) -> CompiledField:
     following = layout.closer if last else layout.next_key_start
     variants: list[Variant] = []
     answers: list[tuple[int, ...]] = []

@@ -84,7 +84,7 @@ class Engine:
         max_tokens_per_pass: int | None = None,
         row_layout: str = "auto",
         head_cache_size: int = 8,
-    ) -> "Engine":
+    ) -> Engine:
         loaded, tokenizer, name = load_backend(model, backend, device, dtype, max_tokens_per_pass, row_layout)
         return cls(loaded, tokenizer, name, head_cache_size=head_cache_size)
 
@@ -107,7 +107,8 @@ class Engine:
 
     def warmup(self, schema: Any) -> Prefix:
         """Compile the schema and prefill its head, so that the first request is already warm.
-        Returns the cached head, which token-by-token baselines continue from."""
+        Returns the cached head, which token-by-token baselines continue from.
+        """
         with self._lock:
             head, _ = self._head(self.compile(schema), use_cache=True)
             return head
@@ -143,7 +144,8 @@ class Engine:
 
     def request_ids(self, compiled: CompiledSchema, text: str) -> tuple[int, ...]:
         """The whole prompt's ids, tokenized in one piece, after checking that it fits the context.
-        ``pcd bench`` feeds its token-by-token baselines the same ids."""
+        ``pcd bench`` feeds its token-by-token baselines the same ids.
+        """
         whole = self.tokenizer.encode_head(compiled.prompt.head + compiled.prompt.request_text(text))
         answers = sum(max(map(len, f.answer_ids)) for f in compiled.fields)
         budget = len(whole) + answers + compiled.max_variant_tokens
@@ -200,7 +202,8 @@ class Engine:
     # -- questions ----------------------------------------------------------------------------
     def decide(self, state: Any, questions: dict[str, Any]) -> DecideResponse:
         """Jev-style questions over one state: one state prefill, then every question's row in one
-        packed pass. ``usage.input_tokens`` counts every token read: head, state and all rows."""
+        packed pass. ``usage.input_tokens`` counts every token read: head, state and all rows.
+        """
         request = DecideRequest(state=state, questions=questions)
         # everything that needs no model runs before the lock, so concurrent requests overlap here
         if self._decide_prompt is None:
@@ -243,7 +246,8 @@ class Engine:
 
 def after_head(whole: Sequence[int], head_ids: Sequence[int]) -> tuple[int, ...] | None:
     """The ids after ``head_ids`` when ``whole`` starts with them. None when the text after the head
-    merged with the head's last token: the cached head cannot be extended, so all is read anew."""
+    merged with the head's last token: the cached head cannot be extended, so all is read anew.
+    """
     n_head = len(head_ids)
     if tuple(whole[:n_head]) != tuple(head_ids):
         return None

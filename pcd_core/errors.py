@@ -47,6 +47,5 @@ class BackendUnavailableError(BackendError, ImportError):
 
     def __init__(self, extra: str, module: str) -> None:
         super().__init__(
-            f"the {extra!r} backend needs {module!r}, which is not installed; "
-            f"run: pip install 'pcd-engine[{extra}]'"
+            f"the {extra!r} backend needs {module!r}, which is not installed; run: pip install 'pcd-engine[{extra}]'"
         )

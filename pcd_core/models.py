@@ -14,9 +14,10 @@ import importlib.util
 import logging
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from tqdm.auto import tqdm
 

@@ -83,17 +83,13 @@ def render(tokenizer: ChatTemplater, system: str, user_prefix: str, opener: str)
             text = _apply(tokenizer, [{"role": "user", "content": f"{system}\n\n{user}"}])
             layout = "chat-merged-system"
     if text.count(MARKER) != 1:
-        raise PromptError(
-            f"the chat template kept {text.count(MARKER)} copies of the input slot instead of one"
-        )
+        raise PromptError(f"the chat template kept {text.count(MARKER)} copies of the input slot instead of one")
     head, tail = text.split(MARKER)
     return PromptParts(head=head, tail=tail + opener, layout=layout)
 
 
 def _apply(tokenizer: ChatTemplater, messages: list[dict[str, str]]) -> str:
-    return tokenizer.apply_chat_template(
-        messages, tokenize=False, add_generation_prompt=True, enable_thinking=False
-    )
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, enable_thinking=False)
 
 
 def build_prompt(tokenizer: ChatTemplater, schema: Schema, opener: str, task: str = "") -> PromptParts:

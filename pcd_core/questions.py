@@ -9,11 +9,11 @@ Unknown fields are ignored. ``tests/test_questions.py`` covers each rule.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-Text = Union[str, dict[str, Any], list[Any]]
+Text = str | dict[str, Any] | list[Any]
 
 
 class _Wire(BaseModel):
@@ -59,7 +59,7 @@ class ScoreQuestion(_Wire):
     criteria: list[str] = Field(min_length=2, max_length=10)
 
 
-Question = Annotated[Union[NoulQuestion, ChoiceQuestion, ScoreQuestion], Field(discriminator="type")]
+Question = Annotated[NoulQuestion | ChoiceQuestion | ScoreQuestion, Field(discriminator="type")]
 
 
 class DecideRequest(_Wire):
@@ -111,7 +111,7 @@ class ScoreAnswer(_DistributionAnswer):
         return {"type": "score", "score": float(self.score), "legend": dict(self.legend), **self._distribution_wire()}
 
 
-Answer = Union[NoulAnswer, ChoiceAnswer, ScoreAnswer]
+Answer = NoulAnswer | ChoiceAnswer | ScoreAnswer
 
 
 class Usage(BaseModel):

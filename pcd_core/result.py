@@ -46,7 +46,7 @@ class FieldResult:
     wave: int
 
     @classmethod
-    def from_readout(cls, spec: Field, readout: Readout, method: str, wave: int) -> "FieldResult":
+    def from_readout(cls, spec: Field, readout: Readout, method: str, wave: int) -> FieldResult:
         ranked = readout.ranked()
         return cls(
             name=spec.name,

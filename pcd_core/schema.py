@@ -54,7 +54,8 @@ class Schema:
     def waves(self) -> tuple[tuple[str, ...], ...]:
         """Dependency levels. The first independent field is decided alone (wave 0), so that every later
         field is asked after one real answer line instead of as the object's first key (seed 000); any
-        other field goes one wave after the latest of its dependencies, and at least into wave 1."""
+        other field goes one wave after the latest of its dependencies, and at least into wave 1.
+        """
         first = next((f.name for f in self.fields if not f.depends_on), None)
         if first is None:
             raise SchemaError("every field depends on another, so none can be decided first")
@@ -170,7 +171,8 @@ def from_json_schema(schema: Mapping[str, Any], model_class: Any = None) -> Sche
 
 def from_field_dict(spec: Mapping[str, Any]) -> Schema:
     """``{"name": {"enum" | "values": [...] | "type": "boolean", "description", "depends_on"}}``;
-    a bare list stands for an enum and the string ``"boolean"`` for a boolean."""
+    a bare list stands for an enum and the string ``"boolean"`` for a boolean.
+    """
     fields = []
     for name, item in spec.items():
         if isinstance(item, list):
@@ -202,7 +204,8 @@ def _checked(schema: Schema) -> Schema:
 
 def _typed_dict_json_schema(typed_dict: type) -> dict[str, Any]:
     """A TypedDict's JSON Schema, through an equivalent pydantic model: pydantic rejects
-    ``typing.TypedDict`` itself before Python 3.12, and LangChain users pass exactly that."""
+    ``typing.TypedDict`` itself before Python 3.12, and LangChain users pass exactly that.
+    """
     import typing
 
     from pydantic import create_model

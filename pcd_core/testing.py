@@ -20,7 +20,8 @@ from .tokenizer import TextTokenizer
 
 class OracleBackend(Backend):
     """Logits are a function of the last ``window`` tokens; ``boosts`` adds scripted preferences:
-    ``{context_suffix_ids: {token: bonus}}`` applies when the context ends with that suffix."""
+    ``{context_suffix_ids: {token: bonus}}`` applies when the context ends with that suffix.
+    """
 
     name = "oracle"
 
@@ -43,11 +44,11 @@ class OracleBackend(Backend):
         return self._vocab
 
     def logits(self, context: Sequence[int]) -> np.ndarray:
-        recent = bytes(str(tuple(context[-self.window:])), "ascii")
+        recent = bytes(str(tuple(context[-self.window :])), "ascii")
         seed = int.from_bytes(hashlib.sha256(recent).digest()[:8], "little")
         values = np.random.default_rng(seed).normal(0.0, 2.0, self._vocab)
         for suffix, bonus in self.boosts.items():
-            if tuple(context[-len(suffix):]) == suffix:
+            if tuple(context[-len(suffix) :]) == suffix:
                 for token, amount in bonus.items():
                     values[token] += amount
         return values
@@ -108,8 +109,12 @@ def check_backend(backend: Backend, prompt: Sequence[int], rows: Sequence[Sequen
     parent = backend.prefill(prompt[:half])
     before = backend.next_logp(parent)
     child = backend.prefill(prompt[half:], parent=parent)
-    np.testing.assert_allclose(backend.next_logp(child), backend.next_logp(whole), atol=atol,
-                               err_msg="a prefix extension differs from one prefill")
+    np.testing.assert_allclose(
+        backend.next_logp(child),
+        backend.next_logp(whole),
+        atol=atol,
+        err_msg="a prefix extension differs from one prefill",
+    )
     np.testing.assert_allclose(backend.next_logp(parent), before, atol=0, err_msg="prefill changed its parent")
     assert parent.ids == tuple(prompt[:half])
 
@@ -121,8 +126,12 @@ def check_backend(backend: Backend, prompt: Sequence[int], rows: Sequence[Sequen
         single = backend.score(whole, [rows[query.row]], [Query(0, query.position, ids)])[0]
         np.testing.assert_allclose(batched[k], single, atol=atol, err_msg="batched rows differ from single rows")
         extended = backend.prefill(rows[query.row][: query.position + 1], parent=whole)
-        np.testing.assert_allclose(batched[k], backend.next_logp(extended)[list(ids)], atol=atol,
-                                   err_msg="a query does not read the position it names")
+        np.testing.assert_allclose(
+            batched[k],
+            backend.next_logp(extended)[list(ids)],
+            atol=atol,
+            err_msg="a query does not read the position it names",
+        )
 
     saved = backend.max_tokens_per_pass
     backend.max_tokens_per_pass = 1

@@ -57,7 +57,7 @@ class TextTokenizer:
         plain = self.hf.encode("a", add_special_tokens=False)
         special = self.hf.encode("a", add_special_tokens=True)
         # tokens the tokenizer puts before text on its own (Gemma's <bos>), kept for the head
-        self.leading_ids = tuple(special[: len(special) - len(plain)]) if special[-len(plain):] == plain else ()
+        self.leading_ids = tuple(special[: len(special) - len(plain)]) if special[-len(plain) :] == plain else ()
         self._encode = lru_cache(maxsize=4096)(self._encode_uncached)
 
     @property
@@ -89,7 +89,7 @@ class TextTokenizer:
         whole = self.encode(before + text)
         if whole[: len(base)] != base or len(whole) == len(base):
             return None
-        return whole[len(base):]
+        return whole[len(base) :]
 
     @property
     def eos_ids(self) -> tuple[int, ...]:

@@ -35,7 +35,7 @@ class Variant:
 
 @dataclass
 class Node:
-    children: dict[int, "Node"] = field(default_factory=dict)
+    children: dict[int, Node] = field(default_factory=dict)
     labels: set[int] = field(default_factory=set)
     ends: bool = False
 

@@ -98,9 +98,7 @@ class ModelList(BaseModel):
 class ApiError(Exception):
     """An error the server reports as ``{"detail": {"error_type", "message"}}``."""
 
-    def __init__(
-        self, status_code: int, error_type: str, message: str, headers: dict[str, str] | None = None
-    ) -> None:
+    def __init__(self, status_code: int, error_type: str, message: str, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status_code = status_code
         self.error_type = error_type
@@ -112,9 +110,7 @@ def _import_optional(module: str) -> ModuleType:
     try:
         return importlib.import_module(module)
     except ImportError as error:
-        raise ImportError(
-            f"the HTTP server needs {module!r}, which is not installed; run: {INSTALL_HINT}"
-        ) from error
+        raise ImportError(f"the HTTP server needs {module!r}, which is not installed; run: {INSTALL_HINT}") from error
 
 
 class _EngineSlot:
@@ -124,9 +120,7 @@ class _EngineSlot:
     in-process test client never runs). Requests that need the engine get 503 until it is ready.
     """
 
-    def __init__(
-        self, engine: Engine | None, factory: Callable[[], Engine] | None, model_name: str | None
-    ) -> None:
+    def __init__(self, engine: Engine | None, factory: Callable[[], Engine] | None, model_name: str | None) -> None:
         self.engine = engine
         self.model_name = engine.model_name if engine is not None else model_name
         self.status: Literal["loading", "ready", "error"] = "ready" if engine is not None else "loading"
@@ -156,9 +150,7 @@ class _EngineSlot:
             return self.engine
         if self.status == "error":
             raise ApiError(503, "model_load_failed", f"the model failed to load: {self.error}")
-        raise ApiError(
-            503, "model_loading", "the model is still loading; retry shortly", headers={"Retry-After": "1"}
-        )
+        raise ApiError(503, "model_loading", "the model is still loading; retry shortly", headers={"Retry-After": "1"})
 
 
 # The contract requires a date; a model outside the embedded registry reports the epoch, which no
@@ -224,9 +216,7 @@ def create_app(
         credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
     ) -> None:
         # compare_digest keeps the comparison time independent of how much of the key matched.
-        if credentials is None or not hmac.compare_digest(
-            credentials.credentials.encode(), api_key.encode()
-        ):
+        if credentials is None or not hmac.compare_digest(credentials.credentials.encode(), api_key.encode()):
             raise ApiError(
                 401,
                 "unauthorized",

@@ -59,7 +59,8 @@ class PlainChatError(FreeTextNotSupportedError):
 
 def render_messages(messages: Sequence[BaseMessage]) -> str:
     """The engine's input text. A lone message is the input itself; a conversation keeps its roles
-    ("Human: ...", "AI: ...") so that decisions can tell who said what."""
+    ("Human: ...", "AI: ...") so that decisions can tell who said what.
+    """
     for index, message in enumerate(messages):
         if isinstance(message.content, list):
             for block in message.content:
@@ -124,8 +125,7 @@ class ChatPCD(BaseChatModel):
                 self.model = self.engine.model_name
             elif self.model != self.engine.model_name:
                 raise ValueError(
-                    f"model={self.model!r} but the engine runs {self.engine.model_name!r}; "
-                    "pass one or the other"
+                    f"model={self.model!r} but the engine runs {self.engine.model_name!r}; pass one or the other"
                 )
         return self
 
@@ -188,13 +188,9 @@ class ChatPCD(BaseChatModel):
             parser = JsonOutputParser()
         if not include_raw:
             return llm | parser
-        parsed = RunnablePassthrough.assign(
-            parsed=itemgetter("raw") | parser, parsing_error=lambda _: None
-        )
+        parsed = RunnablePassthrough.assign(parsed=itemgetter("raw") | parser, parsing_error=lambda _: None)
         unparsed = RunnablePassthrough.assign(parsed=lambda _: None)
-        return RunnableMap(raw=llm) | parsed.with_fallbacks(
-            [unparsed], exception_key="parsing_error"
-        )
+        return RunnableMap(raw=llm) | parsed.with_fallbacks([unparsed], exception_key="parsing_error")
 
     def _schema_for_call(self, kwargs: dict[str, Any]) -> Any:
         requested = kwargs.get("model")
@@ -314,9 +310,7 @@ class PCDDecider(RunnableSerializable[DeciderInput, DecideResponse]):
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
     @classmethod
-    def from_model(
-        cls, model: str = DEFAULT_MODEL, backend: str = "torch", **kwargs: Any
-    ) -> PCDDecider:
+    def from_model(cls, model: str = DEFAULT_MODEL, backend: str = "torch", **kwargs: Any) -> PCDDecider:
         """A decider on a freshly loaded engine."""
         return cls(engine=Engine.load(model=model, backend=backend), **kwargs)
 
@@ -331,9 +325,7 @@ class PCDDecider(RunnableSerializable[DeciderInput, DecideResponse]):
         else:
             state, questions = value, self.questions
         if not questions:
-            raise ValueError(
-                "no questions: pass PCDDecider(questions={...}) or an input with a 'questions' key"
-            )
+            raise ValueError("no questions: pass PCDDecider(questions={...}) or an input with a 'questions' key")
         return state, questions
 
     def _decide(self, value: DeciderInput) -> DecideResponse:
@@ -360,14 +352,10 @@ class PCDDecider(RunnableSerializable[DeciderInput, DecideResponse]):
                 outputs.append(error)
         return outputs
 
-    def invoke(
-        self, input: DeciderInput, config: RunnableConfig | None = None, **kwargs: Any
-    ) -> DecideResponse:
+    def invoke(self, input: DeciderInput, config: RunnableConfig | None = None, **kwargs: Any) -> DecideResponse:
         return self._call_with_config(self._decide, input, config)
 
-    async def ainvoke(
-        self, input: DeciderInput, config: RunnableConfig | None = None, **kwargs: Any
-    ) -> DecideResponse:
+    async def ainvoke(self, input: DeciderInput, config: RunnableConfig | None = None, **kwargs: Any) -> DecideResponse:
         return await self._acall_with_config(self._adecide, input, config)
 
     def batch(
@@ -378,9 +366,7 @@ class PCDDecider(RunnableSerializable[DeciderInput, DecideResponse]):
         return_exceptions: bool = False,
         **kwargs: Any,
     ) -> list[DecideResponse]:
-        return self._batch_with_config(
-            self._decide_each, inputs, config, return_exceptions=return_exceptions
-        )
+        return self._batch_with_config(self._decide_each, inputs, config, return_exceptions=return_exceptions)
 
     async def abatch(
         self,
@@ -390,6 +376,4 @@ class PCDDecider(RunnableSerializable[DeciderInput, DecideResponse]):
         return_exceptions: bool = False,
         **kwargs: Any,
     ) -> list[DecideResponse]:
-        return await self._abatch_with_config(
-            self._adecide_each, inputs, config, return_exceptions=return_exceptions
-        )
+        return await self._abatch_with_config(self._adecide_each, inputs, config, return_exceptions=return_exceptions)

@@ -42,8 +42,7 @@ try:
     from llama_index.core.types import BasePydanticProgram, Model
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError(
-        "pcd_integrations.llama_index needs llama-index-core; "
-        "run: pip install 'pcd-engine[llama-index]'"
+        "pcd_integrations.llama_index needs llama-index-core; run: pip install 'pcd-engine[llama-index]'"
     ) from exc
 
 from pcd_core import (
@@ -72,9 +71,7 @@ class PlainCompletionError(FreeTextNotSupportedError):
         )
 
 
-def prompt_to_text(
-    prompt: BasePromptTemplate, prompt_args: Mapping[str, Any], system_prompt: str | None = None
-) -> str:
+def prompt_to_text(prompt: BasePromptTemplate, prompt_args: Mapping[str, Any], system_prompt: str | None = None) -> str:
     """Format a LlamaIndex prompt into the input text the engine reads.
 
     The engine writes its own instructions and value catalog around this text, so the prompt is the
@@ -209,9 +206,7 @@ class PCDProgram(BasePydanticProgram[Model]):
     async def acall(self, llm_kwargs: dict[str, Any] | None = None, **prompt_args: Any) -> Model:
         return (await self.aextract(**prompt_args)).value
 
-    def stream_call(
-        self, llm_kwargs: dict[str, Any] | None = None, **prompt_args: Any
-    ) -> Generator[Model, None, None]:
+    def stream_call(self, llm_kwargs: dict[str, Any] | None = None, **prompt_args: Any) -> Generator[Model, None, None]:
         """Yield the object once, complete.
 
         The engine decides a whole wave of fields in one batched pass and returns when the last wave
@@ -276,9 +271,7 @@ class PCDLLM(CustomLLM):
     def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
         raise PlainCompletionError()
 
-    def stream_complete(
-        self, prompt: str, formatted: bool = False, **kwargs: Any
-    ) -> CompletionResponseGen:
+    def stream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseGen:
         raise PlainCompletionError()
 
     def _program(self, output_cls: type[Model], prompt: BasePromptTemplate) -> PCDProgram[Model]:
@@ -344,9 +337,9 @@ class PCDLLM(CustomLLM):
         program = self._program(output_cls, prompt)
 
         async def gen() -> AsyncGenerator[Model, None]:
-            dispatcher.event(LLMStructuredPredictStartEvent(
-                output_cls=output_cls, template=prompt, template_args=prompt_args
-            ))
+            dispatcher.event(
+                LLMStructuredPredictStartEvent(output_cls=output_cls, template=prompt, template_args=prompt_args)
+            )
             async for result in await program.astream_call(**prompt_args):
                 dispatcher.event(LLMStructuredPredictInProgressEvent(output=result))
                 yield result

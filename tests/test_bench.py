@@ -20,9 +20,28 @@ TINY = {
 INPUT = "Our checkout has been down since 9am and we are losing orders. Call me right away!"
 
 RECORD_KEYS = {
-    "schema", "backend", "fields", "pcd_ms", "ar_ms", "ratio", "pcd_forward_passes", "ar_forward_passes",
-    "ar_tokens", "ar_stop", "pcd_valid", "ar_valid", "agreement", "prefill_ms", "peak_mem_mb",
-    "arc_ms", "arc_ratio", "arc_valid", "seq_ms", "seq_ratio", "seq_agreement", "seq_forward_passes",
+    "schema",
+    "backend",
+    "fields",
+    "pcd_ms",
+    "ar_ms",
+    "ratio",
+    "pcd_forward_passes",
+    "ar_forward_passes",
+    "ar_tokens",
+    "ar_stop",
+    "pcd_valid",
+    "ar_valid",
+    "agreement",
+    "prefill_ms",
+    "peak_mem_mb",
+    "arc_ms",
+    "arc_ratio",
+    "arc_valid",
+    "seq_ms",
+    "seq_ratio",
+    "seq_agreement",
+    "seq_forward_passes",
 }
 
 
@@ -63,8 +82,20 @@ def test_bench_records_every_method_and_pcd_is_valid(engine, tmp_path, monkeypat
     schema_file.write_text(json.dumps(TINY))
     (tmp_path / "input.txt").write_text(INPUT)
     out = tmp_path / "out.json"
-    argv = ["--schema", str(schema_file), "--input", str(tmp_path / "input.txt"), "--repeat", "1",
-            "--ar-cap", "8", "--json", str(out), "--plot", str(tmp_path / "out.png")]
+    argv = [
+        "--schema",
+        str(schema_file),
+        "--input",
+        str(tmp_path / "input.txt"),
+        "--repeat",
+        "1",
+        "--ar-cap",
+        "8",
+        "--json",
+        str(out),
+        "--plot",
+        str(tmp_path / "out.png"),
+    ]
     assert main(argv) == 0
     (record,) = json.loads(out.read_text())["records"]
     assert RECORD_KEYS <= set(record)

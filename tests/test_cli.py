@@ -44,8 +44,9 @@ def test_fill_prints_the_object_and_its_probabilities(engine, capsys, monkeypatc
     assert isinstance(out["value"]["wants_refund"], bool)
 
 
-@pytest.mark.parametrize("argv", [["fill"], ["unknown-command"],
-                                  ["fill", "--schema", "s.json", "--max-tokens-per-pass", "0"]])
+@pytest.mark.parametrize(
+    "argv", [["fill"], ["unknown-command"], ["fill", "--schema", "s.json", "--max-tokens-per-pass", "0"]]
+)
 def test_bad_arguments_exit_with_usage(argv):
     with pytest.raises(SystemExit) as caught:
         main(argv)

@@ -8,8 +8,9 @@ from pcd_core.prompt import MARKER, render
 from pcd_core.testing import ByteTokenizer, _ByteVocabulary
 from pcd_core.tokenizer import LAYOUTS, TextTokenizer
 
-SCHEMA = parse_schema({"sentiment": ["POSITIVE", "NEGATIVE"], "refund": "boolean",
-                       "deadline": ["1_HOUR", "12_HOURS", "1_WEEK", "NONE"]})
+SCHEMA = parse_schema(
+    {"sentiment": ["POSITIVE", "NEGATIVE"], "refund": "boolean", "deadline": ["1_HOUR", "12_HOURS", "1_WEEK", "NONE"]}
+)
 
 
 class _Templater:

@@ -27,8 +27,9 @@ from pcd_core import Engine
 from pcd_core.backends.mlx_backend import MlxBackend
 
 FULL = os.environ.get("PCD_CROSS_BACKEND") == "full"
-needs_full = pytest.mark.skipif(not FULL, reason="every bundled case takes ~25 min on MLX's Linux CPU wheel; "
-                                "set PCD_CROSS_BACKEND=full")
+needs_full = pytest.mark.skipif(
+    not FULL, reason="every bundled case takes ~25 min on MLX's Linux CPU wheel; set PCD_CROSS_BACKEND=full"
+)
 
 SHORT_SCHEMA = {
     "type": "object",

@@ -1,7 +1,6 @@
 """Every bundled schema compiles and fills on both embedded models, complete and schema-valid."""
 
 import pytest
-
 from conftest import load_case, schema_cases
 
 CASES = schema_cases()

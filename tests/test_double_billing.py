@@ -14,8 +14,15 @@ import pytest
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 SCHEMA = json.loads((EXAMPLES / "ticket_schema.json").read_text())
 TICKET = (EXAMPLES / "ticket.txt").read_text()
-RIGHT = {"sentiment": "NEGATIVE", "topic": "BILLING", "wants_refund": True, "is_spam": False,
-         "deadline": "12_HOURS", "plan": "PREMIUM", "route_to": "BILLING_TEAM"}
+RIGHT = {
+    "sentiment": "NEGATIVE",
+    "topic": "BILLING",
+    "wants_refund": True,
+    "is_spam": False,
+    "deadline": "12_HOURS",
+    "plan": "PREMIUM",
+    "route_to": "BILLING_TEAM",
+}
 
 
 @pytest.fixture(scope="module")
@@ -27,8 +34,10 @@ def test_every_field_is_reported(result):
     for name, right in RIGHT.items():
         field = result.fields[name]
         key = right if isinstance(right, str) else json.dumps(right)
-        print(f"{name:14} {field.value!s:14} p={field.probability:.3f} mass={field.candidate_mass:.3f} "
-              f"p(right={key})={field.probabilities[key]:.3f}")
+        print(
+            f"{name:14} {field.value!s:14} p={field.probability:.3f} mass={field.candidate_mass:.3f} "
+            f"p(right={key})={field.probabilities[key]:.3f}"
+        )
     assert list(result.values) == list(RIGHT)
 
 

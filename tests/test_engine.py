@@ -26,9 +26,12 @@ def test_pydantic_schema_returns_an_instance_with_real_types(engine):
 
 
 def test_depends_on_adds_two_passes_per_wave(engine):
-    schema = {"topic": ["BILLING", "TECHNICAL"], "urgent": "boolean",
-              "team": {"enum": ["FINANCE", "ENGINEERING"], "depends_on": ["topic"]},
-              "escalate": {"type": "boolean", "depends_on": ["team"]}}
+    schema = {
+        "topic": ["BILLING", "TECHNICAL"],
+        "urgent": "boolean",
+        "team": {"enum": ["FINANCE", "ENGINEERING"], "depends_on": ["topic"]},
+        "escalate": {"type": "boolean", "depends_on": ["team"]},
+    }
     engine.warmup(schema)
     result = engine.fill(schema, TEXT)
     assert [result.fields[n].wave for n in schema] == [0, 1, 1, 2]
@@ -95,10 +98,16 @@ def test_an_input_over_the_context_is_rejected_not_truncated(engine):
 STATE = "The blender arrived cracked and the motor smells of burning plastic. I want my money back."
 QUESTIONS = {
     "refund": {"type": "noul", "instructions": "Does the customer ask for money back?"},
-    "team": {"type": "choice", "instructions": "Which team should own this?",
-             "criteria": {"returns": "refunds and returns", "safety": "hazards", "sales": None}},
-    "anger": {"type": "score", "instructions": "How angry is the customer?",
-              "criteria": ["calm", "annoyed", "furious"]},
+    "team": {
+        "type": "choice",
+        "instructions": "Which team should own this?",
+        "criteria": {"returns": "refunds and returns", "safety": "hazards", "sales": None},
+    },
+    "anger": {
+        "type": "score",
+        "instructions": "How angry is the customer?",
+        "criteria": ["calm", "annoyed", "furious"],
+    },
 }
 
 
@@ -132,30 +141,38 @@ def test_answers_do_not_depend_on_ids_order_or_other_questions(engine):
 
 
 def test_noul_criteria_may_be_absent_null_or_one_sided(engine):
-    for criteria in (None, {"true": "they ask for a refund"}, {"false": "they only complain"},
-                     {"true": "refund", "false": None}):
+    for criteria in (
+        None,
+        {"true": "they ask for a refund"},
+        {"false": "they only complain"},
+        {"true": "refund", "false": None},
+    ):
         answer = engine.decide(STATE, {"q": {"type": "noul", "instructions": "Refund?", "criteria": criteria}})
         assert 0.0 <= answer.answers["q"].noul <= 1.0
 
 
 def test_many_options_use_two_letter_codes_and_names_come_back_byte_for_byte(engine):
     names = {f"Ωption {i} – «{i}»": None for i in range(60)}
-    answer = engine.decide("The answer is option 7.", {"q": {"type": "choice", "instructions": "Which option?",
-                                                             "criteria": names}}).answers["q"]
+    answer = engine.decide(
+        "The answer is option 7.", {"q": {"type": "choice", "instructions": "Which option?", "criteria": names}}
+    ).answers["q"]
     assert list(answer.probabilities) == list(names)
     assert answer.choice in names
     assert sum(answer.probabilities.values()) == pytest.approx(1.0)
 
 
-@pytest.mark.parametrize("question", [
-    {"type": "choice", "instructions": "x", "criteria": {"only": None}},
-    {"type": "choice", "instructions": "x", "criteria": {str(i): None for i in range(256)}},
-    {"type": "score", "instructions": "x", "criteria": ["one"]},
-    {"type": "score", "instructions": "x", "criteria": {"a": "b"}},
-    {"type": "noul", "instructions": "x", "criteria": {"maybe": "?"}},
-    {"type": "poll", "instructions": "x"},
-    {"instructions": "x"},
-])
+@pytest.mark.parametrize(
+    "question",
+    [
+        {"type": "choice", "instructions": "x", "criteria": {"only": None}},
+        {"type": "choice", "instructions": "x", "criteria": {str(i): None for i in range(256)}},
+        {"type": "score", "instructions": "x", "criteria": ["one"]},
+        {"type": "score", "instructions": "x", "criteria": {"a": "b"}},
+        {"type": "noul", "instructions": "x", "criteria": {"maybe": "?"}},
+        {"type": "poll", "instructions": "x"},
+        {"instructions": "x"},
+    ],
+)
 def test_invalid_questions_are_rejected_before_the_model(engine, question):
     passes = engine.backend.forward_passes
     with pytest.raises(ValidationError):

@@ -20,6 +20,7 @@ pytest.importorskip("fastapi", reason="the HTTP server needs the 'http' extra")
 httpx = pytest.importorskip("httpx", reason="the HTTP tests need httpx")
 
 from conftest import load_case  # noqa: E402
+
 from pcd_core import Engine  # noqa: E402
 from pcd_integrations.http import create_app, serve  # noqa: E402
 
@@ -227,8 +228,12 @@ def test_each_answer_type_alone_is_strict_wire(app, question):
 
 
 def test_noul_criteria_may_be_absent_null_or_either_side(app):
-    variants = [None, {"true": "they say so plainly"}, {"false": "they are calm"},
-                {"true": "they say so plainly", "false": "they are calm"}]
+    variants = [
+        None,
+        {"true": "they say so plainly"},
+        {"false": "they are calm"},
+        {"true": "they say so plainly", "false": "they are calm"},
+    ]
     questions = {f"v{i}": {**NOUL, "criteria": c} for i, c in enumerate(variants)} | {"absent": NOUL}
     wire = decide(app, {"state": STATE, "questions": questions})
     assert all(answer.type == "noul" for answer in wire.answers.values())
@@ -332,8 +337,11 @@ def test_answers_do_not_depend_on_ids_other_questions_or_order(app):
         app, {"state": STATE, "questions": {"extra": NOUL, "dept": CHOICE, "more": spam, "urgent": SCORE}}
     ).answers
     reordered = decide(app, {"state": STATE, "questions": {"urgent": SCORE, "dept": CHOICE}}).answers
-    for dept, urgent in [(renamed["zz_other"], renamed["dépt 2"]), (grown["dept"], grown["urgent"]),
-                         (reordered["dept"], reordered["urgent"])]:
+    for dept, urgent in [
+        (renamed["zz_other"], renamed["dépt 2"]),
+        (grown["dept"], grown["urgent"]),
+        (reordered["dept"], reordered["urgent"]),
+    ]:
         assert_same_answer(dept, base["dept"], 1e-5)
         assert_same_answer(urgent, base["urgent"], 1e-5)
 

@@ -213,9 +213,7 @@ def test_non_text_content_is_a_prompt_error() -> None:
 
 def test_a_lone_message_is_the_input_and_a_conversation_keeps_roles() -> None:
     assert render_messages([HumanMessage(REFUND)]) == REFUND
-    conversation = render_messages(
-        [SystemMessage("Be brief."), HumanMessage(REFUND), AIMessage("On it.")]
-    )
+    conversation = render_messages([SystemMessage("Be brief."), HumanMessage(REFUND), AIMessage("On it.")])
     assert conversation == f"System: Be brief.\nHuman: {REFUND}\nAI: On it."
 
 

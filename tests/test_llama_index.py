@@ -28,9 +28,7 @@ class Ticket(BaseModel):
     """A customer message, triaged."""
 
     urgent: bool = Field(description="Does the customer need an answer today?")
-    sentiment: Literal["positive", "negative", "neutral"] = Field(
-        description="The customer's mood"
-    )
+    sentiment: Literal["positive", "negative", "neutral"] = Field(description="The customer's mood")
 
 
 class FreeText(BaseModel):
@@ -121,9 +119,7 @@ async def test_acall_matches_call_without_blocking_the_loop(program: PCDProgram[
         assert result.probabilities == pytest.approx(sync.fields[name].probabilities, abs=1e-5)
 
 
-def test_structured_predict_goes_through_the_engine(
-    llm: PCDLLM, program: PCDProgram[Ticket], engine: Engine
-) -> None:
+def test_structured_predict_goes_through_the_engine(llm: PCDLLM, program: PCDProgram[Ticket], engine: Engine) -> None:
     passes_before = engine.backend.forward_passes
     ticket = llm.structured_predict(Ticket, _ticket_prompt(), message=MESSAGE)
 
@@ -176,9 +172,7 @@ def test_free_text_calls_raise_and_point_to_structured_calls(llm: PCDLLM) -> Non
     assert issubclass(PlainCompletionError, NotImplementedError)
 
 
-def test_free_text_field_is_a_schema_error_before_any_model_call(
-    llm: PCDLLM, engine: Engine
-) -> None:
+def test_free_text_field_is_a_schema_error_before_any_model_call(llm: PCDLLM, engine: Engine) -> None:
     passes_before = engine.backend.forward_passes
     with pytest.raises(SchemaError, match="summary"):
         PCDProgram.from_defaults(output_cls=FreeText, prompt_template_str="{x}", engine=engine)
@@ -191,9 +185,7 @@ def test_free_text_field_is_a_schema_error_before_any_model_call(
 
 def test_output_cls_must_be_a_pydantic_class(engine: Engine) -> None:
     with pytest.raises(SchemaError, match="pydantic BaseModel"):
-        PCDProgram.from_defaults(
-            output_cls={"type": "object"}, prompt_template_str="{x}", engine=engine
-        )
+        PCDProgram.from_defaults(output_cls={"type": "object"}, prompt_template_str="{x}", engine=engine)
 
 
 def test_from_defaults_rejects_ambiguous_arguments(engine: Engine) -> None:
@@ -204,9 +196,7 @@ def test_from_defaults_rejects_ambiguous_arguments(engine: Engine) -> None:
             output_cls=Ticket, prompt_template_str="{x}", prompt=PromptTemplate("{x}"), engine=engine
         )
     with pytest.raises(ValueError, match="either engine= or model="):
-        PCDProgram.from_defaults(
-            output_cls=Ticket, prompt_template_str="{x}", engine=engine, model="smollm2-135m"
-        )
+        PCDProgram.from_defaults(output_cls=Ticket, prompt_template_str="{x}", engine=engine, model="smollm2-135m")
 
 
 def test_metadata_describes_the_engine(llm: PCDLLM, engine: Engine) -> None:
@@ -222,17 +212,13 @@ def test_one_message_is_passed_as_it_is() -> None:
 
 
 def test_several_messages_keep_their_roles() -> None:
-    prompt = ChatPromptTemplate(
-        message_templates=[ChatMessage(role=MessageRole.USER, content="Message: {m}")]
-    )
+    prompt = ChatPromptTemplate(message_templates=[ChatMessage(role=MessageRole.USER, content="Message: {m}")])
     text = prompt_to_text(prompt, {"m": "hello"}, system_prompt="Be strict.")
     assert text == "system: Be strict.\n\nuser: Message: hello"
 
 
 def test_non_text_blocks_are_a_prompt_error() -> None:
-    image = ChatMessage(
-        role=MessageRole.USER, blocks=[TextBlock(text="see"), ImageBlock(url="http://x/y.png")]
-    )
+    image = ChatMessage(role=MessageRole.USER, blocks=[TextBlock(text="see"), ImageBlock(url="http://x/y.png")])
     with pytest.raises(PromptError, match="ImageBlock"):
         prompt_to_text(ChatPromptTemplate(message_templates=[image]), {})
 

@@ -51,9 +51,7 @@ FILL_SCHEMA = {
     "required": ["wants_refund", "product"],
 }
 FILL_ARGS = {"state": STATE, "schema": FILL_SCHEMA}
-CALLS = {
-    "noul": NOUL_ARGS, "choice": CHOICE_ARGS, "score": SCORE_ARGS, "decide": DECIDE_ARGS, "fill": FILL_ARGS
-}
+CALLS = {"noul": NOUL_ARGS, "choice": CHOICE_ARGS, "score": SCORE_ARGS, "decide": DECIDE_ARGS, "fill": FILL_ARGS}
 
 
 @pytest.fixture(scope="module")
@@ -317,9 +315,7 @@ async def call_tools(client: Client, engine: Engine, names: set[str]) -> None:
 @pytest.mark.slow
 @pytest.mark.asyncio
 async def test_stdio_subprocess_serves_every_tool(engine: Engine) -> None:
-    params = StdioServerParameters(
-        command=sys.executable, args=["-m", "mcp_server"], env=server_env(), cwd=REPO
-    )
+    params = StdioServerParameters(command=sys.executable, args=["-m", "mcp_server"], env=server_env(), cwd=REPO)
     with anyio.fail_after(SUBPROCESS_TIMEOUT_S):
         async with Client(params, mode="legacy") as client:  # the `initialize` handshake, as hosts do today
             await call_tools(client, engine, TOOLS)

@@ -47,9 +47,16 @@ def _save_tiny(config, folder: Path):
 def tiny_llama(tmp_path_factory):
     folder = tmp_path_factory.mktemp("tiny_llama")
     config = LlamaConfig(
-        vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-        rope_theta=100000.0, tie_word_embeddings=True, initializer_range=TINY_INIT,
+        vocab_size=TINY_VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        rope_theta=100000.0,
+        tie_word_embeddings=True,
+        initializer_range=TINY_INIT,
     )
     return _save_tiny(config, folder), folder
 
@@ -60,9 +67,16 @@ def tiny_gemma(tmp_path_factory):
     # six layers: five with a 4-token sliding window, the sixth global (Gemma 3's pattern);
     # sqrt(80) is not a bfloat16, so the embedding scale's precision shows too
     config = Gemma3TextConfig(
-        vocab_size=TINY_VOCAB, hidden_size=80, intermediate_size=128, num_hidden_layers=6,
-        num_attention_heads=4, num_key_value_heads=1, head_dim=16, max_position_embeddings=256,
-        sliding_window=4, initializer_range=TINY_INIT,
+        vocab_size=TINY_VOCAB,
+        hidden_size=80,
+        intermediate_size=128,
+        num_hidden_layers=6,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=16,
+        max_position_embeddings=256,
+        sliding_window=4,
+        initializer_range=TINY_INIT,
     )
     return _save_tiny(config, folder), folder
 
@@ -152,7 +166,8 @@ def test_quantized_smollm2_decides_like_torch(engine, smollm2_mlx, capsys):
         tokenizer.encode_head(
             tokenizer.apply_chat_template(
                 [{"role": "user", "content": f"{question} Answer Yes or No."}],
-                tokenize=False, add_generation_prompt=True,
+                tokenize=False,
+                add_generation_prompt=True,
             )
         )
         for question in CLOSED_QUESTIONS

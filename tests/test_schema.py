@@ -1,7 +1,7 @@
 """Every accepted schema form, and every SchemaError, without a model."""
 
 from enum import Enum
-from typing import Literal, Optional, TypedDict
+from typing import Literal, TypedDict
 
 import pytest
 from pydantic import BaseModel, Field
@@ -55,16 +55,18 @@ def test_typed_dict_becomes_a_plain_dict_schema():
 
 
 def test_json_schema_forms_enum_const_anyof_ref_and_null():
-    schema = parse_schema({
-        "type": "object",
-        "$defs": {"Tier": {"enum": ["GOLD", "SILVER"]}},
-        "properties": {
-            "flag": {"type": "boolean", "description": "a flag"},
-            "tier": {"$ref": "#/$defs/Tier"},
-            "size": {"anyOf": [{"const": "S"}, {"const": "L"}]},
-            "maybe": {"oneOf": [{"type": "boolean"}, {"type": "null"}]},
-        },
-    })
+    schema = parse_schema(
+        {
+            "type": "object",
+            "$defs": {"Tier": {"enum": ["GOLD", "SILVER"]}},
+            "properties": {
+                "flag": {"type": "boolean", "description": "a flag"},
+                "tier": {"$ref": "#/$defs/Tier"},
+                "size": {"anyOf": [{"const": "S"}, {"const": "L"}]},
+                "maybe": {"oneOf": [{"type": "boolean"}, {"type": "null"}]},
+            },
+        }
+    )
     assert labels(schema, "tier") == ["GOLD", "SILVER"]
     assert labels(schema, "size") == ["S", "L"]
     assert labels(schema, "maybe") == [True, False, None]
@@ -72,18 +74,20 @@ def test_json_schema_forms_enum_const_anyof_ref_and_null():
 
 def test_optional_pydantic_field_allows_null():
     class Model(BaseModel):
-        answer: Optional[Literal["A", "B"]] = None
+        answer: Literal["A", "B"] | None = None
 
     assert labels(parse_schema(Model), "answer") == ["A", "B", None]
 
 
 def test_field_dict_with_dependencies_makes_waves():
-    schema = parse_schema({
-        "topic": ["BILLING", "TECH"],
-        "urgent": "boolean",
-        "team": {"values": ["FINANCE", "ENGINEERING"], "depends_on": ["topic"]},
-        "escalate": {"type": "boolean", "depends_on": "team"},
-    })
+    schema = parse_schema(
+        {
+            "topic": ["BILLING", "TECH"],
+            "urgent": "boolean",
+            "team": {"values": ["FINANCE", "ENGINEERING"], "depends_on": ["topic"]},
+            "escalate": {"type": "boolean", "depends_on": "team"},
+        }
+    )
     # team needs only topic, which wave 0 already wrote, so it joins wave 1
     assert schema.waves() == (("topic",), ("urgent", "team"), ("escalate",))
 
@@ -124,8 +128,13 @@ def test_free_text_pydantic_field_is_rejected():
 
 def test_dependency_cycle_is_rejected():
     with pytest.raises(SchemaError, match="cycle"):
-        parse_schema({"a": "boolean", "b": {"type": "boolean", "depends_on": ["c"]},
-                      "c": {"type": "boolean", "depends_on": ["b"]}})
+        parse_schema(
+            {
+                "a": "boolean",
+                "b": {"type": "boolean", "depends_on": ["c"]},
+                "c": {"type": "boolean", "depends_on": ["b"]},
+            }
+        )
 
 
 def test_dependency_on_unknown_field_is_rejected():

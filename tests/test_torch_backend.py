@@ -7,13 +7,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import load_case
 
 from pcd_core import Engine
 from pcd_core.backends.base import Query
 from pcd_core.backends.torch_backend import TorchBackend
 from pcd_core.testing import check_backend
-
-from conftest import load_case
 
 TICKET = load_case("support_ticket")
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"

@@ -162,23 +162,18 @@ class Backend(ABC):
             raise BackendError("prefill needs at least one token")
         start = parent.n_tokens if parent is not None else 0
         if start + len(ids) > self.context_length:
-            raise PromptError(
-                f"{start + len(ids)} tokens do not fit the model's context of {self.context_length}"
-            )
+            raise PromptError(f"{start + len(ids)} tokens do not fit the model's context of {self.context_length}")
         self.counter.add(len(ids))
         state = self._prefill(ids, parent)
         return Prefix(ids=(parent.ids if parent is not None else ()) + ids, state=state)
 
-    def score(
-        self, prefix: Prefix, rows: Sequence[Sequence[int]], queries: Sequence[Query]
-    ) -> list[np.ndarray]:
+    def score(self, prefix: Prefix, rows: Sequence[Sequence[int]], queries: Sequence[Query]) -> list[np.ndarray]:
         rows = [tuple(int(i) for i in row) for row in rows]
         self._check_queries(prefix, rows, queries)
         longest = max((len(row) for row in rows), default=0)
         if prefix.n_tokens + longest > self.context_length:
             raise PromptError(
-                f"a row reaches {prefix.n_tokens + longest} tokens, over the model's context of "
-                f"{self.context_length}"
+                f"a row reaches {prefix.n_tokens + longest} tokens, over the model's context of {self.context_length}"
             )
         results: list[np.ndarray | None] = [None] * len(queries)
         after_prefix = [k for k, q in enumerate(queries) if q.position == -1]
@@ -192,9 +187,7 @@ class Backend(ABC):
             if not picked:
                 continue
             tree = pack_tree([rows[row] for row in chunk])
-            chunk_queries = [
-                Query(local[queries[k].row], queries[k].position, queries[k].ids) for k in picked
-            ]
+            chunk_queries = [Query(local[queries[k].row], queries[k].position, queries[k].ids) for k in picked]
             # a packed pass reads the tree's distinct tokens; a pass of copies reads every row whole
             self.counter.add(len(tree.tokens) if self.row_layout == "packed" else sum(map(len, tree.node_of)))
             for k, values in zip(picked, self._score_chunk(prefix, tree, chunk_queries)):
@@ -213,7 +206,8 @@ class Backend(ABC):
     @abstractmethod
     def _score_chunk(self, prefix: Prefix, tree: TokenTree, queries: list[Query]) -> list[np.ndarray]:
         """One forward pass over the rows of ``tree`` after ``prefix``; one gathered log-prob array
-        per query. A query names a row and a position in it; ``tree.node_of`` maps that to a token."""
+        per query. A query names a row and a position in it; ``tree.node_of`` maps that to a token.
+        """
 
     @abstractmethod
     def _prefix_logp(self, prefix: Prefix) -> np.ndarray:
@@ -234,8 +228,7 @@ class Backend(ABC):
                 raise BackendError(f"query {query!r} names row {query.row}, but there are {len(rows)}")
             if not 0 <= query.position < len(rows[query.row]):
                 raise BackendError(
-                    f"query {query!r} reads position {query.position} of a "
-                    f"{len(rows[query.row])}-token row"
+                    f"query {query!r} reads position {query.position} of a {len(rows[query.row])}-token row"
                 )
             if not query.ids:
                 raise BackendError(f"query {query!r} asks for no token ids")

@@ -64,9 +64,7 @@ class MlxBackend(Backend):
     name = "mlx"
     row_layout = "packed"
 
-    def __init__(
-        self, model: nn.Module, *, context_length: int, max_tokens_per_pass: int | None = None
-    ) -> None:
+    def __init__(self, model: nn.Module, *, context_length: int, max_tokens_per_pass: int | None = None) -> None:
         super().__init__(context_length=context_length, max_tokens_per_pass=max_tokens_per_pass)
         model_type = getattr(model, "model_type", None)
         if model_type not in _SUPPORTED_TYPES:
@@ -115,10 +113,7 @@ class MlxBackend(Backend):
         start = parent.n_tokens if parent is not None else 0
         q_pos = np.arange(start, start + len(ids))[:, None]
         k_pos = np.arange(start + len(ids))[None]
-        masks = {
-            window: mx.array((k_pos <= q_pos) & _window_ok(q_pos, k_pos, window))
-            for window in set(self._windows)
-        }
+        masks = {window: mx.array((k_pos <= q_pos) & _window_ok(q_pos, k_pos, window)) for window in set(self._windows)}
         keys: list[Any] = []
         values: list[Any] = []
 

@@ -45,7 +45,8 @@ class TorchState:
 
 class _PrefixLayer(DynamicLayer):
     """A cache layer over existing tensors. ``update`` returns prefix + new states and keeps them only
-    when ``grow`` is set (prefill); for scoring the concatenation lives for one layer, then goes."""
+    when ``grow`` is set (prefill); for scoring the concatenation lives for one layer, then goes.
+    """
 
     def __init__(self, keys: torch.Tensor | None, values: torch.Tensor | None, grow: bool) -> None:
         super().__init__()
@@ -150,8 +151,10 @@ class TorchBackend(Backend):
         q_pos = n_prefix + depth
         k_pos = torch.cat([torch.arange(n_prefix, device=self.device), q_pos])
         allowed = torch.cat(
-            [torch.ones(len(tree.tokens), n_prefix, dtype=torch.bool, device=self.device),
-             torch.from_numpy(tree.ancestors()).to(self.device)],
+            [
+                torch.ones(len(tree.tokens), n_prefix, dtype=torch.bool, device=self.device),
+                torch.from_numpy(tree.ancestors()).to(self.device),
+            ],
             1,
         )
         out = self.decoder(
@@ -173,10 +176,12 @@ class TorchBackend(Backend):
         k_pos = torch.arange(n_prefix + width, device=self.device)
         causal = k_pos[None, :] <= q_pos[:, None]
         state: TorchState = prefix.state
-        cache = Cache(layers=[
-            _PrefixLayer(k.expand(batch, -1, -1, -1), v.expand(batch, -1, -1, -1), grow=False)
-            for k, v in zip(state.keys, state.values)
-        ])
+        cache = Cache(
+            layers=[
+                _PrefixLayer(k.expand(batch, -1, -1, -1), v.expand(batch, -1, -1, -1), grow=False)
+                for k, v in zip(state.keys, state.values)
+            ]
+        )
         out = self.decoder(
             input_ids=ids,
             position_ids=q_pos[None].expand(batch, -1),

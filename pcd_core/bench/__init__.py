@@ -8,5 +8,14 @@ from .checks import agreement, is_valid, parse_lenient
 from .command import add_bench_parser, main, run_bench
 from .runner import BenchCase, bench_case, bench_throughput
 
-__all__ = ["BenchCase", "add_bench_parser", "agreement", "bench_case", "bench_throughput", "is_valid",
-           "main", "parse_lenient", "run_bench"]
+__all__ = [
+    "BenchCase",
+    "add_bench_parser",
+    "agreement",
+    "bench_case",
+    "bench_throughput",
+    "is_valid",
+    "main",
+    "parse_lenient",
+    "run_bench",
+]

@@ -81,7 +81,8 @@ def generate_free(engine: Any, compiled: CompiledSchema, head: Prefix, text: str
 
 def constrained_lines(engine: Any, compiled: CompiledSchema) -> list[tuple[tuple[int, ...], ...]]:
     """Per step of the object, the token sequences the schema allows: each field's value lines, then
-    the closing brace. The lines are the compiler's canonical spellings, tokenized in context."""
+    the closing brace. The lines are the compiler's canonical spellings, tokenized in context.
+    """
     steps = [field.answer_ids for field in compiled.fields]
     last = compiled.fields[-1].field
     written = compiled.prompt.tail + compiled.layout.segment(last.name, last.labels[0].forms[0], True)
@@ -135,7 +136,7 @@ def decide_sequential(engine: Any, compiled: CompiledSchema, head: Prefix, text:
             answer, row = spec.answer_ids[readout.best], spec.trie.row
             if answer[: len(row)] != row:
                 raise BackendError(f"field {spec.name!r}: its answer line does not start with its row")
-            prefix = backend.prefill(answer[len(row):] + fields[index + 1].trie.row, parent=prefix)
+            prefix = backend.prefill(answer[len(row) :] + fields[index + 1].trie.row, parent=prefix)
     return run
 
 

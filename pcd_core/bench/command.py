@@ -28,23 +28,42 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     bench = subparsers.add_parser(
         "bench", help="measure PCD against token-by-token generation on the same model and prompt"
     )
-    bench.add_argument("--schema", action="append", metavar="FILE_OR_CASE",
-                       help="a JSON Schema file, a case file (json_schema + input) or the name of a "
-                            "bundled case; repeatable (default: every bundled case with a json_schema)")
+    bench.add_argument(
+        "--schema",
+        action="append",
+        metavar="FILE_OR_CASE",
+        help="a JSON Schema file, a case file (json_schema + input) or the name of a "
+        "bundled case; repeatable (default: every bundled case with a json_schema)",
+    )
     bench.add_argument("--input", metavar="FILE", help="the text for a --schema file that carries none")
     bench.add_argument("--backend", default="torch", choices=("torch", "mlx", "all"))
     bench.add_argument("--model", default=DEFAULT_MODEL, help="embedded alias, HF id, local folder or .gguf path")
     bench.add_argument("--repeat", type=int, default=3, help="timed repeats per method; medians are reported")
-    bench.add_argument("--fields", metavar="N,N,...",
-                       help="run each schema truncated to its first N fields, once per N (e.g. 4,8,16,28)")
-    bench.add_argument("--baselines", default=",".join(BASELINES),
-                       help="which competitors to run, from ar,arc,seq (default: all three)")
-    bench.add_argument("--ar-cap", type=int, default=None,
-                       help="cap on AR's new tokens (default: 16 x fields + 32)")
-    bench.add_argument("--max-tokens-per-pass", type=int, default=None, metavar="N",
-                       help="the engine's memory knob: row tokens per forward pass (default: no limit)")
-    bench.add_argument("--throughput", type=int, default=0, metavar="N",
-                       help="instead, fill_many N inputs against the first schema and report documents/s")
+    bench.add_argument(
+        "--fields",
+        metavar="N,N,...",
+        help="run each schema truncated to its first N fields, once per N (e.g. 4,8,16,28)",
+    )
+    bench.add_argument(
+        "--baselines",
+        default=",".join(BASELINES),
+        help="which competitors to run, from ar,arc,seq (default: all three)",
+    )
+    bench.add_argument("--ar-cap", type=int, default=None, help="cap on AR's new tokens (default: 16 x fields + 32)")
+    bench.add_argument(
+        "--max-tokens-per-pass",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the engine's memory knob: row tokens per forward pass (default: no limit)",
+    )
+    bench.add_argument(
+        "--throughput",
+        type=int,
+        default=0,
+        metavar="N",
+        help="instead, fill_many N inputs against the first schema and report documents/s",
+    )
     bench.add_argument("--json", metavar="OUT.json", help="write the records here")
     bench.add_argument("--plot", metavar="OUT.png", help="plot ms per request against fields here")
     bench.set_defaults(run=run_bench)
@@ -115,10 +134,14 @@ def run_bench(args: argparse.Namespace) -> int:
     steps = 1 + args.repeat * (2 + len(baselines))
     total = len(backends) * (1 if args.throughput else len(cases) * steps)
     records: list[dict[str, Any]] = []
-    meta = {"command": "pcd " + " ".join(getattr(args, "argv", None) or sys.argv[1:]), "model": args.model,
-            "machine": f"{platform.machine()} {platform.processor() or platform.system()}, "
-                       f"{os.cpu_count()} CPUs", "python": platform.python_version(),
-            "arc_engine": "pcd-grammar-mask", "max_tokens_per_pass": args.max_tokens_per_pass}
+    meta = {
+        "command": "pcd " + " ".join(getattr(args, "argv", None) or sys.argv[1:]),
+        "model": args.model,
+        "machine": f"{platform.machine()} {platform.processor() or platform.system()}, {os.cpu_count()} CPUs",
+        "python": platform.python_version(),
+        "arc_engine": "pcd-grammar-mask",
+        "max_tokens_per_pass": args.max_tokens_per_pass,
+    }
     with tqdm(total=total, desc="pcd bench", unit="run", file=sys.stderr, disable=None) as progress:
         for backend in backends:
             try:
@@ -133,8 +156,16 @@ def run_bench(args: argparse.Namespace) -> int:
                 continue
             for case in cases:
                 progress.set_postfix_str(f"{backend} {case.name} {case.n_fields} fields")
-                records.append(bench_case(engine, case, repeat=args.repeat, baselines=baselines,
-                                          cap=args.ar_cap, tick=lambda: progress.update(1)))
+                records.append(
+                    bench_case(
+                        engine,
+                        case,
+                        repeat=args.repeat,
+                        baselines=baselines,
+                        cap=args.ar_cap,
+                        tick=lambda: progress.update(1),
+                    )
+                )
                 if args.json:  # after every record: a long run interrupted still leaves its results
                     write_json(records, args.json, meta)
     write_table(records, sys.stdout)

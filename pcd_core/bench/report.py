@@ -51,8 +51,18 @@ def write_table(records: list[dict[str, Any]], out: TextIO) -> None:
     if throughput:
         out.write("\n")
         head = ["schema", "backend", "fields", "documents", "docs/s", "ms/doc", "passes"]
-        rows = [[r["schema"], r["backend"], str(r["fields"]), str(r["documents"]), f"{r['docs_per_s']:.2f}",
-                 f"{r['ms_per_doc']:.0f}", str(r["forward_passes"])] for r in throughput]
+        rows = [
+            [
+                r["schema"],
+                r["backend"],
+                str(r["fields"]),
+                str(r["documents"]),
+                f"{r['docs_per_s']:.2f}",
+                f"{r['ms_per_doc']:.0f}",
+                str(r["forward_passes"]),
+            ]
+            for r in throughput
+        ]
         _markdown(head, rows, out)
 
 
@@ -68,7 +78,8 @@ def write_json(records: list[dict[str, Any]], path: str, meta: dict[str, Any]) -
 
 def write_plot(records: list[dict[str, Any]], path: str, title: str) -> None:
     """Milliseconds per request against the number of fields: one panel per backend, one line per
-    method, one marker style per schema."""
+    method, one marker style per schema.
+    """
     try:
         import matplotlib
 
@@ -79,8 +90,7 @@ def write_plot(records: list[dict[str, Any]], path: str, title: str) -> None:
     compared = [r for r in records if r.get("mode") != "throughput"]
     backends = sorted({r["backend"] for r in compared})
     figure, axes = plt.subplots(1, max(1, len(backends)), figsize=(6 * max(1, len(backends)), 4.5), squeeze=False)
-    methods = (("pcd_ms", "PCD"), ("seq_ms", "sequential jump-forward"), ("arc_ms", "AR-constrained"),
-               ("ar_ms", "AR"))
+    methods = (("pcd_ms", "PCD"), ("seq_ms", "sequential jump-forward"), ("arc_ms", "AR-constrained"), ("ar_ms", "AR"))
     for axis, backend in zip(axes[0], backends):
         mine = [r for r in compared if r["backend"] == backend]
         for key, label in methods:

@@ -125,8 +125,15 @@ def _baseline_fields(
     """The ``<name>_*`` keys of a record; all None when the baseline was skipped."""
     ratio_key = "ratio" if name == "ar" else f"{name}_ratio"
     agree_key = "agreement" if name == "ar" else f"{name}_agreement"
-    keys = [f"{name}_ms", ratio_key, f"{name}_forward_passes", f"{name}_tokens", f"{name}_valid",
-            agree_key, f"{name}_peak_mem_mb"]
+    keys = [
+        f"{name}_ms",
+        ratio_key,
+        f"{name}_forward_passes",
+        f"{name}_tokens",
+        f"{name}_valid",
+        agree_key,
+        f"{name}_peak_mem_mb",
+    ]
     if name != "seq":
         keys += [f"{name}_stop", f"{name}_output"]
     if not runs:
