@@ -6,11 +6,13 @@ passes, instead of letting the model write JSON token by token.
 
 import logging
 
+from .decoding import DecodeOptions
 from .engine import Engine
 from .errors import (
     BackendError,
     BackendUnavailableError,
     FreeTextNotSupportedError,
+    OptionError,
     PcdError,
     PromptError,
     SchemaError,
@@ -51,12 +53,14 @@ __all__ = [
     "Usage",
     "BackendError",
     "BackendUnavailableError",
+    "DecodeOptions",
     "Engine",
     "Extraction",
     "Field",
     "FreeTextNotSupportedError",
     "FieldResult",
     "Label",
+    "OptionError",
     "PcdError",
     "PromptError",
     "Schema",

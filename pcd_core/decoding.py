@@ -2,18 +2,42 @@
 
 A round gathers, from every pending decision, the trie nodes it must read, lays them out as rows
 (a node on the path of a longer row is read from that row instead of getting its own), and scores
-all rows after the shared prefix in one ``backend.score`` call. ``trie`` and ``exact`` finish in one
-round; ``greedy`` takes one round per trie level it descends.
+all rows after the shared prefix in one ``backend.score`` call. The first round may carry a *trunk*,
+text to read after the prefix before the rows (the request, or the answer lines of the wave before):
+it is read in that same pass, and ``decode`` hands back the prefix extended by it. ``trie`` and
+``exact`` finish in one round; ``greedy`` takes one round per trie level it descends.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from .backends.base import Backend, Prefix, Query
-from .errors import SchemaError
+from .errors import OptionError
 from .readout import Readout, make_readout
-from .trie import STRATEGIES, LabelTrie, Path, exact_logmass, greedy_next, settled_logmass
+from .trie import STRATEGIES, LabelTrie, Path, Strategy, exact_logmass, greedy_next, settled_logmass
+
+
+@dataclass(frozen=True)
+class DecodeOptions:
+    """How every decision of one call is read; checked once, here, before any pass runs.
+
+    ``strategy``: ``trie`` (every decision node in one pass), ``greedy`` (the likeliest branch, one
+    pass per level) or ``exact`` (every label's whole line); see ``pcd_core/trie.py``.
+    """
+
+    strategy: Strategy = "trie"
+
+    def __post_init__(self) -> None:
+        if self.strategy not in STRATEGIES:
+            raise OptionError(f"unknown strategy {self.strategy!r}; choose one of {', '.join(STRATEGIES)}")
+
+    def replace(self, **changes: Any) -> DecodeOptions:
+        """These options with some of them overridden for one call (checked again)."""
+        return dataclasses.replace(self, **changes)
 
 
 @dataclass
@@ -21,19 +45,20 @@ class DecisionTask:
     """One decision after the prefix: its trie, the strategy, and what has been read so far."""
 
     trie: LabelTrie
-    strategy: str = "trie"
+    strategy: Strategy = "trie"
     branch_norm: bool = False
     reads: dict[Path, dict[int, float]] = field(default_factory=dict)
     pending: list[Path] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        check_strategy(self.strategy)
         if self.strategy == "trie":
             self.pending = self.trie.decision_paths()
         elif self.strategy == "exact":
             self.pending = self.trie.all_paths()
-        else:
+        elif self.strategy == "greedy":
             self.pending = [()]
+        else:  # DecodeOptions rejects it first; a task built by hand gets the same error
+            DecodeOptions(self.strategy)
 
     def absorb(self, path: Path, read: dict[int, float]) -> None:
         self.reads[path] = read
@@ -55,13 +80,15 @@ class DecisionTask:
 class RoundStats:
     rounds: int = 0
     n_rows: int = 0
-    row_tokens: int = 0
+    row_tokens: int = 0  # distinct row tokens read, the trunks not included
 
 
-def check_strategy(strategy: str) -> None:
-    """Reject an unknown strategy; the engine calls this before any pass so a typo costs none."""
-    if strategy not in STRATEGIES:
-        raise SchemaError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
+@dataclass(frozen=True, eq=False)
+class Decoded:
+    """The readouts, one per task in order, and the prefix extended by the trunk that was read."""
+
+    readouts: list[Readout]
+    prefix: Prefix
 
 
 def plan_rows(paths: list[tuple[tuple[int, ...], Path]]) -> tuple[list[tuple[int, ...]], list[tuple[int, int]]]:
@@ -87,9 +114,18 @@ def plan_rows(paths: list[tuple[tuple[int, ...], Path]]) -> tuple[list[tuple[int
     return rows, placed
 
 
-def decode(backend: Backend, prefix: Prefix, tasks: list[DecisionTask], stats: RoundStats) -> list[Readout]:
-    """Run rounds until no task has pending reads; one ``score`` call per round for all tasks."""
-    while any(task.pending for task in tasks):
+def decode(
+    backend: Backend,
+    prefix: Prefix | None,
+    tasks: list[DecisionTask],
+    stats: RoundStats,
+    trunk: Sequence[int] = (),
+) -> Decoded:
+    """Run rounds until no task has pending reads; one ``score`` call per round for all tasks, the
+    first carrying ``trunk``. ``prefix`` may be None when the trunk is the whole prompt.
+    """
+    trunk = tuple(trunk)
+    while trunk or any(task.pending for task in tasks):
         requests = [(task, path) for task in tasks for path in task.pending]
         for task in tasks:
             task.pending = []
@@ -99,10 +135,12 @@ def decode(backend: Backend, prefix: Prefix, tasks: list[DecisionTask], stats: R
             for (task, path), (row, position) in zip(requests, placed)
         ]
         tokens_before = backend.counter.tokens_read
-        values = backend.score(prefix, rows, queries)
-        stats.rounds += 1
+        scored = backend.score(prefix, rows, queries, trunk=trunk)
+        stats.rounds += 1 if requests else 0
         stats.n_rows += len(rows)
-        stats.row_tokens += backend.counter.tokens_read - tokens_before  # distinct tokens read
-        for (task, path), query, logp in zip(requests, queries, values):
+        stats.row_tokens += backend.counter.tokens_read - tokens_before - len(trunk)  # distinct row tokens
+        prefix, trunk = scored.prefix, ()
+        for (task, path), query, logp in zip(requests, queries, scored.values):
             task.absorb(path, dict(zip(query.ids, logp.tolist())))
-    return [task.readout() for task in tasks]
+    assert prefix is not None  # score refuses a call with neither a prefix nor a trunk
+    return Decoded([task.readout() for task in tasks], prefix)

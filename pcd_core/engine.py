@@ -1,10 +1,18 @@
 """``Engine``: caches, waves and timings around one backend; wiring only, no math.
 
-A warm fill is four forward passes: the request prefill on the cached head, the first field alone,
-its answer line, and one packed pass for every other field (``depends_on`` adds two passes per extra
-wave). A cold fill adds the head prefill. Compiled schemas and head KV live in small LRUs. One lock
-serialises model access, so threads and async callers (``afill``, which runs in a worker thread) may
-share an engine. ``tests/test_engine.py`` checks the pass counts and the cache on the real model.
+A warm fill is two forward passes whatever the number of fields. The first reads the request (input
+and tail) after the cached head as the *trunk* of a small tree that holds the first field's decision
+points, so the first field is decided alone, in the pass that reads the request. The second reads
+that field's chosen answer line as the trunk every other row hangs from: the line is written in
+before the others are asked (seed 000), and read once, inside the packed pass. Each further
+``depends_on`` wave is one more pass, its trunk the answer lines of the wave before. A cold fill adds
+the head prefill. ``decide`` reads the state as the trunk of every question's row: one pass warm.
+Both go through ``Engine._read``, which fills the same ``Stats``.
+
+Compiled schemas and head KV live in small LRUs. One lock serialises model access, so threads and
+async callers (``afill``, which runs in a worker thread) may share an engine.
+``tests/test_engine.py`` checks the pass counts, every ``Stats`` field and the equality with the
+four-pass reading this replaced, on the real model.
 """
 
 from __future__ import annotations
@@ -14,20 +22,24 @@ import json
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from .asking import as_text, ask, render_decide_prompt
+from .asking import render_decide_prompt
 from .backends.base import Backend, Prefix
 from .compiler import CompiledSchema, compile_schema
-from .decoding import DecisionTask, RoundStats, check_strategy, decode
+from .deciding import plan_decide
+from .decoding import DecisionTask, Decoded, DecodeOptions, RoundStats, decode
 from .errors import PromptError
 from .models import DEFAULT_MODEL, load_backend
-from .prompt import PromptParts, normalise_input
-from .questions import DecideRequest, DecideResponse, Usage
+from .prompt import PromptParts
+from .questions import DecideResponse
 from .result import Extraction, FieldResult, Stats, mass_warnings
 from .schema import parse_schema
 from .tokenizer import TextTokenizer
+
+#: the warning of a request whose input merged with the head's last token
+BYPASSED = "the input merged with the cached head's last token; the whole prompt was read anew"
 
 
 class _Lru(OrderedDict):
@@ -35,7 +47,7 @@ class _Lru(OrderedDict):
         super().__init__()
         self.size = size
 
-    def get_or(self, key: Any, make) -> tuple[Any, bool]:
+    def get_or(self, key: Any, make: Callable[[], Any]) -> tuple[Any, bool]:
         if key in self:
             self.move_to_end(key)
             return self[key], True
@@ -84,8 +96,14 @@ class Engine:
         max_tokens_per_pass: int | None = None,
         row_layout: str = "auto",
         head_cache_size: int = 8,
+        max_pass_bytes: int | None = None,
     ) -> Engine:
+        """Load a model. ``max_tokens_per_pass`` (default 4096 row tokens) and ``max_pass_bytes``
+        (default 2 GiB of estimated KV and masks per pass) bound memory; see ``backends/base.py``.
+        """
         loaded, tokenizer, name = load_backend(model, backend, device, dtype, max_tokens_per_pass, row_layout)
+        if max_pass_bytes is not None:
+            loaded.max_pass_bytes = max_pass_bytes
         return cls(loaded, tokenizer, name, head_cache_size=head_cache_size)
 
     @property
@@ -93,54 +111,128 @@ class Engine:
         return self.backend.context_length
 
     # -- compile and cache --------------------------------------------------------------------
-    def compile(self, schema: Any) -> CompiledSchema:
+    def compile(self, schema: Any, task: str = "") -> CompiledSchema:
+        """Compile once per (schema, task); ``task`` is a sentence put after the instructions."""
         with self._compile_lock:
             compiled, _ = self._compiled.get_or(
-                schema_key(schema), lambda: compile_schema(parse_schema(schema), self.tokenizer)
+                (schema_key(schema), task), lambda: compile_schema(parse_schema(schema), self.tokenizer, task)
             )
             return compiled
 
-    def _head(self, compiled: CompiledSchema, use_cache: bool) -> tuple[Prefix, bool]:
+    def _head(self, head_ids: tuple[int, ...], use_cache: bool) -> tuple[Prefix, bool]:
         if not use_cache:
-            return self.backend.prefill(compiled.head_ids), False
-        return self._heads.get_or(compiled.head_ids, lambda: self.backend.prefill(compiled.head_ids))
+            return self.backend.prefill(head_ids), False
+        return self._heads.get_or(head_ids, lambda: self.backend.prefill(head_ids))
 
-    def warmup(self, schema: Any) -> Prefix:
+    def warmup(self, schema: Any, task: str = "") -> Prefix:
         """Compile the schema and prefill its head, so that the first request is already warm.
         Returns the cached head, which token-by-token baselines continue from.
         """
         with self._lock:
-            head, _ = self._head(self.compile(schema), use_cache=True)
+            head, _ = self._head(self.compile(schema, task).head_ids, use_cache=True)
             return head
 
+    # -- the one read path --------------------------------------------------------------------
+    def _read(
+        self,
+        head_ids: tuple[int, ...],
+        whole: tuple[int, ...],
+        tasks: list[DecisionTask],
+        stats: Stats,
+        rounds: RoundStats,
+        use_cache: bool = True,
+    ) -> tuple[Decoded, list[str]]:
+        """Read a head and a request, with the first ``tasks``' rows in the request's pass.
+
+        ``whole`` is the prompt up to the first rows, tokenized in one piece. The head comes from
+        the cache (or is prefilled); the rest of ``whole`` is the trunk the rows hang from. When the
+        request's first token merged with the head's last one, the cached head cannot be extended:
+        nothing of it is used, and the whole prompt is the trunk. Fills the head and prefill fields
+        of ``stats``; the caller holds the lock and calls ``_count`` when its passes are done.
+        """
+        stats.row_layout = self.backend.row_layout
+        clock = time.perf_counter()
+        rest = after_head(whole, head_ids)
+        head: Prefix | None = None
+        warnings: list[str] = []
+        if rest is None:
+            stats.head_cache, stats.cached_tokens, trunk = "bypassed", 0, whole
+            warnings.append(BYPASSED)
+        else:
+            head, hit = self._head(head_ids, use_cache)
+            stats.head_cache, stats.cached_tokens, trunk = ("hit", len(head_ids), rest) if hit else ("miss", 0, rest)
+        stats.head_ms = _ms(clock)
+        clock = time.perf_counter()
+        decoded = decode(self.backend, head, tasks, rounds, trunk=trunk)
+        stats.prefill_ms = _ms(clock)
+        stats.prompt_tokens = len(trunk)
+        return decoded, warnings
+
+    def _count(self, stats: Stats, rounds: RoundStats, passes_before: int, n_head: int) -> None:
+        """The totals of a request, once its last pass is read (under the lock)."""
+        stats.forward_passes = self.backend.forward_passes - passes_before
+        stats.n_rows, stats.row_tokens, stats.rounds = rounds.n_rows, rounds.row_tokens, rounds.rounds
+        # a bypassed head was read as part of the prompt, so it is in prompt_tokens already
+        head_tokens = 0 if stats.head_cache == "bypassed" else n_head
+        stats.input_tokens = head_tokens + stats.prompt_tokens + stats.row_tokens
+
     # -- fill ---------------------------------------------------------------------------------
-    def fill(self, schema: Any, text: str, *, strategy: str = "trie", use_head_cache: bool = True) -> Extraction:
-        """Decide every field of ``schema`` for ``text``; see the module docstring for the cost."""
-        check_strategy(strategy)
+    def fill(
+        self,
+        schema: Any,
+        text: str,
+        options: DecodeOptions | None = None,
+        *,
+        strategy: str | None = None,
+        task: str = "",
+        use_head_cache: bool = True,
+    ) -> Extraction:
+        """Decide every field of ``schema`` for ``text``; see the module docstring for the cost.
+
+        ``strategy="exact"`` is short for ``options=DecodeOptions(strategy="exact")`` (or overrides
+        the given options' strategy). ``task`` is an instruction put into the prompt after the
+        generic ones ("Triage the following support ticket."); each task text gets its own head.
+        """
+        options = _options(options, strategy)
         started = time.perf_counter()
-        compiled = self.compile(schema)
+        compiled = self.compile(schema, task)
         whole = self.request_ids(compiled, text)  # before the lock: no model needed, and a bad input costs none
         stats = Stats(compile_ms=_ms(started))
+        rounds = RoundStats()
+        results: dict[str, FieldResult] = {}
+        chosen: dict[str, int] = {}
+
+        def record(wave_index: int, decoded: Decoded) -> None:
+            for name, readout in zip(compiled.waves[wave_index], decoded.readouts):
+                chosen[name] = readout.best
+                spec = compiled.schema.field(name)
+                results[name] = FieldResult.from_readout(spec, readout, options.strategy, wave_index)
+
         with self._lock:
-            stats.row_layout = self.backend.row_layout
             passes_before = self.backend.forward_passes
+            decoded, warnings = self._read(
+                compiled.head_ids, whole, self._tasks(compiled, 0, options), stats, rounds, use_head_cache
+            )
+            record(0, decoded)
             clock = time.perf_counter()
-            head, hit = self._head(compiled, use_head_cache)
-            stats.head_ms, stats.head_cache = _ms(clock), "hit" if hit else "miss"
-            clock = time.perf_counter()
-            prefix, warnings = self._request_prefix(compiled, head, whole, stats)
-            stats.prefill_ms = _ms(clock)
-            clock = time.perf_counter()
-            results = self._decide_waves(compiled, prefix, strategy, stats)
+            for wave_index in range(1, len(compiled.waves)):
+                # the previous wave's answer lines, in schema order, are the trunk of this wave's rows
+                previous = set(compiled.waves[wave_index - 1])
+                lines = [t for f in compiled.fields if f.name in previous for t in f.answer_ids[chosen[f.name]]]
+                tasks = self._tasks(compiled, wave_index, options)
+                decoded = decode(self.backend, decoded.prefix, tasks, rounds, trunk=lines)
+                stats.prompt_tokens += len(lines)
+                record(wave_index, decoded)
             stats.decode_ms = _ms(clock)
-            stats.forward_passes = self.backend.forward_passes - passes_before
-        # a bypassed head was read as part of the prompt, so it is in prompt_tokens already
-        head_tokens = 0 if stats.head_cache == "bypassed" else len(compiled.head_ids)
-        stats.input_tokens = head_tokens + stats.prompt_tokens + stats.row_tokens
+            self._count(stats, rounds, passes_before, len(compiled.head_ids))
         stats.total_ms = _ms(started)
         ordered = {f.name: results[f.name] for f in compiled.schema.fields}
         value = compiled.schema.rebuild({name: r.value for name, r in ordered.items()})
         return Extraction(value, ordered, stats, warnings + mass_warnings(ordered))
+
+    @staticmethod
+    def _tasks(compiled: CompiledSchema, wave_index: int, options: DecodeOptions) -> list[DecisionTask]:
+        return [DecisionTask(compiled.field(name).trie, options.strategy) for name in compiled.waves[wave_index]]
 
     def request_ids(self, compiled: CompiledSchema, text: str) -> tuple[int, ...]:
         """The whole prompt's ids, tokenized in one piece, after checking that it fits the context.
@@ -156,41 +248,9 @@ class Engine:
             )
         return whole
 
-    def _request_prefix(
-        self, compiled: CompiledSchema, head: Prefix, whole: tuple[int, ...], stats: Stats
-    ) -> tuple[Prefix, list[str]]:
-        """Read the input and the tail after the head, checking the seam in context."""
-        rest = after_head(whole, compiled.head_ids)
-        if rest is not None:
-            stats.cached_tokens = len(compiled.head_ids) if stats.head_cache == "hit" else 0
-            stats.prompt_tokens = len(rest)
-            return self.backend.prefill(rest, parent=head), []
-        stats.head_cache, stats.prompt_tokens = "bypassed", len(whole)
-        return self.backend.prefill(whole), ["the input merged with the cached head; the head was re-read"]
-
-    def _decide_waves(
-        self, compiled: CompiledSchema, prefix: Prefix, strategy: str, stats: Stats
-    ) -> dict[str, FieldResult]:
-        results: dict[str, FieldResult] = {}
-        chosen: dict[str, int] = {}
-        rounds = RoundStats()
-        for wave_index, wave in enumerate(compiled.waves):
-            if wave_index:
-                # the previous wave's answers are written into the prompt, in schema order
-                previous = set(compiled.waves[wave_index - 1])
-                ids = [t for f in compiled.fields if f.name in previous for t in f.answer_ids[chosen[f.name]]]
-                prefix = self.backend.prefill(ids, parent=prefix)
-                stats.prompt_tokens += len(ids)
-            tasks = [DecisionTask(compiled.field(name).trie, strategy) for name in wave]
-            for name, readout in zip(wave, decode(self.backend, prefix, tasks, rounds)):
-                chosen[name] = readout.best
-                results[name] = FieldResult.from_readout(compiled.schema.field(name), readout, strategy, wave_index)
-        stats.n_rows, stats.row_tokens, stats.rounds = rounds.n_rows, rounds.row_tokens, rounds.rounds
-        return results
-
     def fill_many(self, schema: Any, texts: list[str], **options: Any) -> list[Extraction]:
         """Many inputs against one schema: the head is compiled and prefilled once for all of them."""
-        self.warmup(schema)
+        self.warmup(schema, options.get("task", ""))
         return [self.fill(schema, text, **options) for text in texts]
 
     async def afill(self, schema: Any, text: str, **options: Any) -> Extraction:
@@ -201,47 +261,32 @@ class Engine:
 
     # -- questions ----------------------------------------------------------------------------
     def decide(self, state: Any, questions: dict[str, Any]) -> DecideResponse:
-        """Jev-style questions over one state: one state prefill, then every question's row in one
-        packed pass. ``usage.input_tokens`` counts every token read: head, state and all rows.
+        """Jev-style questions over one state (``pcd_core/deciding.py``): the state is the trunk of
+        every question's row, one pass warm. ``usage.input_tokens`` counts every token read: head,
+        state and all rows.
         """
-        request = DecideRequest(state=state, questions=questions)
+        started = time.perf_counter()
         # everything that needs no model runs before the lock, so concurrent requests overlap here
         if self._decide_prompt is None:
             self._decide_prompt = render_decide_prompt(self.tokenizer)
-        prompt = self._decide_prompt
-        head_ids = self.tokenizer.encode_head(prompt.head)
-        state_text = prompt.head + normalise_input(as_text(request.state))
-        whole = self.tokenizer.encode_head(state_text)
-        asked = [ask(self.tokenizer, prompt, state_text, q, qid) for qid, q in request.questions.items()]
-        longest = max(max(len(v.ids) for v in a.trie.variants) for a in asked)
-        if len(whole) + longest > self.context_length:
-            raise PromptError(
-                f"the state and its longest question need {len(whole) + longest} tokens, over the "
-                f"model's context of {self.context_length}; shorten the state"
-            )
-        stats = Stats()
+        plan = plan_decide(self.tokenizer, self._decide_prompt, state, questions, self.context_length)
+        stats = Stats(compile_ms=_ms(started))
         rounds = RoundStats()
         with self._lock:
             passes_before = self.backend.forward_passes
-            stats.row_layout = self.backend.row_layout
-            head, hit = self._heads.get_or(head_ids, lambda: self.backend.prefill(head_ids))
-            rest = after_head(whole, head_ids)
-            if rest is not None:
-                prefix = self.backend.prefill(rest, parent=head)
-            else:
-                prefix, stats.head_cache = self.backend.prefill(whole), "bypassed"
-            tasks = [DecisionTask(a.trie, "trie", branch_norm=a.branch_norm) for a in asked]
-            readouts = decode(self.backend, prefix, tasks, rounds)
-            stats.forward_passes = self.backend.forward_passes - passes_before
-        stats.n_rows, stats.row_tokens, stats.rounds = rounds.n_rows, rounds.row_tokens, rounds.rounds
-        stats.prompt_tokens, stats.cached_tokens = len(whole) - len(head_ids), len(head_ids) if hit else 0
-        answers = {qid: a.answer(r) for qid, a, r in zip(request.questions, asked, readouts)}
-        stats.input_tokens = len(whole) + rounds.row_tokens
-        usage = Usage(input_tokens=stats.input_tokens)
-        return DecideResponse(model=self.model_name, answers=answers, usage=usage, stats=stats)
+            decoded, warnings = self._read(plan.head_ids, plan.whole, plan.tasks(), stats, rounds)
+            self._count(stats, rounds, passes_before, len(plan.head_ids))
+        stats.total_ms = _ms(started)
+        return plan.respond(self.model_name, decoded.readouts, stats, warnings)
 
     async def adecide(self, state: Any, questions: dict[str, Any]) -> DecideResponse:
         return await asyncio.to_thread(self.decide, state, questions)
+
+
+def _options(options: DecodeOptions | None, strategy: str | None) -> DecodeOptions:
+    """The call's options: the given ones (or the defaults), with ``strategy`` overriding theirs."""
+    options = options if options is not None else DecodeOptions()
+    return options if strategy is None else options.replace(strategy=strategy)
 
 
 def after_head(whole: Sequence[int], head_ids: Sequence[int]) -> tuple[int, ...] | None:

@@ -1,7 +1,7 @@
 """One root for every error the engine raises, so that each adapter can catch it in one place.
 
-HTTP maps SchemaError, PromptError and TokenizationError to 422; the MCP server turns them into tool
-errors. Soft problems (low candidate mass, a skipped cache) are warnings on the result instead.
+HTTP maps SchemaError, PromptError, TokenizationError and OptionError to 422; the MCP server turns
+them into tool errors. Soft problems (low candidate mass, a skipped cache) are warnings on the result instead.
 """
 
 from __future__ import annotations
@@ -19,8 +19,14 @@ class SchemaError(PcdError, ValueError):
         super().__init__(f"field {field!r}: {message}" if field is not None else message)
 
 
+class OptionError(PcdError, ValueError):
+    """A call option the engine does not offer (an unknown strategy): the caller's, not the schema's."""
+
+
 class PromptError(PcdError, ValueError):
-    """A prompt that cannot be built: a template that loses the input slot, or input over budget."""
+    """A prompt that cannot be built or read: a template that loses the input slot, an input over the
+    context, or a pass whose estimated memory is over the backend's ``max_pass_bytes``.
+    """
 
 
 class TokenizationError(PcdError, ValueError):

@@ -124,6 +124,7 @@ class DecideResponse(BaseModel):
     answers: dict[str, Answer]
     usage: Usage
     stats: Any = Field(default=None, exclude=True)
+    warnings: list[str] = Field(default_factory=list)  # a bypassed head cache, low candidate mass
 
     def to_wire(self) -> dict[str, Any]:
         wire: dict[str, Any] = {

@@ -14,20 +14,22 @@ LOW_MASS = 0.5
 
 @dataclass
 class Stats:
+    """The cost of one ``fill`` or ``decide``, filled by the engine's one read path for both."""
+
     forward_passes: int = 0
     input_tokens: int = 0  # every token read: the head (cached or not), the request and every row
-    prompt_tokens: int = 0  # tokens prefilled for this request outside the cached head
-    cached_tokens: int = 0  # head tokens served from the cache (0 on a miss)
-    row_tokens: int = 0
+    prompt_tokens: int = 0  # request and answer-line tokens read outside the head (all of it if bypassed)
+    cached_tokens: int = 0  # head tokens served from the cache (0 on a miss or a bypass)
+    row_tokens: int = 0  # distinct row tokens read
     n_rows: int = 0
     rounds: int = 0
-    compile_ms: float = 0.0
-    head_ms: float = 0.0
-    prefill_ms: float = 0.0
-    decode_ms: float = 0.0
+    compile_ms: float = 0.0  # schema compile (cached after the first call) or question rendering
+    head_ms: float = 0.0  # the head: a cache lookup, or its prefill on a miss
+    prefill_ms: float = 0.0  # the pass that reads the request, with the first decision points in it
+    decode_ms: float = 0.0  # every later wave
     total_ms: float = 0.0
     row_layout: str = "packed"
-    head_cache: str = "hit"
+    head_cache: str = "miss"  # "hit", "miss", or "bypassed" when the input merged with the head
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -86,10 +88,15 @@ class Extraction:
         }
 
 
-def mass_warnings(results: dict[str, FieldResult], threshold: float = LOW_MASS) -> list[str]:
+def low_mass_warnings(masses: dict[str, float], kind: str, threshold: float = LOW_MASS) -> list[str]:
+    """One warning per decision (``kind`` is "field" or "question") whose candidate mass is low."""
     return [
-        f"field {r.name!r}: candidate mass {r.candidate_mass:.3f} is below {threshold}; the model "
-        "wanted to write something that is not an allowed value"
-        for r in results.values()
-        if r.candidate_mass < threshold
+        f"{kind} {name!r}: candidate mass {mass:.3f} is below {threshold}; the model wanted to write "
+        "something that is not an allowed value"
+        for name, mass in masses.items()
+        if mass < threshold
     ]
+
+
+def mass_warnings(results: dict[str, FieldResult], threshold: float = LOW_MASS) -> list[str]:
+    return low_mass_warnings({r.name: r.candidate_mass for r in results.values()}, "field", threshold)

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from .backends.base import Backend, Prefix, Query, TokenTree
+from .backends.base import Backend, Prefix, Query, TokenTree, plan_chunks
 from .tokenizer import TextTokenizer
 
 
@@ -33,8 +33,11 @@ class OracleBackend(Backend):
         boosts: Mapping[tuple[int, ...], Mapping[int, float]] | None = None,
         context_length: int = 4096,
         max_tokens_per_pass: int | None = None,
+        max_pass_bytes: int | None = None,
     ) -> None:
-        super().__init__(context_length=context_length, max_tokens_per_pass=max_tokens_per_pass)
+        super().__init__(
+            context_length=context_length, max_tokens_per_pass=max_tokens_per_pass, max_pass_bytes=max_pass_bytes
+        )
         self._vocab = vocab_size
         self.window = window
         self.boosts = {tuple(k): dict(v) for k, v in (boosts or {}).items()}
@@ -61,46 +64,71 @@ class OracleBackend(Backend):
     def _prefill(self, ids: tuple[int, ...], parent: Prefix | None) -> tuple[int, ...]:
         return (parent.ids if parent is not None else ()) + ids
 
-    def _score_chunk(self, prefix: Prefix, tree: TokenTree, queries: list[Query]) -> list[np.ndarray]:
+    def _score_chunk(
+        self, prefix: Prefix | None, trunk: tuple[int, ...], tree: TokenTree, queries: list[Query]
+    ) -> tuple[list[np.ndarray], tuple[int, ...] | None]:
         rows = tree.rows
-        return [self.logp(prefix.ids + rows[q.row][: q.position + 1])[list(q.ids)] for q in queries]
+        before = (prefix.ids if prefix is not None else ()) + trunk
+        values = [self.logp(before + rows[q.row][: q.position + 1])[list(q.ids)] for q in queries]
+        return values, (before if trunk else None)
 
     def _prefix_logp(self, prefix: Prefix) -> np.ndarray:
         return self.logp(prefix.ids)
 
 
 class _ByteVocabulary:
-    """Just enough of a Hugging Face tokenizer for ``TextTokenizer``: UTF-8 bytes as token ids."""
+    """Just enough of a Hugging Face tokenizer for ``TextTokenizer``: UTF-8 bytes as token ids, and
+    optional merges of byte pairs into one token id above 256, as a BPE merge would.
+    """
 
     chat_template = None
     eos_token_id = 256
     unk_token_id = None
 
+    def __init__(self, merges: Mapping[bytes, int] | None = None) -> None:
+        self.merges = dict(merges or {})
+        assert all(len(pair) == 2 and token > 256 for pair, token in self.merges.items())
+
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        return list(text.encode("utf-8"))
+        data, ids, k = text.encode("utf-8"), [], 0
+        while k < len(data):
+            merged = self.merges.get(data[k : k + 2])
+            ids.append(data[k] if merged is None else merged)
+            k += 1 if merged is None else 2
+        return ids
 
     def decode(self, ids: list[int]) -> str:
-        return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+        spelled = {token: pair for pair, token in self.merges.items()}
+        return b"".join(spelled.get(i, bytes([i]) if i < 256 else b"") for i in ids).decode("utf-8", errors="replace")
 
     def convert_tokens_to_ids(self, token: str) -> None:
         return None
 
 
 class ByteTokenizer(TextTokenizer):
-    def __init__(self) -> None:
-        super().__init__(_ByteVocabulary())
+    r"""``merges`` maps byte pairs to token ids above 256: ``{b"\n#": 257}`` makes an input that starts
+    with ``#`` merge with a head that ends in a newline, the case the engine's head cache must bypass.
+    """
+
+    def __init__(self, merges: Mapping[bytes, int] | None = None) -> None:
+        super().__init__(_ByteVocabulary(merges))
 
 
-def oracle_engine(**backend_options: Any):
+def oracle_engine(merges: Mapping[bytes, int] | None = None, **backend_options: Any):
     """An ``Engine`` over the oracle LM and byte tokenizer: fast, deterministic, model-free."""
     from .engine import Engine
 
-    return Engine(OracleBackend(**backend_options), ByteTokenizer(), "oracle")
+    return Engine(OracleBackend(**backend_options), ByteTokenizer(merges), "oracle")
 
 
 def check_backend(backend: Backend, prompt: Sequence[int], rows: Sequence[Sequence[int]], atol: float = 1e-4) -> None:
-    """Assert the backend contract on ``prompt`` and two or more ``rows`` (token ids of the model)."""
+    """Assert the backend contract on ``prompt`` and two or more ``rows`` (token ids of the model).
+
+    A trunk must equal a prefill followed by a score (probabilities to 1e-5): the engine reads every
+    request that way, and its results must not depend on it.
+    """
     assert len(rows) >= 2 and all(rows), "check_backend needs at least two non-empty rows"
+    assert len(prompt) >= 4, "check_backend needs a prompt of four tokens or more"
     # one more row that starts like the first, so that a packed pass merges their shared token
     rows = [tuple(row) for row in rows] + [tuple(rows[0][:1]) + tuple(rows[1])]
     ids = tuple(sorted({int(t) for row in rows for t in row} | {0, 1}))
@@ -121,13 +149,14 @@ def check_backend(backend: Backend, prompt: Sequence[int], rows: Sequence[Sequen
     queries = [Query(r, p, ids) for r, row in enumerate(rows) for p in range(len(row))]
     snapshot = backend.next_logp(whole)
     batched = backend.score(whole, rows, queries)
+    assert batched.prefix is whole, "a score without a trunk must hand back its own prefix"
     np.testing.assert_allclose(backend.next_logp(whole), snapshot, atol=0, err_msg="score changed the prefix")
     for k, query in enumerate(queries):
-        single = backend.score(whole, [rows[query.row]], [Query(0, query.position, ids)])[0]
-        np.testing.assert_allclose(batched[k], single, atol=atol, err_msg="batched rows differ from single rows")
+        single = backend.score(whole, [rows[query.row]], [Query(0, query.position, ids)]).values[0]
+        np.testing.assert_allclose(batched.values[k], single, atol=atol, err_msg="batched rows differ from single rows")
         extended = backend.prefill(rows[query.row][: query.position + 1], parent=whole)
         np.testing.assert_allclose(
-            batched[k],
+            batched.values[k],
             backend.next_logp(extended)[list(ids)],
             atol=atol,
             err_msg="a query does not read the position it names",
@@ -139,10 +168,48 @@ def check_backend(backend: Backend, prompt: Sequence[int], rows: Sequence[Sequen
         chunked = backend.score(whole, rows, queries)
     finally:
         backend.max_tokens_per_pass = saved
-    for got, want in zip(chunked, batched):
+    for got, want in zip(chunked.values, batched.values):
         np.testing.assert_allclose(got, want, atol=atol, err_msg="chunking changed a result")
+    _check_trunk(backend, prompt, rows, queries, atol)
 
     full = backend.next_logp(whole)
     total = float(np.logaddexp.reduce(full))
     assert abs(total) < 1e-3, f"log-probs are not normalised: logsumexp = {total}"
     assert full.shape == (backend.vocab_size,), f"next_logp has shape {full.shape}, not the vocabulary"
+
+
+def _check_trunk(
+    backend: Backend, prompt: Sequence[int], rows: list[tuple[int, ...]], queries: list[Query], atol: float
+) -> None:
+    """A trunk read with the rows equals the trunk prefilled, then the rows scored after it.
+
+    Log-probs must agree to ``atol``, probabilities to 1e-5: in float32 a different pass shape
+    reorders sums, which moves the log-prob of a token at -12 nats by about 2e-5, and the engine's
+    results are probabilities.
+    """
+    ids = queries[0].ids
+    half = len(prompt) // 2
+    parent = backend.prefill(prompt[:half])
+    prefilled = backend.prefill(prompt[half:], parent=parent)
+    reference = backend.score(prefilled, rows, queries).values + [backend.next_logp(prefilled)[list(ids)]]
+    # a trunk on a prefix in one pass, and the whole prompt as a trunk on nothing, one row per pass
+    for prefix, trunk, limit in ((parent, tuple(prompt[half:]), backend.max_tokens_per_pass), (None, tuple(prompt), 1)):
+        saved, passes = backend.max_tokens_per_pass, backend.forward_passes
+        backend.max_tokens_per_pass = limit
+        try:
+            scored = backend.score(prefix, rows, queries + [Query(0, -1, ids)], trunk=trunk)
+        finally:
+            backend.max_tokens_per_pass = saved
+        where = f"a trunk of {len(trunk)} tokens on {'a prefix' if prefix else 'nothing'}, chunk limit {limit}"
+        if len(plan_chunks(rows, limit)) == 1 and backend.packs_trunk:
+            assert backend.forward_passes - passes == 1, f"{where}: a trunk and its rows are not one pass"
+        for got, want in zip(scored.values, reference, strict=True):
+            np.testing.assert_allclose(
+                got, want, atol=atol, err_msg=f"{where}: a log-prob differs from prefill + score"
+            )
+            np.testing.assert_allclose(np.exp(got), np.exp(want), atol=1e-5, err_msg=f"{where}: a probability differs")
+        assert scored.prefix.ids == tuple(prompt), f"{where}: the extended prefix has the wrong ids"
+        # the kept KV must serve a later pass as a prefilled prefix does
+        later = backend.score(scored.prefix, rows, queries[:1]).values[0]
+        np.testing.assert_allclose(later, reference[0], atol=atol, err_msg=f"{where}: the extended prefix differs")
+    assert (parent.ids, prefilled.ids) == (tuple(prompt[:half]), tuple(prompt)), "a trunk changed its prefix"

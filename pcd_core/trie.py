@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Literal, get_args
 
 from .errors import TokenizationError
 
 Path = tuple[int, ...]  # token ids below the row
-STRATEGIES = ("trie", "greedy", "exact")
+Strategy = Literal["trie", "greedy", "exact"]
+STRATEGIES: tuple[Strategy, ...] = get_args(Strategy)
 
 
 @dataclass(frozen=True)

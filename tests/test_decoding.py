@@ -67,7 +67,7 @@ def run(oracle, strategy, branch_norm=False):
     prefix = oracle.prefill(PROMPT)
     task = DecisionTask(LabelTrie(variants(), "field"), strategy, branch_norm)
     stats = RoundStats()
-    return decode(oracle, prefix, [task], stats)[0], stats
+    return decode(oracle, prefix, [task], stats).readouts[0], stats
 
 
 @pytest.mark.parametrize("strategy", ["trie", "exact"])
@@ -138,7 +138,7 @@ def test_chunking_changes_nothing_but_the_pass_count():
         prefix = backend.prefill(PROMPT)
         other = tuple(Variant(v.label, (50,) + v.ids) for v in variants())
         tasks = [DecisionTask(LabelTrie(variants(), "a")), DecisionTask(LabelTrie(other, "b"))]
-        return decode(backend, prefix, tasks, RoundStats())
+        return decode(backend, prefix, tasks, RoundStats()).readouts
 
     whole, chunked = OracleBackend(), OracleBackend(max_tokens_per_pass=1)
     assert [r.probabilities for r in two_fields(whole)] == [r.probabilities for r in two_fields(chunked)]
@@ -148,7 +148,7 @@ def test_chunking_changes_nothing_but_the_pass_count():
 def test_query_after_the_prefix_reads_its_last_position():
     oracle = OracleBackend()
     prefix = oracle.prefill(PROMPT)
-    got = oracle.score(prefix, [], [Query(0, -1, (3, 4))])[0]
+    got = oracle.score(prefix, [], [Query(0, -1, (3, 4))]).values[0]
     np.testing.assert_allclose(got, oracle.logp(PROMPT)[[3, 4]])
 
 
@@ -171,4 +171,4 @@ def test_oracle_engine_first_field_equals_brute_force_over_the_whole_prompt():
         total = sum(engine.backend.logp(context + v.ids[:k])[v.ids[k]] for k in range(start, stop))
         masses[v.label] += math.exp(total)
     assert result.fields["flag"].probabilities["true"] == pytest.approx(masses[0] / sum(masses), abs=1e-12)
-    assert result.stats.forward_passes == 5  # head, input, first field, its answer, the rest
+    assert result.stats.forward_passes == 3  # head; input with the first field; its answer with the rest

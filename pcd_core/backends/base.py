@@ -6,22 +6,32 @@ A backend knows nothing about schemas, labels or JSON. It offers:
     Reads ``ids`` after ``parent`` (or from scratch) and returns a new, immutable ``Prefix``.
     The parent is never modified, so one cached head can serve any number of requests.
 
-``score(prefix, rows, queries) -> list[np.ndarray]``
-    Every row continues ``prefix``; rows never see each other. Each ``Query(row, position, ids)``
+``score(prefix, rows, queries, trunk=()) -> Scored``
+    Reads the *trunk* tokens right after ``prefix`` (``prefix`` may be None when the trunk is the
+    whole prompt), then hangs every row from the trunk's end: each row token sees the prefix, the
+    whole trunk and the earlier tokens of its own row, never another row. The trunk is the common
+    root of the packed tree, so one pass reads a request together with its first decision points,
+    or an answer line together with every row asked after it. Each ``Query(row, position, ids)``
     returns the full-vocabulary log-softmax after token ``rows[row][position]`` (``position == -1``
-    means after the prefix's own last token), gathered at ``ids``, as float64. The prefix is never
-    modified.
+    means after the trunk's last token, or the prefix's when there is no trunk), gathered at
+    ``ids``, as float64: ``Scored.values``, one array per query. ``Scored.prefix`` is the prefix
+    extended by the trunk, its KV kept exactly as ``prefill(trunk, parent=prefix)`` would return
+    it, so that the next pass continues from it; with no trunk it is ``prefix`` itself. Neither the
+    given prefix nor any row is kept.
 
 ``next_logp(prefix)``, the full-vocabulary log-softmax after a prefix, exists for token-by-token
 baselines only; the engine itself never needs a whole vocabulary.
 
-Memory is bounded by one knob, ``max_tokens_per_pass``: the row tokens read in one forward pass. The
-base class splits rows into such chunks (whole rows, never a row across two chunks), so chunking
-cannot change a result, only the number of passes. Each pass's rows reach the backend as one
-``TokenTree``, rows that start alike merged, so that their shared tokens are read once;
-``tokens_read`` counts those distinct tokens.
+Memory is bounded by two settings. ``max_tokens_per_pass`` (default 4096) is the number of row
+tokens read in one forward pass: the base class splits rows into such chunks (whole rows, never a
+row across two chunks), so chunking cannot change a result, only the number of passes; the trunk goes
+with the first chunk and later chunks hang from the extended prefix. ``max_pass_bytes`` (default
+2 GiB) caps one pass's estimated KV and attention-mask bytes: a call whose pass would need more is
+refused with ``PromptError`` before any pass runs, instead of building an n-by-n mask that does not
+fit. Each pass's rows reach the backend as one ``TokenTree``, rows that start alike merged, so that
+their shared tokens are read once; ``tokens_read`` counts those distinct tokens plus the trunk.
 Every pass is counted in ``forward_passes``; `pcd_core.testing.check_backend` proves the rest of the
-contract for any backend.
+contract for any backend, a trunk equal to a prefill followed by a score included.
 """
 
 from __future__ import annotations
@@ -56,6 +66,22 @@ class Prefix:
     @property
     def n_tokens(self) -> int:
         return len(self.ids)
+
+
+@dataclass(frozen=True, eq=False)
+class Scored:
+    """What ``Backend.score`` returns: one log-prob array per query, and the prefix extended by the
+    trunk (the given prefix when there was none), from which the next pass continues.
+    """
+
+    values: list[np.ndarray]
+    prefix: Prefix
+
+
+#: row tokens per forward pass when the caller sets no limit: a few thousand rows' worth of masks
+DEFAULT_MAX_TOKENS_PER_PASS = 4096
+#: estimated KV and mask bytes one pass may need before ``score`` refuses it
+DEFAULT_MAX_PASS_BYTES = 2 * 2**30
 
 
 @dataclass
@@ -118,6 +144,17 @@ class TokenTree:
             allowed[i, i] = True
         return allowed
 
+    def with_trunk(self, n_trunk: int) -> np.ndarray:
+        """[t + n, t + n] boolean over the trunk's t tokens then the tree's: the trunk is causal, and
+        every tree token sees the whole trunk and its own ancestors.
+        """
+        n = len(self.tokens)
+        allowed = np.zeros((n_trunk + n, n_trunk + n), dtype=bool)
+        allowed[:n_trunk, :n_trunk] = np.tril(np.ones((n_trunk, n_trunk), dtype=bool))
+        allowed[n_trunk:, :n_trunk] = True
+        allowed[n_trunk:, n_trunk:] = self.ancestors()
+        return allowed
+
 
 def pack_tree(rows: list[tuple[int, ...]]) -> TokenTree:
     tree = TokenTree([], [], [], [])
@@ -143,17 +180,34 @@ class Backend(ABC):
     name: str = "backend"
     #: how rows share the prefix: "packed" (one sequence, tree mask) or "copies" (a KV copy per row)
     row_layout: str = "packed"
+    #: bytes of keys and values per token over all layers; the memory estimate of a pass reads it
+    kv_bytes_per_token: int = 0
+    #: bytes per (query, key) entry of the attention masks a pass builds
+    mask_bytes_per_entry: int = 1
 
-    def __init__(self, *, context_length: int, max_tokens_per_pass: int | None = None) -> None:
-        if max_tokens_per_pass is not None and max_tokens_per_pass < 1:
-            raise ValueError(f"max_tokens_per_pass must be positive, got {max_tokens_per_pass!r}")
+    def __init__(
+        self,
+        *,
+        context_length: int,
+        max_tokens_per_pass: int | None = None,
+        max_pass_bytes: int | None = None,
+    ) -> None:
+        for name, value in (("max_tokens_per_pass", max_tokens_per_pass), ("max_pass_bytes", max_pass_bytes)):
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be positive, got {value!r}")
         self.context_length = context_length
-        self.max_tokens_per_pass = max_tokens_per_pass
+        self.max_tokens_per_pass: int | None = max_tokens_per_pass or DEFAULT_MAX_TOKENS_PER_PASS
+        self.max_pass_bytes: int | None = max_pass_bytes or DEFAULT_MAX_PASS_BYTES
         self.counter = PassCounter()
 
     @property
     def forward_passes(self) -> int:
         return self.counter.forward_passes
+
+    @property
+    def packs_trunk(self) -> bool:
+        """Whether ``_score_chunk`` reads a trunk in its own pass; if not, ``score`` prefills it first."""
+        return self.row_layout == "packed"
 
     # -- the contract -------------------------------------------------------------------------
     def prefill(self, ids: Sequence[int], parent: Prefix | None = None) -> Prefix:
@@ -167,36 +221,71 @@ class Backend(ABC):
         state = self._prefill(ids, parent)
         return Prefix(ids=(parent.ids if parent is not None else ()) + ids, state=state)
 
-    def score(self, prefix: Prefix, rows: Sequence[Sequence[int]], queries: Sequence[Query]) -> list[np.ndarray]:
-        rows = [tuple(int(i) for i in row) for row in rows]
-        self._check_queries(prefix, rows, queries)
-        longest = max((len(row) for row in rows), default=0)
-        if prefix.n_tokens + longest > self.context_length:
+    def score(
+        self,
+        prefix: Prefix | None,
+        rows: Sequence[Sequence[int]],
+        queries: Sequence[Query],
+        trunk: Sequence[int] = (),
+    ) -> Scored:
+        given: list[tuple[int, ...]] = [tuple(int(i) for i in row) for row in rows]
+        trunk = tuple(int(i) for i in trunk)
+        if (prefix is None or prefix.n_tokens == 0) and not trunk:
+            raise BackendError("score needs a non-empty prefix or a trunk")
+        self._check_queries(given, queries)
+        start = (prefix.n_tokens if prefix is not None else 0) + len(trunk)
+        longest = max((len(row) for row in given), default=0)
+        if start + longest > self.context_length:
             raise PromptError(
-                f"a row reaches {prefix.n_tokens + longest} tokens, over the model's context of {self.context_length}"
+                f"a row reaches {start + longest} tokens, over the model's context of {self.context_length}"
             )
+        passes = []  # (rows of the chunk, the queries it answers), only chunks that answer one
+        for chunk in plan_chunks(given, self.max_tokens_per_pass):
+            local = {row: n for n, row in enumerate(chunk)}
+            picked = [k for k, q in enumerate(queries) if q.row in local and q.position >= 0]
+            if picked:
+                tree = pack_tree([given[row] for row in chunk])
+                passes.append(
+                    (tree, picked, [Query(local[queries[k].row], queries[k].position, queries[k].ids) for k in picked])
+                )
+        carried = len(trunk) if self.packs_trunk else 0  # trunk tokens that go into the first pass
+        before = (prefix.n_tokens if prefix is not None else 0) + len(trunk) - carried
+        self._check_memory(before, carried, [tree for tree, _, _ in passes])
+        if trunk and (not passes or not self.packs_trunk):
+            prefix, trunk = self.prefill(trunk, parent=prefix), ()
         results: list[np.ndarray | None] = [None] * len(queries)
+        for tree, picked, chunk_queries in passes:
+            # a packed pass reads the tree's distinct tokens; a pass of copies reads every row whole
+            read = len(tree.tokens) if self.row_layout == "packed" else sum(map(len, tree.node_of))
+            self.counter.add(len(trunk) + read)
+            values, state = self._score_chunk(prefix, trunk, tree, chunk_queries)
+            for k, value in zip(picked, values):
+                results[k] = np.asarray(value, dtype=np.float64)
+            if trunk:
+                prefix = Prefix(ids=(prefix.ids if prefix is not None else ()) + trunk, state=state)
+                trunk = ()
+        assert prefix is not None  # a trunk was read by now, or there was a prefix
         after_prefix = [k for k, q in enumerate(queries) if q.position == -1]
         if after_prefix:
             logp = self._prefix_logp(prefix)
             for k in after_prefix:
                 results[k] = logp[list(queries[k].ids)].astype(np.float64)
-        for chunk in plan_chunks(rows, self.max_tokens_per_pass):
-            local = {row: n for n, row in enumerate(chunk)}
-            picked = [k for k, q in enumerate(queries) if q.row in local and q.position >= 0]
-            if not picked:
-                continue
-            tree = pack_tree([rows[row] for row in chunk])
-            chunk_queries = [Query(local[queries[k].row], queries[k].position, queries[k].ids) for k in picked]
-            # a packed pass reads the tree's distinct tokens; a pass of copies reads every row whole
-            self.counter.add(len(tree.tokens) if self.row_layout == "packed" else sum(map(len, tree.node_of)))
-            for k, values in zip(picked, self._score_chunk(prefix, tree, chunk_queries)):
-                results[k] = np.asarray(values, dtype=np.float64)
-        return [r if r is not None else np.zeros(0) for r in results]
+        return Scored([r if r is not None else np.zeros(0) for r in results], prefix)
 
     def next_logp(self, prefix: Prefix) -> np.ndarray:
         """Full-vocabulary log-softmax after the prefix (for token-by-token baselines)."""
         return np.asarray(self._prefix_logp(prefix), dtype=np.float64)
+
+    def pass_bytes(self, n_context: int, n_trunk: int, tree: TokenTree) -> int:
+        """Estimated KV and mask bytes of one pass over ``tree`` after ``n_context`` cached tokens."""
+        if self.row_layout == "packed":
+            n_new = n_trunk + len(tree.tokens)
+            n_keys = n_context + n_new
+            return self.kv_bytes_per_token * n_keys + self.mask_bytes_per_entry * n_new * n_keys
+        # copies: every row gets its own prefix, padded to the longest row
+        width, batch = max(map(len, tree.node_of)), len(tree.node_of)
+        n_keys = n_context + width
+        return batch * (self.kv_bytes_per_token * n_keys + self.mask_bytes_per_entry * width * n_keys)
 
     # -- hooks --------------------------------------------------------------------------------
     @abstractmethod
@@ -204,9 +293,13 @@ class Backend(ABC):
         """Read ``ids`` after ``parent`` and return the new prefix's state, leaving the parent's intact."""
 
     @abstractmethod
-    def _score_chunk(self, prefix: Prefix, tree: TokenTree, queries: list[Query]) -> list[np.ndarray]:
-        """One forward pass over the rows of ``tree`` after ``prefix``; one gathered log-prob array
-        per query. A query names a row and a position in it; ``tree.node_of`` maps that to a token.
+    def _score_chunk(
+        self, prefix: Prefix | None, trunk: tuple[int, ...], tree: TokenTree, queries: list[Query]
+    ) -> tuple[list[np.ndarray], Any]:
+        """One forward pass over ``trunk`` then the rows of ``tree`` after ``prefix``: one gathered
+        log-prob array per query, and the state of prefix + trunk (None without a trunk). A query
+        names a row and a position in it; ``tree.node_of`` maps that to a token. A backend whose
+        ``packs_trunk`` is false never gets a trunk.
         """
 
     @abstractmethod
@@ -220,7 +313,7 @@ class Backend(ABC):
 
     # -- shared checks ------------------------------------------------------------------------
     @staticmethod
-    def _check_queries(prefix: Prefix, rows: list[tuple[int, ...]], queries: Sequence[Query]) -> None:
+    def _check_queries(rows: list[tuple[int, ...]], queries: Sequence[Query]) -> None:
         for query in queries:
             if query.position == -1:
                 continue
@@ -232,5 +325,22 @@ class Backend(ABC):
                 )
             if not query.ids:
                 raise BackendError(f"query {query!r} asks for no token ids")
-        if prefix.n_tokens == 0:
-            raise BackendError("score needs a non-empty prefix")
+
+    def _check_memory(self, n_context: int, n_trunk: int, trees: list[TokenTree]) -> None:
+        """Refuse, before any pass, a call whose largest pass is estimated over ``max_pass_bytes``;
+        the trunk's ``n_trunk`` tokens go with the first pass, later passes see them as context.
+        """
+        if self.max_pass_bytes is None or not trees:
+            return
+        estimates = [
+            self.pass_bytes(n_context + (0 if k == 0 else n_trunk), n_trunk if k == 0 else 0, tree)
+            for k, tree in enumerate(trees)
+        ]
+        worst = max(estimates)
+        if worst > self.max_pass_bytes:
+            raise PromptError(
+                f"one forward pass would need about {worst / 2**20:.0f} MiB of KV and masks, over the "
+                f"backend's max_pass_bytes of {self.max_pass_bytes / 2**20:.0f} MiB "
+                f"(max_tokens_per_pass is {self.max_tokens_per_pass}); lower max_tokens_per_pass, "
+                "ask fewer questions per request, or raise max_pass_bytes"
+            )

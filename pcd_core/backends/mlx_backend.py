@@ -5,10 +5,11 @@ layers (projections, norms, rotary embedding, MLP) in a loop of its own:
 
 - ``prefill`` attends the new tokens to the parent's keys and values and returns new per-layer
   arrays; mlx arrays are immutable, so the parent cannot change.
-- ``score`` packs every row into one sequence after the prefix, as a ``TokenTree`` (rows that start
-  alike share those tokens). Each token gets its own rotary position (prefix length + its depth in
-  the tree) and a tree mask lets it see the prefix and its own ancestors only, so rows share the
-  prefix keys and values without a copy per row and carry no padding. On the Linux CPU wheel
+- ``score`` packs the trunk and then every row into one sequence after the prefix, the rows as a
+  ``TokenTree`` (rows that start alike share those tokens). Each token gets its own rotary position
+  (the trunk's end + its depth in the tree) and a tree mask lets it see the prefix, the trunk and its
+  own ancestors only, so rows share the prefix keys and values without a copy per row and carry no
+  padding. The trunk's keys and values are kept as the extended prefix. On the Linux CPU wheel
   (SmolLM2 Q4_1, 300-token prefix, 12 rows of 122 tokens, 156 when padded) one row pass took
   29-35 s packed, 38-40 s as a padded batch that attends to the prefix broadcast from batch size 1,
   and 40-41 s with ``mx.repeat`` copies: the pass is bound by matmuls over row tokens, so padding
@@ -74,6 +75,11 @@ class MlxBackend(Backend):
             )
         self.model = model
         self._layers = list(model.layers)
+        args = model.args
+        n_kv = getattr(args, "num_key_value_heads", None) or args.num_attention_heads
+        head_dim = getattr(args, "head_dim", None) or args.hidden_size // args.num_attention_heads
+        self.kv_bytes_per_token = 2 * len(self._layers) * int(n_kv) * int(head_dim) * 4
+        self.mask_bytes_per_entry = 2  # the numpy mask and its mx copy, one byte each
         # Gemma 3 wraps both sublayers in norms ("sandwich") and scales the embeddings by
         # sqrt(hidden). mlx-lm rounds that factor to bfloat16 (25.25 for 640) where transformers
         # keeps float32 (25.298); on Gemma 3 270M the rounding alone moved log-probs by 0.023 nats
@@ -130,12 +136,16 @@ class MlxBackend(Backend):
         mx.eval(state.keys, state.values, state.last_hidden)
         return state
 
-    def _score_chunk(self, prefix: Prefix, tree: TokenTree, queries: list[Query]) -> list[np.ndarray]:
-        state: _PrefixState = prefix.state
-        n_prefix = prefix.n_tokens
-        positions = n_prefix + np.array(tree.depth)
+    def _score_chunk(
+        self, prefix: Prefix | None, trunk: tuple[int, ...], tree: TokenTree, queries: list[Query]
+    ) -> tuple[list[np.ndarray], _PrefixState | None]:
+        state: _PrefixState | None = prefix.state if prefix is not None else None
+        n_prefix, n_trunk = (prefix.n_tokens if prefix is not None else 0), len(trunk)
+        positions = n_prefix + np.concatenate([np.arange(n_trunk), n_trunk + np.array(tree.depth, dtype=int)])
         q_pos = positions[:, None]
-        own_row = tree.ancestors()
+        own_row = tree.with_trunk(n_trunk)
+        keys: list[Any] = []
+        values: list[Any] = []
         masks = {
             window: mx.array(
                 np.concatenate(
@@ -150,12 +160,21 @@ class MlxBackend(Backend):
         }
 
         def attend(index: int, q: Any, k: Any, v: Any) -> Any:
-            k = mx.concatenate([state.keys[index], k], axis=2)
-            v = mx.concatenate([state.values[index], v], axis=2)
+            if state is not None:
+                k = mx.concatenate([state.keys[index], k], axis=2)
+                v = mx.concatenate([state.values[index], v], axis=2)
+            if trunk:
+                keys.append(k[:, :, : n_prefix + n_trunk])
+                values.append(v[:, :, : n_prefix + n_trunk])
             return self._attention(index, q, k, v, masks[self._windows[index]])
 
-        hidden = self._run_layers(mx.array([tree.tokens]), mx.array(positions), attend)[0]
-        return self._gather(hidden, [tree.node_of[q.row][q.position] for q in queries], queries)
+        hidden = self._run_layers(mx.array([list(trunk) + tree.tokens]), mx.array(positions), attend)[0]
+        gathered = self._gather(hidden, [n_trunk + tree.node_of[q.row][q.position] for q in queries], queries)
+        if not trunk:
+            return gathered, None
+        kept = _PrefixState(keys=tuple(keys), values=tuple(values), last_hidden=hidden[n_trunk - 1])
+        mx.eval(kept.keys, kept.values, kept.last_hidden)
+        return gathered, kept
 
     def _prefix_logp(self, prefix: Prefix) -> np.ndarray:
         logp = self._logp(prefix.state.last_hidden[None])[0]
@@ -235,11 +254,12 @@ class MlxBackend(Backend):
             reference_input["input_embeddings"] = self._embed(mx.array([ids])) / rounded
         full = self.model(mx.array([ids]), **reference_input).astype(mx.float32)[0]
         expected = np.array(full - mx.logsumexp(full, axis=-1, keepdims=True))
-        prefix = Prefix(ids=tuple(ids[:4]), state=self._prefill(tuple(ids[:4]), None))
+        # tokens 0-2 prefilled, token 3 read as a trunk, the rest as two rows hanging from it
+        prefix = Prefix(ids=tuple(ids[:3]), state=self._prefill(tuple(ids[:3]), None))
         rows = [tuple(ids[4:]), tuple(ids[4:6])]
         queries = [Query(0, p, tuple(ids)) for p in range(4)] + [Query(1, 1, tuple(ids))]
-        got = self._score_chunk(prefix, pack_tree(rows), queries)
-        got_prefix = self._prefix_logp(prefix)[ids]
+        got, kept = self._score_chunk(prefix, tuple(ids[3:4]), pack_tree(rows), queries)
+        got_prefix = self._prefix_logp(Prefix(ids=tuple(ids[:4]), state=kept))[ids]
         diffs = [np.abs(got_prefix - expected[3, ids]).max()]
         diffs += [np.abs(got[p] - expected[4 + p, ids]).max() for p in range(4)]
         diffs.append(np.abs(got[4] - expected[5, ids]).max())

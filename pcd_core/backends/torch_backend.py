@@ -1,14 +1,16 @@
 """The PyTorch backend: any ``transformers`` causal LM, on CPU or CUDA.
 
-Rows share the prefix KV without a copy per row. All rows of a pass are packed into one sequence
-after the prefix, under a tree-shaped 4D mask: each token sees the whole prefix and the earlier tokens
-of its own row, and each row's positions restart at the prefix length. Models with sliding-window
+Rows share the prefix KV without a copy per row. A pass packs the trunk and then every row into one
+sequence after the prefix, under a tree-shaped 4D mask: the trunk is causal, each row token sees the
+whole prefix, the whole trunk and the earlier tokens of its own row, and each row's positions restart
+at the trunk's end. The trunk's keys and values are kept, so the pass also returns the extended prefix. Models with sliding-window
 layers (Gemma 3) get a second mask with the window applied. The output head runs only at queried
 positions: on this CPU the head over every row token cost as much as the whole input prefill.
 
 The packed path is checked against a plain full forward pass when the backend is built. A model whose
 attention ignores custom masks fails that check and falls back to ``copies`` (one broadcast KV per
-row, padded), which ``stats.row_layout`` reports; if that fails too the backend refuses to load.
+row, padded), which ``stats.row_layout`` reports; if that fails too the backend refuses to load. The
+copies fallback reads a trunk as a prefill of its own (one more pass) instead of once per row.
 """
 
 from __future__ import annotations
@@ -44,13 +46,14 @@ class TorchState:
 
 
 class _PrefixLayer(DynamicLayer):
-    """A cache layer over existing tensors. ``update`` returns prefix + new states and keeps them only
-    when ``grow`` is set (prefill); for scoring the concatenation lives for one layer, then goes.
+    """A cache layer over existing tensors. ``update`` returns prefix + new states and keeps the first
+    ``keep`` of them (all for a prefill, prefix + trunk for a pass with a trunk, none otherwise); what
+    it does not keep lives for one layer, then goes.
     """
 
-    def __init__(self, keys: torch.Tensor | None, values: torch.Tensor | None, grow: bool) -> None:
+    def __init__(self, keys: torch.Tensor | None, values: torch.Tensor | None, keep: int | None) -> None:
         super().__init__()
-        self.grow = grow
+        self.keep = keep
         if keys is not None:
             self.keys, self.values = keys, values
             self.device = keys.device
@@ -61,8 +64,11 @@ class _PrefixLayer(DynamicLayer):
             self.lazy_initialization(key_states, value_states)
         keys = torch.cat([self.keys, key_states], dim=-2)
         values = torch.cat([self.values, value_states], dim=-2)
-        if self.grow:
+        if self.keep is None:
             self.keys, self.values = keys, values
+        elif self.keep:
+            # a copy, so that the rows' states are not held alive behind a view
+            self.keys, self.values = keys[..., : self.keep, :].clone(), values[..., : self.keep, :].clone()
         return keys, values
 
 
@@ -82,6 +88,13 @@ class TorchBackend(Backend):
         self.window = getattr(config, "sliding_window", None)
         self.softcap = getattr(config, "final_logit_softcapping", None)
         self._vocab = int(self.head.weight.shape[0])
+        dtype = next(model.parameters()).dtype
+        n_kv = int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
+        head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
+        element = torch.finfo(dtype).bits // 8
+        self.kv_bytes_per_token = 2 * self.n_layers * n_kv * head_dim * element
+        # the boolean mask, its additive copy in the model's dtype, and the tree's numpy ancestors
+        self.mask_bytes_per_entry = 2 + element
         self.row_layout = self._choose_layout(row_layout)
 
     @property
@@ -89,28 +102,32 @@ class TorchBackend(Backend):
         return self._vocab
 
     # -- prefill ------------------------------------------------------------------------------
-    def _cache(self, prefix: Prefix | None, grow: bool) -> Cache:
+    def _cache(self, prefix: Prefix | None, keep: int | None) -> Cache:
         if prefix is None:
-            return Cache(layers=[_PrefixLayer(None, None, grow) for _ in range(self.n_layers)])
+            return Cache(layers=[_PrefixLayer(None, None, keep) for _ in range(self.n_layers)])
         state: TorchState = prefix.state
-        return Cache(layers=[_PrefixLayer(k, v, grow) for k, v in zip(state.keys, state.values)])
+        return Cache(layers=[_PrefixLayer(k, v, keep) for k, v in zip(state.keys, state.values)])
+
+    @staticmethod
+    def _kept(cache: Cache, last_hidden: torch.Tensor) -> TorchState:
+        layers = cache.layers
+        return TorchState(
+            keys=tuple(layer.keys for layer in layers),
+            values=tuple(layer.values for layer in layers),
+            last_hidden=last_hidden.detach(),
+        )
 
     @torch.inference_mode()
     def _prefill(self, ids: tuple[int, ...], parent: Prefix | None) -> TorchState:
         start = parent.n_tokens if parent is not None else 0
-        cache = self._cache(parent, grow=True)
+        cache = self._cache(parent, keep=None)
         out = self.decoder(
             input_ids=torch.tensor([ids], device=self.device),
             position_ids=torch.arange(start, start + len(ids), device=self.device)[None],
             cache=cache,
             use_cache=True,
         )
-        layers = cache.layers
-        return TorchState(
-            keys=tuple(layer.keys for layer in layers),
-            values=tuple(layer.values for layer in layers),
-            last_hidden=out.last_hidden_state[0, -1].detach(),
-        )
+        return self._kept(cache, out.last_hidden_state[0, -1])
 
     def _logp(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.head(hidden).float()
@@ -124,13 +141,17 @@ class TorchBackend(Backend):
 
     # -- scoring ------------------------------------------------------------------------------
     @torch.inference_mode()
-    def _score_chunk(self, prefix: Prefix, tree: TokenTree, queries: list[Query]) -> list[np.ndarray]:
+    def _score_chunk(
+        self, prefix: Prefix | None, trunk: tuple[int, ...], tree: TokenTree, queries: list[Query]
+    ) -> tuple[list[np.ndarray], TorchState | None]:
+        state = None
         if self.row_layout == "packed":
-            hidden, index = self._packed_hidden(prefix, tree, queries)
+            hidden, index, state = self._packed_hidden(prefix, trunk, tree, queries)
         else:
+            assert prefix is not None and not trunk  # packs_trunk is false: score prefilled the trunk
             hidden, index = self._copied_hidden(prefix, tree.rows, queries)
         logp = self._logp(hidden[index])
-        return [logp[k, list(q.ids)].double().cpu().numpy() for k, q in enumerate(queries)]
+        return [logp[k, list(q.ids)].double().cpu().numpy() for k, q in enumerate(queries)], state
 
     def _masks(self, q_pos: torch.Tensor, k_pos: torch.Tensor, allowed: torch.Tensor) -> Any:
         """Additive masks per attention type; ``allowed`` is [batch, q, k] before any window."""
@@ -145,27 +166,29 @@ class TorchBackend(Backend):
         in_window = (q_pos[..., :, None] - k_pos[..., None, :]) < self.window
         return {"full_attention": additive(allowed), "sliding_attention": additive(allowed & in_window)}
 
-    def _packed_hidden(self, prefix: Prefix, tree: TokenTree, queries):
-        n_prefix = prefix.n_tokens
-        depth = torch.tensor(tree.depth, device=self.device)
-        q_pos = n_prefix + depth
+    def _packed_hidden(self, prefix: Prefix | None, trunk: tuple[int, ...], tree: TokenTree, queries):
+        n_prefix, n_trunk = (prefix.n_tokens if prefix is not None else 0), len(trunk)
+        depth = torch.tensor(tree.depth, device=self.device, dtype=torch.long)
+        q_pos = torch.cat([torch.arange(n_trunk, device=self.device), n_trunk + depth]) + n_prefix
         k_pos = torch.cat([torch.arange(n_prefix, device=self.device), q_pos])
         allowed = torch.cat(
             [
-                torch.ones(len(tree.tokens), n_prefix, dtype=torch.bool, device=self.device),
-                torch.from_numpy(tree.ancestors()).to(self.device),
+                torch.ones(len(q_pos), n_prefix, dtype=torch.bool, device=self.device),
+                torch.from_numpy(tree.with_trunk(n_trunk)).to(self.device),
             ],
             1,
         )
+        cache = self._cache(prefix, keep=n_prefix + n_trunk if trunk else 0)
         out = self.decoder(
-            input_ids=torch.tensor([tree.tokens], device=self.device),
+            input_ids=torch.tensor([list(trunk) + tree.tokens], device=self.device),
             position_ids=q_pos[None],
             attention_mask=self._masks(q_pos[None], k_pos[None], allowed[None]),
-            cache=self._cache(prefix, grow=False),
+            cache=cache,
             use_cache=True,
         )
-        index = [tree.node_of[q.row][q.position] for q in queries]
-        return out.last_hidden_state[0], index
+        hidden = out.last_hidden_state[0]
+        index = [n_trunk + tree.node_of[q.row][q.position] for q in queries]
+        return hidden, index, (self._kept(cache, hidden[n_trunk - 1]) if trunk else None)
 
     def _copied_hidden(self, prefix: Prefix, rows, queries):
         """The fallback: rows batched and padded, each on its own broadcast copy of the prefix KV."""
@@ -178,7 +201,7 @@ class TorchBackend(Backend):
         state: TorchState = prefix.state
         cache = Cache(
             layers=[
-                _PrefixLayer(k.expand(batch, -1, -1, -1), v.expand(batch, -1, -1, -1), grow=False)
+                _PrefixLayer(k.expand(batch, -1, -1, -1), v.expand(batch, -1, -1, -1), keep=0)
                 for k, v in zip(state.keys, state.values)
             ]
         )
@@ -212,10 +235,12 @@ class TorchBackend(Backend):
         prompt = [(7 * i + 3) % vocab for i in range(1, 12)]
         rows = [tuple((11 * i + 5) % vocab for i in range(1, 6)), tuple((13 * i + 1) % vocab for i in range(1, 4))]
         saved = self.counter.forward_passes, self.counter.tokens_read
-        prefix = self.prefill(prompt)
+        # the packed layout reads the prompt's end as a trunk, so the check covers trunks too
+        cut = 6 if self.packs_trunk else len(prompt)
+        prefix = self.prefill(prompt[:cut])
         ids = tuple(range(0, vocab, max(1, vocab // 64)))
         queries = [Query(r, len(row) - 1, ids) for r, row in enumerate(rows)]
-        scored = self._score_chunk(prefix, pack_tree(rows), queries)
+        scored, _ = self._score_chunk(prefix, tuple(prompt[cut:]), pack_tree(rows), queries)
         self.counter.forward_passes, self.counter.tokens_read = saved
         worst = 0.0
         for row, got in zip(rows, scored):

@@ -4,7 +4,7 @@
 makes one record per schema and backend, ``report`` prints and plots, ``command`` is the CLI.
 """
 
-from .checks import agreement, is_valid, parse_lenient
+from .checks import agreement, is_valid, parse_lenient, valid_output
 from .command import add_bench_parser, main, run_bench
 from .runner import BenchCase, bench_case, bench_throughput
 
@@ -18,4 +18,5 @@ __all__ = [
     "main",
     "parse_lenient",
     "run_bench",
+    "valid_output",
 ]

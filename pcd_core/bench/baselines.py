@@ -129,7 +129,7 @@ def decide_sequential(engine: Any, compiled: CompiledSchema, head: Prefix, text:
     prefix = read_request(engine, compiled, head, text, extra=fields[0].trie.row)
     run = BaselineRun(text="")
     for index, spec in enumerate(fields):
-        readout = decode(backend, prefix, [DecisionTask(_below_row(spec))], RoundStats())[0]
+        readout = decode(backend, prefix, [DecisionTask(_below_row(spec))], RoundStats()).readouts[0]
         run.values[spec.name] = spec.field.labels[readout.best].value
         run.tokens += 1
         if index + 1 < len(fields):

@@ -1,7 +1,9 @@
 """What the benchmark judges about an output: schema validity, lenient parsing of free text, agreement.
 
-Validity is strict, as a JSON Schema validator would be: every key, no other key, and each value an
-allowed label of the right JSON type (``"true"`` is not a boolean). Agreement is lenient on purpose:
+Validity is checked twice over: by a JSON Schema validator (``jsonschema``) against the schema as
+given, and strictly against its parsed fields: every key, no other key, and each value an allowed
+label of the right JSON type (``"true"`` is not a boolean), even where the JSON Schema would let a
+key be missing. Agreement is lenient on purpose:
 it asks whether two methods made the same *decision*, so a free-running model that writes ``"true"``
 for a boolean still agrees with ``true``. ``tests/test_bench.py`` checks both on hand-made outputs.
 """
@@ -28,6 +30,16 @@ def is_valid(schema: Schema, output: Any) -> bool:
     if not isinstance(output, dict) or set(output) != {f.name for f in schema.fields}:
         return False
     return all(any(same_value(output[f.name], label.value) for label in f.labels) for f in schema.fields)
+
+
+def valid_output(json_schema: dict[str, Any], schema: Schema, output: Any) -> bool:
+    """``output`` passes the JSON Schema's own validator and the strict check of ``is_valid``."""
+    try:
+        from jsonschema import validators
+    except ImportError as error:
+        raise ImportError("pcd bench checks outputs with jsonschema; run: pip install 'pcd-engine[bench]'") from error
+    validator = validators.validator_for(json_schema)(json_schema)
+    return is_valid(schema, output) and validator.is_valid(output)
 
 
 def label_of(field: Field, value: Any) -> int | None:

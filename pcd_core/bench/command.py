@@ -55,7 +55,7 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
         type=int,
         default=None,
         metavar="N",
-        help="the engine's memory knob: row tokens per forward pass (default: no limit)",
+        help="the engine's memory knob: row tokens per forward pass (default: the engine's, 4096)",
     )
     bench.add_argument(
         "--throughput",
@@ -83,12 +83,14 @@ def load_cases(paths: list[str] | None, input_path: str | None) -> list[BenchCas
         except (OSError, json.JSONDecodeError) as error:
             raise PcdError(f"cannot read schema {given!r}: {error}") from error
         schema, case_text = (data["json_schema"], data.get("input")) if "json_schema" in data else (data, None)
+        task = data.get("task", "") if "json_schema" in data else ""
         if not isinstance(schema, dict) or not isinstance(schema.get("properties"), dict):
             raise PcdError(f"{given!r}: pcd bench takes a JSON Schema with 'properties'")
         parse_schema(schema)
-        if (text or case_text) is None:
+        given_text = text or case_text
+        if not isinstance(given_text, str):
             raise PcdError(f"{given!r} carries no input; give --input FILE")
-        cases.append(BenchCase(path.stem, schema, text or case_text))
+        cases.append(BenchCase(path.stem, schema, given_text, task))
     return cases
 
 

@@ -23,7 +23,7 @@ from .baselines import (
     read_request,
     request_ids,
 )
-from .checks import agreement, is_valid, json_object_end, parse_lenient
+from .checks import agreement, json_object_end, parse_lenient, valid_output
 from .measure import Timed, timed
 
 BASELINES = ("ar", "arc", "seq")
@@ -36,6 +36,7 @@ class BenchCase:
     name: str
     schema: dict[str, Any]  # a JSON Schema
     text: str
+    task: str = ""  # a case file's "task", put into the prompt by every method alike
 
     @property
     def n_fields(self) -> int:
@@ -47,7 +48,7 @@ class BenchCase:
         schema = dict(self.schema, properties={k: self.schema["properties"][k] for k in keep})
         if "required" in schema:
             schema["required"] = [k for k in schema["required"] if k in keep]
-        return BenchCase(self.name, schema, self.text)
+        return BenchCase(self.name, schema, self.text, self.task)
 
 
 def strict_json(text: str) -> Any:
@@ -71,19 +72,19 @@ def bench_case(
     tick: Callable[[], None] = lambda: None,
 ) -> dict[str, Any]:
     backend = engine.backend
-    compiled = engine.compile(case.schema)
+    compiled = engine.compile(case.schema, case.task)
     schema = compiled.schema
-    head = engine.warmup(case.schema)
+    head = engine.warmup(case.schema, case.task)
     cap = cap or ar_cap(case.n_fields)
     methods: dict[str, Callable[[], Any]] = {
-        "pcd": lambda: engine.fill(case.schema, case.text),
+        "pcd": lambda: engine.fill(case.schema, case.text, task=case.task),
         "prefill": lambda: read_request(engine, compiled, head, case.text),
         "ar": lambda: generate_free(engine, compiled, head, case.text, cap),
         "arc": lambda: generate_constrained(engine, compiled, head, case.text),
         "seq": lambda: decide_sequential(engine, compiled, head, case.text),
     }
     order = ["pcd", "prefill"] + [b for b in BASELINES if b in baselines]
-    engine.fill(case.schema, case.text)  # warm-up; sequential runs on the same primitives as PCD
+    engine.fill(case.schema, case.text, task=case.task)  # warm-up; sequential runs on PCD's primitives
     if "ar" in order:
         generate_free(engine, compiled, head, case.text, 4)
     if "arc" in order:
@@ -106,7 +107,10 @@ def bench_case(
         "pcd_ms": _median_ms(runs["pcd"]),
         "pcd_forward_passes": runs["pcd"][-1].forward_passes,
         "pcd_row_tokens": runs["pcd"][-1].result.stats.row_tokens,
-        "pcd_valid": all(is_valid(schema, run.result.values) for run in runs["pcd"]),
+        # the JSON document PCD returns, read back and checked against the JSON Schema itself
+        "pcd_valid": all(
+            valid_output(case.schema, schema, json.loads(json.dumps(r.result.value))) for r in runs["pcd"]
+        ),
         "prefill_ms": _median_ms(runs["prefill"]),
         "pcd_over_prefill": _median_ratio(runs["pcd"], runs["prefill"]),
         "peak_mem_mb": max(run.peak_mem_mb for run in runs["pcd"]),
@@ -114,13 +118,13 @@ def bench_case(
         "pcd_stats": runs["pcd"][-1].result.stats.to_dict(),  # where PCD's time went, by phase
     }
     for name in BASELINES:
-        record.update(_baseline_fields(name, runs.get(name), runs["pcd"], schema, pcd_values))
+        record.update(_baseline_fields(name, runs.get(name), runs["pcd"], case, schema, pcd_values))
     record["arc_engine"] = ARC_ENGINE if "arc" in runs else None
     return record
 
 
 def _baseline_fields(
-    name: str, runs: list[Timed] | None, pcd: list[Timed], schema: Any, pcd_values: dict[str, Any]
+    name: str, runs: list[Timed] | None, pcd: list[Timed], case: BenchCase, schema: Any, pcd_values: dict[str, Any]
 ) -> dict[str, Any]:
     """The ``<name>_*`` keys of a record; all None when the baseline was skipped."""
     ratio_key = "ratio" if name == "ar" else f"{name}_ratio"
@@ -140,11 +144,11 @@ def _baseline_fields(
         return dict.fromkeys(keys)
     last: BaselineRun = runs[-1].result
     if name == "seq":
-        written, valid = last.values, all(is_valid(schema, r.result.values) for r in runs)
+        written, valid = last.values, all(valid_output(case.schema, schema, r.result.values) for r in runs)
     else:
         written = parse_lenient(schema, last.text)
-        valid = all(is_valid(schema, strict_json(r.result.text)) for r in runs)
-    fields = {
+        valid = all(valid_output(case.schema, schema, strict_json(r.result.text)) for r in runs)
+    fields: dict[str, Any] = {
         f"{name}_ms": _median_ms(runs),
         ratio_key: _median_ratio(runs, pcd),
         f"{name}_forward_passes": runs[-1].forward_passes,
@@ -162,8 +166,8 @@ def _baseline_fields(
 def bench_throughput(engine: Any, case: BenchCase, n_docs: int) -> dict[str, Any]:
     """``fill_many`` over ``n_docs`` distinct inputs on one warm schema: documents per second."""
     texts = [f"(document {k + 1} of {n_docs})\n{case.text}" for k in range(n_docs)]
-    engine.fill(case.schema, texts[0])
-    run = timed(engine.backend, lambda: engine.fill_many(case.schema, texts))
+    engine.fill(case.schema, texts[0], task=case.task)
+    run = timed(engine.backend, lambda: engine.fill_many(case.schema, texts, task=case.task))
     return {
         "mode": "throughput",
         "schema": case.name,

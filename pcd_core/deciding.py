@@ -1,0 +1,65 @@
+"""Jev-style questions over one state: what ``Engine.decide`` does before and after its one pass.
+
+``plan_decide`` needs no model, so the engine runs it before taking the model lock: it validates the
+request, renders each question's row after the state and checks that the longest one fits the
+context. The state is then read as the trunk that every question's row hangs from, in the same
+pass (``Engine._read``, the path ``fill`` reads its request with): a warm request is one forward
+pass, a cold one two, for one question or sixty-four. ``DecidePlan.respond`` turns the readouts into
+typed answers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .asking import AskedQuestion, as_text, ask
+from .decoding import DecisionTask
+from .errors import PromptError
+from .prompt import PromptParts, normalise_input
+from .questions import DecideRequest, DecideResponse, Usage
+from .readout import Readout
+from .result import Stats, low_mass_warnings
+from .tokenizer import TextTokenizer
+
+
+@dataclass(frozen=True)
+class DecidePlan:
+    """One validated request: the head's ids, the whole prompt up to the state's end, the questions."""
+
+    request: DecideRequest
+    head_ids: tuple[int, ...]
+    whole: tuple[int, ...]
+    asked: tuple[AskedQuestion, ...]
+
+    def tasks(self) -> list[DecisionTask]:
+        return [DecisionTask(a.trie, "trie", branch_norm=a.branch_norm) for a in self.asked]
+
+    def respond(self, model: str, readouts: list[Readout], stats: Stats, warnings: list[str]) -> DecideResponse:
+        answers = {qid: a.answer(r) for qid, a, r in zip(self.request.questions, self.asked, readouts)}
+        masses = {qid: r.candidate_mass for qid, r in zip(self.request.questions, readouts)}
+        return DecideResponse(
+            model=model,
+            answers=answers,
+            usage=Usage(input_tokens=stats.input_tokens),
+            stats=stats,
+            warnings=warnings + low_mass_warnings(masses, "question"),
+        )
+
+
+def plan_decide(
+    tokenizer: TextTokenizer, prompt: PromptParts, state: Any, questions: dict[str, Any], context_length: int
+) -> DecidePlan:
+    """Validate and render a request; a bad one raises here, before any pass."""
+    request = DecideRequest(state=state, questions=questions)
+    head_ids = tokenizer.encode_head(prompt.head)
+    state_text = prompt.head + normalise_input(as_text(request.state))
+    whole = tokenizer.encode_head(state_text)
+    asked = tuple(ask(tokenizer, prompt, state_text, q, qid) for qid, q in request.questions.items())
+    longest = max(max(len(v.ids) for v in a.trie.variants) for a in asked)
+    if len(whole) + longest > context_length:
+        raise PromptError(
+            f"the state and its longest question need {len(whole) + longest} tokens, over the "
+            f"model's context of {context_length}; shorten the state"
+        )
+    return DecidePlan(request, head_ids, whole, asked)
