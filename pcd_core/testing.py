@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .backends.base import Backend, Prefix, Query, TokenTree, plan_chunks
 from .tokenizer import TextTokenizer
+
+if TYPE_CHECKING:
+    from .engine import Engine
 
 
 class OracleBackend(Backend):
@@ -114,7 +117,7 @@ class ByteTokenizer(TextTokenizer):
         super().__init__(_ByteVocabulary(merges))
 
 
-def oracle_engine(merges: Mapping[bytes, int] | None = None, **backend_options: Any):
+def oracle_engine(merges: Mapping[bytes, int] | None = None, **backend_options: Any) -> Engine:
     """An ``Engine`` over the oracle LM and byte tokenizer: fast, deterministic, model-free."""
     from .engine import Engine
 

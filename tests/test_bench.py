@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from pcd_core.bench import agreement, is_valid, main, parse_lenient
+from pcd_core.bench import BenchCase, agreement, bench_case, is_valid, main, parse_lenient, valid_output
 from pcd_core.bench.checks import json_object_end
 from pcd_core.schema import parse_schema
 
@@ -57,6 +57,22 @@ def test_strict_validity_rejects_quoted_booleans_missing_keys_and_invented_label
     assert not is_valid(schema, None)
 
 
+def test_validity_also_asks_the_json_schema_itself():
+    at_most_two = dict(TINY, maxProperties=2)  # a JSON Schema rule that the field parser does not read
+    good = {"urgent": True, "sentiment": "NEGATIVE", "channel": "PHONE"}
+    assert valid_output(TINY, parse_schema(TINY), good)
+    assert is_valid(parse_schema(at_most_two), good) and not valid_output(at_most_two, parse_schema(at_most_two), good)
+    assert not valid_output(TINY, parse_schema(TINY), dict(good, urgent="true"))
+    assert not valid_output(TINY, parse_schema(TINY), None)
+
+
+def test_pcd_valid_is_the_json_schema_verdict_on_pcd_output(engine):
+    at_most_two = dict(TINY, maxProperties=2)
+    record = bench_case(engine, BenchCase("tiny", at_most_two, INPUT), repeat=1, baselines=())
+    assert record["pcd_valid"] is False  # three keys written, as the fields ask; two allowed
+    assert record["pcd_forward_passes"] == 2
+
+
 def test_agreement_counts_decisions_and_forgives_spelling_only():
     schema = parse_schema(TINY)
     ours = {"urgent": True, "sentiment": "NEGATIVE", "channel": "PHONE"}
@@ -99,7 +115,7 @@ def test_bench_records_every_method_and_pcd_is_valid(engine, tmp_path, monkeypat
     assert main(argv) == 0
     (record,) = json.loads(out.read_text())["records"]
     assert RECORD_KEYS <= set(record)
-    assert record["fields"] == 3 and record["pcd_valid"] and record["pcd_forward_passes"] == 4
+    assert record["fields"] == 3 and record["pcd_valid"] and record["pcd_forward_passes"] == 2
     assert record["ar_tokens"] <= 8 and record["ar_stop"] in ("brace", "cap", "eos")
     assert record["arc_valid"]
     # one pass for the request with the first row, one per later field, one per deeper decision node

@@ -3,8 +3,9 @@
 Two MLX engines are compared with the torch engine, all behind the same tokenizer and compiler:
 - ``mlx-fp32`` reads the dequantized float32 folder that torch reads, so every decision must be
   identical and every probability equal to 1e-3;
-- ``mlx-q4_1`` keeps the GGUF's Q4_1 tensors quantized; its decisions are counted and printed, and its
-  chosen-label log-probs must stay within 1e-2 of torch's.
+- ``mlx-q4_1`` keeps the GGUF's Q4_1 tensors quantized; its decisions are counted and printed, every
+  field's log-prob of the label torch chose must stay within 1e-2 of torch's, agreeing or not, and
+  every field that torch decides by a margin of 0.02 or more must be decided the same.
 
 MLX's Linux CPU wheel runs at about 2.5 GFLOP/s here, so CI runs one short schema. Every bundled
 case (about 25 minutes on one core here) runs with ``PCD_CROSS_BACKEND=full``; the README has the
@@ -55,12 +56,12 @@ def mlx_q4(engine):
 
 
 def compare_fills(torch_engine: Engine, mlx_fp32: Engine, schema, text: str) -> None:
-    """Assert fp32 identity field by field, and a warm request of 4 forward passes on both."""
+    """Assert fp32 identity field by field, and a warm request of 2 forward passes on both."""
     torch_engine.warmup(schema)
     mlx_fp32.warmup(schema)
     expected = torch_engine.fill(schema, text)
     got = mlx_fp32.fill(schema, text)
-    assert got.stats.forward_passes == expected.stats.forward_passes == 4
+    assert got.stats.forward_passes == expected.stats.forward_passes == 2
     for name, want in expected.fields.items():
         have = got.fields[name]
         assert have.value == want.value, name
@@ -74,9 +75,13 @@ def report_quantized(torch_engine: Engine, mlx_q4: Engine, schema, text: str, ca
     same = [name for name, want in expected.fields.items() if got.fields[name].value == want.value]
     with capsys.disabled():
         print(f"\n{case}: MLX Q4_1 and torch agree on {len(same)}/{len(expected.fields)} fields")
-    for name in same:
-        want, have = expected.fields[name].probability, got.fields[name].probability
-        assert abs(math.log(have) - math.log(want)) < 1e-2, name
+    for name, want in expected.fields.items():
+        have = got.fields[name]
+        chosen = next(label for label, p in want.probabilities.items() if p == want.probability)
+        assert abs(math.log(have.probabilities[chosen]) - math.log(want.probability)) < 1e-2, name
+        runner_up = sorted(want.probabilities.values())[-2]
+        if want.probability - runner_up >= 0.02:
+            assert have.value == want.value, name
 
 
 def test_short_schema_decides_the_same_on_mlx_fp32(engine, mlx_fp32):

@@ -4,14 +4,16 @@ The expected values come from functions in this file that score whole contexts w
 ``logp``, independently of the trie, the row planner and the backend's packing.
 """
 
+import dataclasses
 import math
 
 import numpy as np
 import pytest
 
+from pcd_core import DecodeOptions, OptionError, PromptError
 from pcd_core.backends.base import Query
 from pcd_core.decoding import DecisionTask, RoundStats, decode, plan_rows
-from pcd_core.testing import OracleBackend, oracle_engine
+from pcd_core.testing import OracleBackend, check_backend, oracle_engine
 from pcd_core.trie import LabelTrie, Variant
 
 PROMPT = tuple(range(10, 30))
@@ -172,3 +174,87 @@ def test_oracle_engine_first_field_equals_brute_force_over_the_whole_prompt():
         masses[v.label] += math.exp(total)
     assert result.fields["flag"].probabilities["true"] == pytest.approx(masses[0] / sum(masses), abs=1e-12)
     assert result.stats.forward_passes == 3  # head; input with the first field; its answer with the rest
+
+
+# -- trunks, the engine's pass counts and its options, on the oracle ---------------------------
+def test_the_oracle_meets_the_backend_contract_trunks_included():
+    for backend in (OracleBackend(), OracleBackend(max_tokens_per_pass=2)):
+        check_backend(backend, list(PROMPT[:12]), [(1, 2, 3), (4, 5)], atol=1e-12)
+
+
+@pytest.mark.parametrize("strategy", ["trie", "greedy", "exact"])
+def test_a_trunk_read_with_the_first_round_equals_its_prefill(strategy):
+    oracle = OracleBackend(boosts={KEY: {1: 3.0}})
+    half = len(PROMPT) // 2
+    task = DecisionTask(LabelTrie(variants(), "field"), strategy)
+    passes = oracle.forward_passes
+    decoded = decode(oracle, oracle.prefill(PROMPT[:half]), [task], RoundStats(), trunk=PROMPT[half:])
+    passes = oracle.forward_passes - passes
+    prefilled, stats = run(oracle, strategy)
+    assert decoded.readouts[0].probabilities == prefilled.probabilities
+    assert decoded.prefix.ids == PROMPT
+    assert passes == 1 + stats.rounds  # the first half's prefill, then the rounds: the trunk costs none
+
+
+def test_a_warm_fill_is_two_passes_a_cold_one_three_and_each_wave_one_more():
+    engine = oracle_engine()
+    schema = {"flag": "boolean", "tier": ["GOLD", "SILVER"], "team": {"enum": ["A", "B"], "depends_on": ["tier"]}}
+    assert [engine.fill(schema, "some input").stats.forward_passes for _ in range(2)] == [4, 3]
+    flat = {"flag": "boolean", "tier": ["GOLD", "SILVER"]}
+    assert [engine.fill(flat, "some input").stats.forward_passes for _ in range(2)] == [3, 2]
+    question = {"q": {"type": "noul", "instructions": "Is it gold?"}}
+    assert [engine.decide("some state", question).stats.forward_passes for _ in range(2)] == [2, 1]
+
+
+def test_an_input_that_merges_with_the_head_is_read_whole_and_warned_about():
+    engine = oracle_engine(merges={b"\n#": 300})
+    schema = {"flag": "boolean", "tier": ["GOLD", "SILVER"]}
+    merged = engine.fill(schema, "#7 some input")
+    plain = engine.fill(schema, "some input")
+    assert (merged.stats.head_cache, plain.stats.head_cache) == ("bypassed", "miss")
+    assert merged.stats.forward_passes == 2  # the cached head is never prefilled for it
+    assert merged.stats.cached_tokens == 0 and any("merged" in w for w in merged.warnings)
+    compiled = engine.compile(schema)
+    whole = engine.request_ids(compiled, "#7 some input")
+    assert 300 in whole and merged.stats.prompt_tokens == len(whole) + len(compiled.field("flag").answer_ids[0])
+
+
+def test_the_task_reaches_the_prompt_and_gets_its_own_head():
+    engine = oracle_engine()
+    schema = {"flag": "boolean", "tier": ["GOLD", "SILVER"]}
+    plain, tasked = engine.compile(schema), engine.compile(schema, task="Triage the following ticket.")
+    assert "Triage the following ticket." in tasked.prompt.head
+    assert "Triage" not in plain.prompt.head
+    engine.fill(schema, "some input")
+    again = engine.fill(schema, "some input", task="Triage the following ticket.")
+    assert again.stats.head_cache == "miss"  # another head, not the cached plain one
+
+
+def test_unknown_strategies_are_option_errors_checked_once():
+    with pytest.raises(OptionError, match="unknown strategy 'beam'; choose one of trie, greedy, exact"):
+        DecodeOptions(strategy="beam")  # type: ignore[arg-type]
+    options = DecodeOptions()
+    assert options.replace(strategy="exact").strategy == "exact" and options.strategy == "trie"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        options.strategy = "exact"  # type: ignore[misc]
+    engine = oracle_engine()
+    with pytest.raises(OptionError):
+        engine.fill({"flag": "boolean", "tier": ["GOLD", "SILVER"]}, "some input", strategy="beam")
+    assert engine.backend.forward_passes == 0
+
+
+def test_rows_are_chunked_at_4096_tokens_by_default_and_an_oversized_pass_is_refused():
+    oracle = OracleBackend()
+    assert oracle.max_tokens_per_pass == 4096
+    prefix = oracle.prefill(PROMPT)
+    rows = [(k % 250, (k // 250) % 250) + tuple(range(8)) for k in range(2000)]  # 20000 row tokens
+    queries = [Query(r, 9, (1, 2)) for r in range(len(rows))]
+    before = oracle.forward_passes
+    oracle.score(prefix, rows, queries)
+    assert oracle.forward_passes - before == 5  # ceil(20000 / 4096), no n-by-n mask over all rows
+    tight = OracleBackend(max_tokens_per_pass=10**9, max_pass_bytes=10**7)
+    prefix = tight.prefill(PROMPT)
+    before = tight.forward_passes
+    with pytest.raises(PromptError, match=r"over the backend's max_pass_bytes of 10 MiB"):
+        tight.score(prefix, rows, queries)
+    assert tight.forward_passes == before  # refused before any pass

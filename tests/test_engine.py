@@ -1,13 +1,23 @@
-"""The engine on the real embedded model: waves, strategies, threads, async, budgets, questions."""
+"""The engine on the real embedded model: waves, strategies, threads, async, budgets, questions,
+the pass counts, every ``Stats`` field of both read paths, and equality with the four-pass reading.
+"""
 
 import asyncio
 import threading
 from typing import Literal
 
+import numpy as np
 import pytest
+from conftest import load_case, schema_cases
 from pydantic import BaseModel, Field, ValidationError
 
-from pcd_core import ChoiceAnswer, NoulAnswer, PromptError, SchemaError, ScoreAnswer
+from pcd_core import ChoiceAnswer, DecodeOptions, Engine, NoulAnswer, OptionError, PromptError, SchemaError, ScoreAnswer
+from pcd_core.asking import render_decide_prompt
+from pcd_core.backends.base import pack_tree
+from pcd_core.deciding import plan_decide
+from pcd_core.decoding import DecisionTask, RoundStats, decode, plan_rows
+from pcd_core.engine import BYPASSED, after_head
+from pcd_core.tokenizer import TextTokenizer
 
 TEXT = "I was billed twice for March ($49 each). Refund the duplicate within 12 hours or I cancel."
 
@@ -25,17 +35,20 @@ def test_pydantic_schema_returns_an_instance_with_real_types(engine):
     assert result.fields["topic"].wave == 0 and result.fields["urgent"].wave == 1
 
 
-def test_depends_on_adds_two_passes_per_wave(engine):
-    schema = {
-        "topic": ["BILLING", "TECHNICAL"],
-        "urgent": "boolean",
-        "team": {"enum": ["FINANCE", "ENGINEERING"], "depends_on": ["topic"]},
-        "escalate": {"type": "boolean", "depends_on": ["team"]},
-    }
-    engine.warmup(schema)
-    result = engine.fill(schema, TEXT)
-    assert [result.fields[n].wave for n in schema] == [0, 1, 1, 2]
-    assert result.stats.forward_passes == 6  # input, topic, its line, urgent+team, their lines, escalate
+WAVES = {
+    "topic": ["BILLING", "TECHNICAL"],
+    "urgent": "boolean",
+    "team": {"enum": ["FINANCE", "ENGINEERING"], "depends_on": ["topic"]},
+    "escalate": {"type": "boolean", "depends_on": ["team"]},
+}
+
+
+def test_each_depends_on_wave_adds_one_pass(engine):
+    engine.warmup(WAVES)
+    result = engine.fill(WAVES, TEXT)
+    assert [result.fields[n].wave for n in WAVES] == [0, 1, 1, 2]
+    # input with topic's rows; topic's line with urgent and team; their lines with escalate
+    assert result.stats.forward_passes == 3
 
 
 @pytest.mark.parametrize("strategy", ["greedy", "exact"])
@@ -45,9 +58,21 @@ def test_every_strategy_gives_a_valid_object(engine, strategy):
     assert result.value.topic in ("BILLING", "TECHNICAL", "SALES")
 
 
-def test_unknown_strategy_is_a_schema_error(engine):
-    with pytest.raises(SchemaError, match="unknown strategy"):
+def test_an_unknown_strategy_is_an_option_error_that_costs_no_pass(engine):
+    passes = engine.backend.forward_passes
+    with pytest.raises(OptionError, match="unknown strategy 'beam'") as caught:
         engine.fill(Ticket, TEXT, strategy="beam")
+    assert isinstance(caught.value, ValueError) and not isinstance(caught.value, SchemaError)
+    with pytest.raises(OptionError):
+        engine.fill(Ticket, TEXT, DecodeOptions().replace(strategy="beam"))
+    assert engine.backend.forward_passes == passes
+
+
+def test_options_and_the_strategy_shorthand_read_the_same(engine):
+    by_options = engine.fill(Ticket, TEXT, DecodeOptions(strategy="exact"))
+    by_keyword = engine.fill(Ticket, TEXT, DecodeOptions(), strategy="exact")
+    assert by_options.fields["topic"].method == by_keyword.fields["topic"].method == "exact"
+    assert by_options.to_dict()["fields"] == by_keyword.to_dict()["fields"]
 
 
 def test_threads_share_one_engine_without_cross_talk(engine):
@@ -117,16 +142,23 @@ def _numbers(answer):
     return list(answer.probabilities.values())
 
 
-def test_decide_returns_typed_answers_in_three_passes_cold_then_two(engine):
-    response = engine.decide(STATE, QUESTIONS)
+def fresh(engine):
+    """An engine with empty caches on the session's loaded model: a cold request without a reload."""
+    return Engine(engine.backend, engine.tokenizer, engine.model_name)
+
+
+def test_decide_returns_typed_answers_in_two_passes_cold_then_one(engine):
+    cold = fresh(engine)
+    response = cold.decide(STATE, QUESTIONS)
+    assert response.stats.forward_passes == 2  # the head, then the state with every question's row
     assert isinstance(response.answers["refund"], NoulAnswer)
     assert isinstance(response.answers["team"], ChoiceAnswer)
     anger = response.answers["anger"]
     assert isinstance(anger, ScoreAnswer)
     assert anger.score == pytest.approx(sum(i * p for i, p in enumerate(anger.probabilities.values())))
     assert list(anger.legend) == ["0", "1", "2"]
-    assert response.usage.output_tokens == 0 and response.usage.input_tokens > 0
-    assert engine.decide(STATE, QUESTIONS).stats.forward_passes == 2  # the state, then every row
+    assert response.usage.output_tokens == 0 and response.usage.input_tokens == response.stats.input_tokens
+    assert cold.decide(STATE, QUESTIONS).stats.forward_passes == 1  # the state is the rows' trunk
 
 
 def test_answers_do_not_depend_on_ids_order_or_other_questions(engine):
@@ -188,3 +220,195 @@ def test_an_empty_question_set_is_rejected(engine):
 def test_a_state_over_the_context_is_rejected(engine):
     with pytest.raises(PromptError):
         engine.decide("word " * 9000, QUESTIONS)
+
+
+# -- one read path: pass counts and every Stats field, cold, warm and bypassed --------------------
+class NewlineHashTokenizer(TextTokenizer):
+    """SmolLM2's tokenizer, except that a newline followed by ``#`` is one token, as a BPE merge
+    would make it. Both heads end in a newline, so an input that starts with ``#`` merges with the
+    head's last token: the bypass, which SmolLM2's and Gemma 3's own merges never produce after a
+    stripped input (every first character up to U+3000 was probed).
+    """
+
+    def __init__(self, hf) -> None:
+        super().__init__(hf)
+        self.pair = (hf.encode("\n", add_special_tokens=False)[0], hf.encode("#", add_special_tokens=False)[0])
+        self.merged = hf.encode(" #", add_special_tokens=False)[0]
+
+    def _encode_uncached(self, text: str) -> tuple[int, ...]:
+        ids, out = super()._encode_uncached(text), []
+        for token in ids:
+            if out and (out[-1], token) == self.pair:
+                out[-1] = self.merged
+            else:
+                out.append(token)
+        return tuple(out)
+
+
+@pytest.fixture(scope="module")
+def merging(engine):
+    return Engine(engine.backend, NewlineHashTokenizer(engine.tokenizer.hf), "merging")
+
+
+def expected_rows(rounds):
+    """Rows and distinct row tokens of trie rounds, laid out independently of the engine's counters."""
+    n_rows = n_tokens = 0
+    for tries in rounds:
+        rows, _ = plan_rows([(trie.row, path) for trie in tries for path in trie.decision_paths()])
+        n_rows, n_tokens = n_rows + len(rows), n_tokens + len(pack_tree(rows).tokens)
+    return n_rows, n_tokens
+
+
+def check_stats(stats, warnings, tokens_read, *, head_cache, n_head, n_prompt, rounds, passes, later_waves):
+    n_rows, row_tokens = expected_rows(rounds)
+    assert (stats.head_cache, stats.forward_passes) == (head_cache, passes)
+    assert stats.cached_tokens == (n_head if head_cache == "hit" else 0)
+    assert stats.prompt_tokens == n_prompt
+    assert (stats.n_rows, stats.row_tokens, stats.rounds) == (n_rows, row_tokens, len(rounds))
+    assert stats.input_tokens == (0 if head_cache == "bypassed" else n_head) + n_prompt + row_tokens
+    assert tokens_read == stats.input_tokens - stats.cached_tokens  # what the backend itself counted
+    assert stats.row_layout == "packed"
+    assert stats.compile_ms > 0 and stats.prefill_ms > 0
+    assert stats.head_ms > 1.0 if head_cache == "miss" else stats.head_ms < 50.0  # a prefill, or a lookup
+    assert stats.decode_ms > 0 if later_waves else stats.decode_ms == 0
+    parts = stats.compile_ms + stats.head_ms + stats.prefill_ms + stats.decode_ms
+    assert stats.total_ms >= parts
+    assert (BYPASSED in warnings) == (head_cache == "bypassed")
+
+
+def _measured(engine, call):
+    before = engine.backend.counter.tokens_read
+    result = call()
+    return result, engine.backend.counter.tokens_read - before
+
+
+@pytest.mark.parametrize("case", ["cold", "warm", "bypassed"])
+def test_fill_stats_are_exact_cold_warm_and_bypassed(engine, merging, case):
+    target = merging if case == "bypassed" else fresh(engine)
+    text = "#1042 " + TEXT if case == "bypassed" else TEXT
+    if case == "warm":
+        target.warmup(Ticket)
+    result, read = _measured(target, lambda: target.fill(Ticket, text))
+    compiled = target.compile(Ticket)
+    whole = target.request_ids(compiled, text)
+    n_head = len(compiled.head_ids)
+    assert (after_head(whole, compiled.head_ids) is None) == (case == "bypassed")
+    first = compiled.field("topic")
+    line = first.answer_ids[[label.value for label in first.field.labels].index(result.value.topic)]
+    n_request = len(whole) if case == "bypassed" else len(whole) - n_head
+    check_stats(
+        result.stats,
+        result.warnings,
+        read,
+        head_cache={"cold": "miss", "warm": "hit", "bypassed": "bypassed"}[case],
+        n_head=n_head,
+        n_prompt=n_request + len(line),
+        rounds=[[first.trie], [compiled.field("wants_refund").trie, compiled.field("urgent").trie]],
+        passes={"cold": 3, "warm": 2, "bypassed": 2}[case],
+        later_waves=True,
+    )
+
+
+@pytest.mark.parametrize("case", ["cold", "warm", "bypassed"])
+def test_decide_stats_are_exact_cold_warm_and_bypassed(engine, merging, case):
+    target = merging if case == "bypassed" else fresh(engine)
+    state = "#1042 " + STATE if case == "bypassed" else STATE
+    if case == "warm":
+        target.decide(state, {"q": QUESTIONS["refund"]})
+    response, read = _measured(target, lambda: target.decide(state, QUESTIONS))
+    plan = plan_decide(
+        target.tokenizer, render_decide_prompt(target.tokenizer), state, QUESTIONS, target.context_length
+    )
+    n_head = len(plan.head_ids)
+    assert (after_head(plan.whole, plan.head_ids) is None) == (case == "bypassed")
+    check_stats(
+        response.stats,
+        response.warnings,
+        read,
+        head_cache={"cold": "miss", "warm": "hit", "bypassed": "bypassed"}[case],
+        n_head=n_head,
+        n_prompt=len(plan.whole) - (0 if case == "bypassed" else n_head),
+        rounds=[[a.trie for a in plan.asked]],
+        passes={"cold": 2, "warm": 1, "bypassed": 1}[case],
+        later_waves=False,
+    )
+    assert response.usage.input_tokens == response.stats.input_tokens
+
+
+def test_a_bypassed_head_decides_like_a_cached_one(engine, merging):
+    """The bypass reads the same tokens from scratch, so the answers equal a warm read of them."""
+    text = "#1042 " + TEXT
+    bypassed = merging.fill(Ticket, text)
+    compiled = merging.compile(Ticket)
+    reference = four_pass_fill(merging.backend, compiled, merging.request_ids(compiled, text))
+    assert_same_fields(bypassed, reference, compiled)
+
+
+# -- equality with the four-pass reading this replaced ----------------------------------------
+def four_pass_fill(backend, compiled, whole, strategy="trie"):
+    """The reference: the request prefilled on the head, the first field scored alone, its answer
+    line prefilled, then one packed pass per later wave, every step a prefill or a score of its own.
+    """
+    rest = after_head(whole, compiled.head_ids)
+    prefix = (
+        backend.prefill(whole) if rest is None else backend.prefill(rest, parent=backend.prefill(compiled.head_ids))
+    )
+    readouts, chosen = {}, {}
+    for index, wave in enumerate(compiled.waves):
+        if index:
+            previous = set(compiled.waves[index - 1])
+            lines = [t for f in compiled.fields if f.name in previous for t in f.answer_ids[chosen[f.name]]]
+            prefix = backend.prefill(lines, parent=prefix)
+        tasks = [DecisionTask(compiled.field(name).trie, strategy) for name in wave]
+        for name, readout in zip(wave, decode(backend, prefix, tasks, RoundStats()).readouts):
+            readouts[name], chosen[name] = readout, readout.best
+    return readouts
+
+
+def assert_same_fields(result, reference, compiled):
+    """Same decisions; probabilities and candidate masses within 1e-5."""
+    assert set(result.fields) == set(reference)
+    for name, readout in reference.items():
+        got = result.fields[name]
+        assert got.value == compiled.schema.field(name).labels[readout.best].value, name
+        np.testing.assert_allclose(list(got.probabilities.values()), readout.probabilities, atol=1e-5, err_msg=name)
+        assert got.candidate_mass == pytest.approx(readout.candidate_mass, abs=1e-5), name
+
+
+@pytest.mark.parametrize("name", schema_cases())
+def test_two_pass_fill_equals_the_four_pass_reading_on_every_bundled_schema(engine, name):
+    case = load_case(name)
+    schema, text = case["json_schema"], case["input"]
+    engine.warmup(schema)
+    result = engine.fill(schema, text)
+    assert result.stats.forward_passes == 2
+    compiled = engine.compile(schema)
+    assert_same_fields(result, four_pass_fill(engine.backend, compiled, engine.request_ids(compiled, text)), compiled)
+
+
+def test_one_pass_decide_equals_a_state_prefill_then_the_rows(engine):
+    case = load_case("refund_request_questions")
+    engine.decide(case["state"], case["questions"])  # warm the head
+    response = engine.decide(case["state"], case["questions"])
+    assert response.stats.forward_passes == 1
+    backend = engine.backend
+    plan = plan_decide(
+        engine.tokenizer,
+        render_decide_prompt(engine.tokenizer),
+        case["state"],
+        case["questions"],
+        engine.context_length,
+    )
+    head = backend.prefill(plan.head_ids)
+    prefix = backend.prefill(after_head(plan.whole, plan.head_ids), parent=head)
+    readouts = decode(backend, prefix, plan.tasks(), RoundStats()).readouts
+    for qid, readout, asked in zip(case["questions"], readouts, plan.asked):
+        want = asked.answer(readout)
+        got = response.answers[qid]
+        assert got.type == want.type, qid
+        if want.type == "noul":
+            assert got.noul == pytest.approx(want.noul, abs=1e-5), qid
+        else:
+            assert getattr(got, want.type) == pytest.approx(getattr(want, want.type), abs=1e-5), qid
+            assert got.probabilities == pytest.approx(want.probabilities, abs=1e-5), qid
+        assert got.candidate_mass == pytest.approx(want.candidate_mass, abs=1e-5), qid

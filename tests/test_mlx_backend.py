@@ -98,7 +98,7 @@ def test_fp32_logp_match_torch_to_1e4(request, tiny):
     np.testing.assert_allclose(backend.next_logp(prefix), expected[5], atol=1e-4)
     rows = [TINY_IDS[6:], TINY_IDS[6:9]]
     queries = [Query(0, p, every_id) for p in range(len(rows[0]))] + [Query(1, 2, every_id)]
-    got = backend.score(prefix, rows, queries)
+    got = backend.score(prefix, rows, queries).values
     for p in range(len(rows[0])):
         np.testing.assert_allclose(got[p], expected[6 + p], atol=1e-4)
     np.testing.assert_allclose(got[-1], expected[8], atol=1e-4)
@@ -187,7 +187,7 @@ def test_quantized_smollm2_decides_like_torch(engine, smollm2_mlx, capsys):
     # rows after the last prompt, read at every position
     rows = [tokenizer.encode("Yes, they do."), tokenizer.encode("No.")]
     queries = [Query(r, p, tuple(yes_no)) for r, row in enumerate(rows) for p in range(len(row))]
-    scored = {name: backends[name].score(prefixes[name], rows, queries) for name in backends}
+    scored = {name: backends[name].score(prefixes[name], rows, queries).values for name in backends}
     worst_rows = max(float(np.abs(a - b).max()) for a, b in zip(scored["mlx"], scored["torch"]))
     with capsys.disabled():
         print(

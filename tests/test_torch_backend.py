@@ -9,7 +9,7 @@ import pytest
 import torch
 from conftest import load_case
 
-from pcd_core import Engine
+from pcd_core import Engine, PromptError
 from pcd_core.backends.base import Query
 from pcd_core.backends.torch_backend import TorchBackend
 from pcd_core.testing import check_backend
@@ -76,10 +76,14 @@ def _probabilities(result):
 
 def test_packed_rows_equal_copies_and_chunking_changes_nothing(engine):
     schema, text = SMALL_SCHEMA, SMALL_TEXT
+    engine.warmup(schema)
     packed = engine.fill(schema, text)
     copies = Engine(TorchBackend(engine.backend.model, row_layout="copies"), engine.tokenizer, "copies")
     chunked = Engine(TorchBackend(engine.backend.model, max_tokens_per_pass=16), engine.tokenizer, "chunked")
+    copies.warmup(schema)
     by_copies, by_chunks = copies.fill(schema, text), chunked.fill(schema, text)
+    # copies read each trunk as a prefill of its own: a trunk per row would read the request per row
+    assert (packed.stats.forward_passes, by_copies.stats.forward_passes) == (2, 4)
     for other in (by_copies, by_chunks):
         for name, values in _probabilities(packed).items():
             np.testing.assert_allclose(_probabilities(other)[name], values, atol=1e-4, err_msg=name)
@@ -96,12 +100,28 @@ def test_head_cache_on_and_off_agree(engine):
         np.testing.assert_allclose(_probabilities(uncached)[name], values, atol=1e-4, err_msg=name)
 
 
-def test_a_warm_28_field_request_costs_four_passes_and_a_cold_one_five():
-    engine = Engine.load("smollm2-135m")  # a fresh engine: nothing cached
+def test_a_warm_28_field_request_costs_two_passes_and_a_cold_one_three(engine):
+    fresh = Engine(engine.backend, engine.tokenizer, "fresh")  # the loaded model, nothing cached
     schema, text = TICKET["json_schema"], TICKET["input"]
-    cold = engine.fill(schema, text)
-    warm = engine.fill(schema, text)
+    cold = fresh.fill(schema, text)
+    warm = fresh.fill(schema, text)
     assert len(cold.fields) == 28
-    assert (cold.stats.forward_passes, cold.stats.head_cache) == (5, "miss")
-    assert (warm.stats.forward_passes, warm.stats.head_cache) == (4, "hit")
-    assert warm.stats.cached_tokens > 500
+    assert (cold.stats.forward_passes, cold.stats.head_cache) == (3, "miss")
+    assert (warm.stats.forward_passes, warm.stats.head_cache) == (2, "hit")
+    assert warm.stats.cached_tokens == len(fresh.compile(schema).head_ids) > 500
+
+
+def test_memory_is_estimated_from_the_model_and_an_unchunked_flood_is_refused(engine):
+    backend = engine.backend
+    config = backend.model.config
+    assert backend.kv_bytes_per_token == 2 * config.num_hidden_layers * config.num_key_value_heads * 64 * 4
+    prefix = backend.prefill(engine.tokenizer.encode("A state."))
+    rows = [(k % 500, k // 500 + 1) + tuple(range(100, 138)) for k in range(2000)]  # 2000 questions' rows
+    saved, passes = backend.max_tokens_per_pass, backend.forward_passes
+    backend.max_tokens_per_pass = None  # no chunking: one pass would need an 80000-token square mask
+    try:
+        with pytest.raises(PromptError, match="max_pass_bytes of 2048 MiB"):
+            backend.score(prefix, rows, [Query(r, 39, (1,)) for r in range(len(rows))])
+    finally:
+        backend.max_tokens_per_pass = saved
+    assert backend.forward_passes == passes

@@ -32,7 +32,7 @@ except ImportError as error:  # pragma: no cover - exercised only without the ex
     raise BackendUnavailableError("torch", error.name or "torch") from error
 
 # Without this, transformers materialises repeat_kv for masked GQA attention: on 2 CPU cores the row
-# pass took 3.4 s instead of 1.5 s in the prototype (REFERENCE.md section 6).
+# pass took 3.4 s instead of 1.5 s in the prototype.
 os.environ.setdefault("TRANSFORMERS_SDPA_FORCE_GQA", "1")
 
 logger = logging.getLogger(__name__)
