@@ -22,6 +22,8 @@ from .backends.base import Backend, Prefix
 from .compiler import CompiledSchema, compile_schema
 from .decoding import DecisionTask, RoundStats, check_strategy, decode
 from .errors import PromptError
+from .generation import GeneratedField, GenerationStats, generate_open_fields
+from .grammar import GrammarTokenizer
 from .models import DEFAULT_MODEL, load_backend
 from .prompt import PromptParts, normalise_input
 from .questions import DecideRequest, DecideResponse, Usage
@@ -73,6 +75,7 @@ class Engine:
         self._compiled = _Lru(schema_cache_size)
         self._heads = _Lru(head_cache_size)
         self._decide_prompt: PromptParts | None = None
+        self._grammar_tokenizer: GrammarTokenizer | None = None
 
     @classmethod
     def load(
@@ -114,7 +117,15 @@ class Engine:
             return head
 
     # -- fill ---------------------------------------------------------------------------------
-    def fill(self, schema: Any, text: str, *, strategy: str = "trie", use_head_cache: bool = True) -> Extraction:
+    def fill(
+        self,
+        schema: Any,
+        text: str,
+        *,
+        strategy: str = "trie",
+        use_head_cache: bool = True,
+        max_new_tokens: dict[str, int] | None = None,
+    ) -> Extraction:
         """Decide every field of ``schema`` for ``text``; see the module docstring for the cost."""
         check_strategy(strategy)
         started = time.perf_counter()
@@ -131,16 +142,23 @@ class Engine:
             prefix, warnings = self._request_prefix(compiled, head, whole, stats)
             stats.prefill_ms = _ms(clock)
             clock = time.perf_counter()
-            results = self._decide_waves(compiled, prefix, strategy, stats)
+            results, chosen, prefix = self._decide_waves(compiled, prefix, strategy, stats)
             stats.decode_ms = _ms(clock)
+            if compiled.open_rows:
+                clock = time.perf_counter()
+                generated, open_warnings = self._generate_open(compiled, prefix, chosen, stats, max_new_tokens)
+                warnings += open_warnings
+                stats.generate_ms = _ms(clock)
             stats.forward_passes = self.backend.forward_passes - passes_before
         # a bypassed head was read as part of the prompt, so it is in prompt_tokens already
         head_tokens = 0 if stats.head_cache == "bypassed" else len(compiled.head_ids)
         stats.input_tokens = head_tokens + stats.prompt_tokens + stats.row_tokens
         stats.total_ms = _ms(started)
-        ordered = {f.name: results[f.name] for f in compiled.schema.fields}
+        decided = {f.name: results[f.name] for f in compiled.schema.fields}
+        everything: dict[str, FieldResult | GeneratedField] = {**decided, **(generated if compiled.open_rows else {})}
+        ordered = {name: everything[name] for name in compiled.schema.keys}
         value = compiled.schema.rebuild({name: r.value for name, r in ordered.items()})
-        return Extraction(value, ordered, stats, warnings + mass_warnings(ordered))
+        return Extraction(value, ordered, stats, warnings + mass_warnings(decided))
 
     def request_ids(self, compiled: CompiledSchema, text: str) -> tuple[int, ...]:
         """The whole prompt's ids, tokenized in one piece, after checking that it fits the context.
@@ -170,7 +188,7 @@ class Engine:
 
     def _decide_waves(
         self, compiled: CompiledSchema, prefix: Prefix, strategy: str, stats: Stats
-    ) -> dict[str, FieldResult]:
+    ) -> tuple[dict[str, FieldResult], dict[str, int], Prefix]:
         results: dict[str, FieldResult] = {}
         chosen: dict[str, int] = {}
         rounds = RoundStats()
@@ -186,7 +204,37 @@ class Engine:
                 chosen[name] = readout.best
                 results[name] = FieldResult.from_readout(compiled.schema.field(name), readout, strategy, wave_index)
         stats.n_rows, stats.row_tokens, stats.rounds = rounds.n_rows, rounds.row_tokens, rounds.rounds
-        return results
+        return results, chosen, prefix
+
+    def _generate_open(
+        self,
+        compiled: CompiledSchema,
+        prefix: Prefix,
+        chosen: dict[str, int],
+        stats: Stats,
+        max_new_tokens: dict[str, int] | None,
+    ) -> tuple[dict[str, GeneratedField], list[str]]:
+        """Write the closed answers not yet in the prompt (one pass), then generate every open field."""
+        written = {name for wave in compiled.waves[:-1] for name in wave}
+        lines = [t for f in compiled.fields if f.name not in written for t in f.answer_ids[chosen[f.name]]]
+        if lines:
+            prefix = self.backend.prefill(lines, parent=prefix)
+            stats.prompt_tokens += len(lines)
+        if self._grammar_tokenizer is None:
+            self._grammar_tokenizer = GrammarTokenizer(self.tokenizer.hf, self.tokenizer.eos_ids)
+        open_stats = GenerationStats()
+        generated, warnings = generate_open_fields(
+            self.backend,
+            self._grammar_tokenizer,
+            prefix,
+            compiled.open_rows,
+            compiled.schema,
+            open_stats,
+            max_new_tokens,
+        )
+        stats.open_steps, stats.row_tokens = open_stats.steps, stats.row_tokens + open_stats.row_tokens
+        stats.output_tokens = sum(g.n_tokens for g in generated.values())
+        return generated, warnings
 
     def fill_many(self, schema: Any, texts: list[str], **options: Any) -> list[Extraction]:
         """Many inputs against one schema: the head is compiled and prefilled once for all of them."""

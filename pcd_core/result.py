@@ -25,6 +25,9 @@ class Stats:
     head_ms: float = 0.0
     prefill_ms: float = 0.0
     decode_ms: float = 0.0
+    generate_ms: float = 0.0
+    open_steps: int = 0  # forward passes that extended the open rows, one token each
+    output_tokens: int = 0  # tokens generated for open fields (0 for a closed-only schema)
     total_ms: float = 0.0
     row_layout: str = "packed"
     head_cache: str = "hit"
@@ -69,7 +72,7 @@ class FieldResult:
 @dataclass
 class Extraction:
     value: Any
-    fields: dict[str, FieldResult]
+    fields: dict[str, Any]  # FieldResult for decided fields, GeneratedField for generated ones
     stats: Stats
     warnings: list[str] = field(default_factory=list)
 
