@@ -112,7 +112,8 @@ def open_catalog_line(field: OpenField) -> str:
 
 def system_text(schema: Schema, task: str = "") -> str:
     """The instructions and the catalog, every key in the caller's order. A closed-only schema keeps
-    the original instructions word for word, so its decisions do not move when open fields exist."""
+    the original instructions word for word, so its decisions do not move when open fields exist.
+    """
     lines = [INSTRUCTIONS if not schema.open_fields else MIXED_INSTRUCTIONS]
     if task:
         lines.append(task.strip())

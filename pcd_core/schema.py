@@ -213,7 +213,7 @@ def _inline_refs(spec: Any, defs: Mapping[str, Any], seen: tuple[str, ...], name
         return spec
     if "$ref" in spec:
         ref = spec["$ref"]
-        key = ref.rsplit("/", 1)[-1] if isinstance(ref, str) else None
+        key = ref.rsplit("/", 1)[-1] if isinstance(ref, str) else ""
         if not isinstance(ref, str) or not ref.startswith("#/") or key not in defs:
             raise SchemaError(f"cannot resolve $ref {ref!r}", field=name)
         if key in seen:
@@ -308,7 +308,8 @@ def from_field_dict(spec: Mapping[str, Any]) -> Schema:
 def _checked(schema: Schema) -> Schema:
     closed = {f.name for f in schema.fields}
     names = closed | {f.name for f in schema.open_fields}
-    for f in (*schema.fields, *schema.open_fields):
+    every: tuple[Field | OpenField, ...] = (*schema.fields, *schema.open_fields)
+    for f in every:
         for dep in f.depends_on:
             if dep not in names:
                 raise SchemaError(f"depends_on names {dep!r}, which is not a field", field=f.name)
