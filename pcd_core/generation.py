@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from .backends.base import Backend, Prefix, Query
+from .backends.base import Backend, Prefix
 from .compiler import OpenRowSpec
 from .errors import GenerationError
 from .grammar import GrammarTokenizer, RowMatcher
@@ -129,21 +129,26 @@ def _run_rows(
     caps: dict[str, int],
     stats: GenerationStats,
 ) -> None:
-    """One ``score`` call per step over every unfinished row, until each matcher stops."""
-    vocab = backend.vocab_size
-    every_id = tuple(range(vocab))
+    """One ``backend.grow`` pass per step over every unfinished row, until each matcher stops.
+
+    The first pass reads every row's opening; each later pass reads only the tokens a row gained
+    since (the model's last pick and any forced ones), with the rows' own KV kept by the backend.
+    """
+    state = None
     while True:
         for row in rows:
             _jump_forward(row, tokenizer, caps, stats)
-        active = [row for row in rows if not row.done]
-        if not active:
+        seen = state.ids if state is not None else tuple(() for _ in rows)
+        new = [tuple(row.ids[len(had) :]) if not row.done else () for row, had in zip(rows, seen)]
+        if not any(new):
             return
-        queries = [Query(k, len(row.ids) - 1, every_id) for k, row in enumerate(active)]
         tokens_before = backend.counter.tokens_read
-        values = backend.score(prefix, [tuple(row.ids) for row in active], queries)
+        state = backend.grow(prefix, state, new)
         stats.steps += 1
         stats.row_tokens += backend.counter.tokens_read - tokens_before
-        for row, logp in zip(active, values):
+        for row, logp in zip(rows, state.logp):
+            if logp is None:
+                continue
             token = _best_allowed(row, logp)
             row.matcher.consume([token])
             row.ids.append(token)

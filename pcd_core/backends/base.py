@@ -12,8 +12,15 @@ A backend knows nothing about schemas, labels or JSON. It offers:
     means after the prefix's own last token), gathered at ``ids``, as float64. The prefix is never
     modified.
 
+``grow(prefix, rows, new) -> Rows``
+    The generation primitive: every open row gets its new tokens in ONE forward pass, each row seeing
+    the prefix and its own earlier tokens, and the full-vocabulary log-softmax after each extended row
+    comes back. Rows never see each other and the prefix is never modified. The base class implements
+    it with ``score`` (every row re-read whole, one pass per call); a backend that keeps the rows' KV
+    (torch) reads only the new tokens. ``check_backend`` proves both agree with plain prefills.
+
 ``next_logp(prefix)``, the full-vocabulary log-softmax after a prefix, exists for token-by-token
-baselines only; the engine itself never needs a whole vocabulary.
+baselines; the engine needs a whole vocabulary only for generated rows.
 
 Memory is bounded by one knob, ``max_tokens_per_pass``: the row tokens read in one forward pass. The
 base class splits rows into such chunks (whole rows, never a row across two chunks), so chunking
@@ -136,6 +143,18 @@ def pack_tree(rows: list[tuple[int, ...]]) -> TokenTree:
     return tree
 
 
+@dataclass(frozen=True, eq=False)
+class Rows:
+    """Rows growing after one prefix: each row's ids so far, the log-probs after each row's last token
+    (``None`` for a row that got no token in the last pass), and the backend's state for the rows.
+    """
+
+    prefix: Prefix
+    ids: tuple[tuple[int, ...], ...]
+    logp: tuple[np.ndarray | None, ...]
+    state: Any = field(default=None, repr=False)
+
+
 class Backend(ABC):
     """A loaded causal LM behind the two primitives. Subclasses implement the underscored hooks."""
 
@@ -193,6 +212,35 @@ class Backend(ABC):
             for k, values in zip(picked, self._score_chunk(prefix, tree, chunk_queries)):
                 results[k] = np.asarray(values, dtype=np.float64)
         return [r if r is not None else np.zeros(0) for r in results]
+
+    def grow(self, prefix: Prefix, rows: Rows | None, new: Sequence[Sequence[int]]) -> Rows:
+        """Append ``new[i]`` to row ``i`` (``rows=None`` starts the rows) in one pass; see the contract."""
+        old = rows.ids if rows is not None else tuple(() for _ in new)
+        if rows is not None and rows.prefix is not prefix:
+            raise BackendError("grow continues rows only after the prefix they started from")
+        if len(new) != len(old):
+            raise BackendError(f"grow got {len(new)} extensions for {len(old)} rows")
+        extended = tuple(o + tuple(int(t) for t in n) for o, n in zip(old, new))
+        if not any(new):
+            return Rows(prefix, extended, tuple(None for _ in new), rows.state if rows is not None else None)
+        longest = max(len(row) for row in extended)
+        if prefix.n_tokens + longest > self.context_length:
+            raise PromptError(
+                f"a generated row reaches {prefix.n_tokens + longest} tokens, over the model's context of "
+                f"{self.context_length}"
+            )
+        return self._grow(prefix, rows, extended, [len(n) for n in new])
+
+    def _grow(self, prefix: Prefix, rows: Rows | None, extended: tuple[tuple[int, ...], ...], n_new: list[int]) -> Rows:
+        """Re-read every extended row with ``score`` and gather the whole vocabulary at its end."""
+        active = [k for k, n in enumerate(n_new) if n]
+        every_id = tuple(range(self.vocab_size))
+        queries = [Query(j, len(extended[k]) - 1, every_id) for j, k in enumerate(active)]
+        values = self.score(prefix, [extended[k] for k in active], queries)
+        logp: list[np.ndarray | None] = [None] * len(extended)
+        for k, value in zip(active, values):
+            logp[k] = value
+        return Rows(prefix, extended, tuple(logp))
 
     def next_logp(self, prefix: Prefix) -> np.ndarray:
         """Full-vocabulary log-softmax after the prefix (for token-by-token baselines)."""
