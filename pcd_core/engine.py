@@ -14,11 +14,12 @@ import json
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from .asking import as_text, ask, render_decide_prompt
 from .backends.base import Backend, Prefix
+from .chatting import Generation, Message, as_messages, render_chat, stream_tokens
 from .compiler import CompiledSchema, compile_schema
 from .decoding import DecisionTask, RoundStats, check_strategy, decode
 from .errors import PromptError
@@ -246,6 +247,54 @@ class Engine:
 
     async def afill_many(self, schema: Any, texts: list[str], **options: Any) -> list[Extraction]:
         return await asyncio.to_thread(self.fill_many, schema, texts, **options)
+
+    # -- plain generation ---------------------------------------------------------------------
+    def generate(
+        self, messages: str | Sequence[Message], *, max_new_tokens: int = 256, stop: Sequence[str] = ()
+    ) -> Generation:
+        """A greedy reply to chat ``messages`` (``chatting.py``): text, finish reason and cost."""
+        result = self._new_generation()
+        for _ in self.stream(messages, max_new_tokens=max_new_tokens, stop=stop, result=result):
+            pass
+        return result
+
+    def stream(
+        self,
+        messages: str | Sequence[Message],
+        *,
+        max_new_tokens: int = 256,
+        stop: Sequence[str] = (),
+        result: Generation | None = None,
+    ) -> Iterator[str]:
+        """The same reply as text deltas, as they are generated; pass ``result`` to read the cost."""
+        result = result if result is not None else self._new_generation()
+        head_text, rest = render_chat(self.tokenizer, as_messages(messages))
+        head_ids = self.tokenizer.encode_head(head_text)
+        whole = self.tokenizer.encode_head(head_text + rest)
+        if len(whole) + max_new_tokens > self.context_length:
+            raise PromptError(
+                f"the messages take {len(whole)} tokens and up to {max_new_tokens} may be generated, over "
+                f"the model's context of {self.context_length}; shorten them or lower max_new_tokens"
+            )
+        with self._lock:
+            head, hit = self._heads.get_or(head_ids, lambda: self.backend.prefill(head_ids))
+            after = after_head(whole, head_ids)
+            prefix = self.backend.prefill(after, parent=head) if after else self.backend.prefill(whole)
+        result.forward_passes = (0 if hit else 1) + 1
+        result.input_tokens, result.cached_tokens = len(whole), len(head_ids) if hit and after else 0
+        yield from stream_tokens(
+            self.backend,
+            self.tokenizer,
+            prefix,
+            max_new_tokens=max_new_tokens,
+            stop=stop,
+            locked=lambda: self._lock,
+            result=result,
+        )
+
+    @staticmethod
+    def _new_generation() -> Generation:
+        return Generation(text="", finish_reason="length", input_tokens=0, output_tokens=0, forward_passes=0)
 
     # -- questions ----------------------------------------------------------------------------
     def decide(self, state: Any, questions: dict[str, Any]) -> DecideResponse:
