@@ -98,7 +98,8 @@ def generate_open_fields(
     results: dict[str, GeneratedField] = {}
     written: dict[str, list[int]] = {}
     warnings: list[str] = []
-    waves = open_waves(schema)
+    # only the fields given are generated (a subset keeps its waves, minus the fields left out)
+    waves = tuple(w for w in (tuple(n for n in wave if n in by_name) for wave in open_waves(schema)) if w)
     for wave_index, wave in enumerate(waves):
         if wave_index:
             # the previous wave's lines, exactly as generated, become part of the shared prefix
@@ -184,6 +185,7 @@ def _jump_forward(row: _Row, tokenizer: GrammarTokenizer, caps: dict[str, int], 
         if closing and row.matcher.accepts(closing):
             row.matcher.consume(closing)
             row.ids.extend(closing)
+            row.n_forced += len(closing)  # written by us, like forced tokens: no pass, no log-prob
             row.warnings.append(
                 f"field {name!r}: cut at max_new_tokens={caps[name]} and closed; the text may be incomplete"
             )
