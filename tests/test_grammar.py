@@ -5,8 +5,8 @@ import json
 import numpy as np
 import pytest
 
-from pcd_core.grammar import GrammarTokenizer, RowMatcher, check_value_schema
 from pcd_core.errors import SchemaError
+from pcd_core.grammar import GrammarTokenizer, RowMatcher, check_value_schema
 
 
 @pytest.fixture(scope="module")
