@@ -28,7 +28,7 @@ from .grammar import GrammarTokenizer
 from .models import DEFAULT_MODEL, load_backend
 from .prompt import PromptParts, normalise_input
 from .questions import DecideRequest, DecideResponse, Usage
-from .result import Extraction, FieldResult, Stats, mass_warnings
+from .result import Extraction, FieldResult, Stats, gather_memberships, mass_warnings
 from .schema import parse_schema
 from .tokenizer import TextTokenizer
 
@@ -156,7 +156,11 @@ class Engine:
         stats.input_tokens = head_tokens + stats.prompt_tokens + stats.row_tokens
         stats.total_ms = _ms(started)
         decided = {f.name: results[f.name] for f in compiled.schema.fields}
-        everything: dict[str, FieldResult | GeneratedField] = {**decided, **(generated if compiled.open_rows else {})}
+        everything: dict[str, Any] = {
+            **decided,
+            **gather_memberships(compiled.schema, decided),
+            **(generated if compiled.open_rows else {}),
+        }
         ordered = {name: everything[name] for name in compiled.schema.keys}
         value = compiled.schema.rebuild({name: r.value for name, r in ordered.items()})
         return Extraction(value, ordered, stats, warnings + mass_warnings(decided))

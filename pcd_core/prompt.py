@@ -117,9 +117,12 @@ def system_text(schema: Schema, task: str = "") -> str:
     lines = [INSTRUCTIONS if not schema.open_fields else MIXED_INSTRUCTIONS]
     if task:
         lines.append(task.strip())
-    closed = {f.name: catalog_line(f) for f in schema.fields}
-    opened = {f.name: open_catalog_line(f) for f in schema.open_fields}
-    lines += ["", "Keys:"] + [closed.get(name) or opened[name] for name in schema.keys]
+    by_key: dict[str, list[str]] = {}
+    for f in schema.fields:  # a multi-label list is listed as its per-label boolean keys
+        by_key.setdefault(f.member_of[0] if f.member_of else f.name, []).append(catalog_line(f))
+    for item in schema.open_fields:
+        by_key[item.name] = [open_catalog_line(item)]
+    lines += ["", "Keys:"] + [line for name in schema.keys for line in by_key[name]]
     return "\n".join(lines)
 
 

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .readout import Readout
-from .schema import Field, JsonValue
+from .schema import Field, JsonValue, Schema
 
 #: below this candidate mass a field carries a warning: the model wanted to write something else
 LOW_MASS = 0.5
@@ -96,3 +97,54 @@ def mass_warnings(results: dict[str, FieldResult], threshold: float = LOW_MASS) 
         for r in results.values()
         if r.candidate_mass < threshold
     ]
+
+
+@dataclass
+class MembershipResult:
+    """A multi-label list, decided: each label's probability of belonging, and the labels at >= 0.5."""
+
+    name: str
+    value: list[JsonValue]
+    memberships: dict[str, float]
+    candidate_mass: float  # the lowest of the per-label decisions
+    wave: int
+    members: dict[str, FieldResult]
+    method: str = "multi-label"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "value": list(self.value),
+            "memberships": dict(self.memberships),
+            "candidate_mass": self.candidate_mass,
+            "wave": self.wave,
+            "method": self.method,
+        }
+
+
+def gather_memberships(schema: Schema, decided: dict[str, FieldResult]) -> dict[str, MembershipResult]:
+    """One list per multi-label key, from its per-label boolean decisions, labels in schema order."""
+    grouped: dict[str, list[tuple[Field, FieldResult]]] = {}
+    for spec in schema.fields:
+        if spec.member_of is not None:
+            grouped.setdefault(spec.member_of[0], []).append((spec, decided[spec.name]))
+    gathered = {}
+    for name, members in grouped.items():
+        inside = {_label_text(spec): result.probabilities["true"] for spec, result in members}
+        gathered[name] = MembershipResult(
+            name=name,
+            value=[
+                spec.member_of[1] for spec, result in members if spec.member_of and result.probabilities["true"] >= 0.5
+            ],
+            memberships=inside,
+            candidate_mass=min(result.candidate_mass for _, result in members),
+            wave=max(result.wave for _, result in members),
+            members={spec.name: result for spec, result in members},
+        )
+    return gathered
+
+
+def _label_text(spec: Field) -> str:
+    assert spec.member_of is not None
+    label = spec.member_of[1]
+    return label if isinstance(label, str) else json.dumps(label)

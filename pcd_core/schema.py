@@ -38,6 +38,8 @@ class Field:
     description: str
     labels: tuple[Label, ...]
     depends_on: tuple[str, ...] = ()
+    #: for one label of a multi-label list: (the list's key, the label); the field is then a boolean
+    member_of: tuple[str, JsonValue] | None = None
 
 
 @dataclass(frozen=True)
@@ -225,6 +227,38 @@ def _inline_refs(spec: Any, defs: Mapping[str, Any], seen: tuple[str, ...], name
     return {k: _inline_refs(v, defs, seen, name) for k, v in spec.items() if k not in ("$defs", "definitions")}
 
 
+def _multi_label_values(name: str, spec: Mapping[str, Any], defs: Mapping[str, Any]) -> list[Any] | None:
+    """The labels of a ``list[Literal]`` / ``list[Enum]`` property, or None for any other property."""
+    resolved = _inline_refs(spec, defs, (), name)
+    items = resolved.get("items") if resolved.get("type") == "array" else None
+    if not isinstance(items, Mapping):
+        return None
+    try:
+        values = _closed_values(name, items, {})
+    except (_OpenValue, SchemaError):
+        return None
+    return values if len(values) >= 2 and not any(isinstance(v, bool) or v is None for v in values) else None
+
+
+def membership_fields(name: str, labels: list[Any], description: str, depends_on: Any) -> list[Field]:
+    """One boolean decision per label of a multi-label list: is this label in the list? Each is read
+    like any boolean (``true``/``false``, bare or quoted) in the packed pass, so the list gets a
+    membership probability per label instead of a generated array.
+    """
+    about = f"{description.rstrip('.')}. " if description else ""
+    fields = []
+    for label in labels:
+        shown = label if isinstance(label, str) else json.dumps(label)
+        member = make_field(
+            f"{name}: {shown}",
+            [True, False],
+            f"{about}Whether {shown} belongs in the {json.dumps(name, ensure_ascii=False)} list",
+            depends_on,
+        )
+        fields.append(Field(member.name, member.description, member.labels, member.depends_on, (name, label)))
+    return fields
+
+
 def default_max_new_tokens(spec: Mapping[str, Any]) -> int:
     """A cap that never cuts a valid value short for bounded strings (``maxLength`` characters can take
     up to about two tokens each with escapes), and a generous one for everything else.
@@ -268,12 +302,16 @@ def from_json_schema(schema: Mapping[str, Any], model_class: Any = None) -> Sche
         if not isinstance(spec, Mapping):
             raise SchemaError(f"property spec {spec!r} is not an object", field=name)
         description = spec.get("description") or spec.get("title") or ""
+        depends_on = spec.get("depends_on", spec.get("x-depends-on", ()))
+        members = _multi_label_values(name, spec, defs)
+        if members is not None:
+            fields += membership_fields(name, members, description, depends_on)
+            continue
         try:
             values = _closed_values(name, spec, defs)
         except _OpenValue:
             open_fields.append(make_open_field(name, spec, defs, description))
             continue
-        depends_on = spec.get("depends_on", spec.get("x-depends-on", ()))
         fields.append(make_field(name, values, description, depends_on))
     title = str(schema.get("title", ""))
     return _checked(Schema(tuple(fields), title, model_class, tuple(open_fields), tuple(properties)))

@@ -211,3 +211,24 @@ def test_a_cap_that_cannot_close_raises(engine):
     schema = {"properties": {"year": {"type": "integer", "minimum": 1000, "maximum": 9999}}}
     with pytest.raises(GenerationError, match="max_new_tokens"):
         engine.fill(schema, "It happened in 1987.", max_new_tokens={"year": 1})
+
+
+class Topics(BaseModel):
+    topics: list[Literal["BILLING", "OUTAGE", "SECURITY"]] = Field(description="Every topic the ticket raises")
+    summary: str = Field(max_length=80, description="One-line summary")
+
+
+def test_a_list_of_enums_is_decided_label_by_label(engine):
+    result = engine.fill(Topics, "I was billed twice for March and your API has been down since this morning.")
+    topics = result.fields["topics"]
+    assert topics.method == "multi-label"
+    assert set(topics.memberships) == {"BILLING", "OUTAGE", "SECURITY"}
+    member = topics.members["topics: BILLING"]
+    assert topics.memberships["BILLING"] == member.probabilities["true"]
+    assert result.value.topics == [label for label, p in topics.memberships.items() if p >= 0.5]
+    assert isinstance(result.value, Topics)
+
+
+def test_multi_label_keys_are_listed_per_label_in_the_catalog(engine):
+    head = engine.compile(Topics).prompt.head
+    assert head.index('"topics: BILLING"') < head.index('"topics: SECURITY"') < head.index('"summary"')
