@@ -29,7 +29,7 @@ from .models import DEFAULT_MODEL, load_backend
 from .prompt import PromptParts, normalise_input
 from .questions import DecideRequest, DecideResponse, Usage
 from .result import Extraction, FieldResult, Stats, gather_memberships, mass_warnings
-from .schema import parse_schema
+from .schema import open_waves, parse_schema
 from .tokenizer import TextTokenizer
 
 
@@ -171,7 +171,7 @@ class Engine:
         """
         whole = self.tokenizer.encode_head(compiled.prompt.head + compiled.prompt.request_text(text))
         answers = sum(max(map(len, f.answer_ids)) for f in compiled.fields)
-        budget = len(whole) + answers + compiled.max_variant_tokens
+        budget = len(whole) + answers + max(compiled.max_variant_tokens, open_row_budget(compiled))
         if budget > self.context_length:
             raise PromptError(
                 f"the input needs {budget} tokens with the schema, over the model's context of "
@@ -343,6 +343,17 @@ class Engine:
 
     async def adecide(self, state: Any, questions: dict[str, Any]) -> DecideResponse:
         return await asyncio.to_thread(self.decide, state, questions)
+
+
+def open_row_budget(compiled: CompiledSchema) -> int:
+    """Tokens the open rows may need past the closed answers: every wave but the last is written in
+    whole, and the longest row of the last wave grows to its cap.
+    """
+    if not compiled.open_rows:
+        return 0
+    size = {row.field.name: len(row.opening) + row.field.max_new_tokens for row in compiled.open_rows}
+    waves = open_waves(compiled.schema)
+    return sum(size[n] for wave in waves[:-1] for n in wave) + max(size[n] for n in waves[-1])
 
 
 def after_head(whole: Sequence[int], head_ids: Sequence[int]) -> tuple[int, ...] | None:
