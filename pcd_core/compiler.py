@@ -15,7 +15,7 @@ from dataclasses import field as dataclass_field
 
 from .errors import TokenizationError
 from .prompt import PromptParts, build_prompt
-from .schema import Field, Schema
+from .schema import Field, OpenField, Schema
 from .tokenizer import LAYOUTS, Layout, TextTokenizer
 from .trie import LabelTrie, Variant
 
@@ -40,13 +40,14 @@ class CompiledSchema:
     head_ids: tuple[int, ...]
     fields: tuple[CompiledField, ...]
     waves: tuple[tuple[str, ...], ...]
+    open_rows: tuple[OpenRowSpec, ...] = ()
 
     def field(self, name: str) -> CompiledField:
         return next(f for f in self.fields if f.name == name)
 
     @property
     def max_variant_tokens(self) -> int:
-        return max(len(v.ids) for f in self.fields for v in f.variants)
+        return max((len(v.ids) for f in self.fields for v in f.variants), default=0)
 
 
 def compile_schema(schema: Schema, tokenizer: TextTokenizer, task: str = "") -> CompiledSchema:
@@ -63,14 +64,17 @@ def compile_schema(schema: Schema, tokenizer: TextTokenizer, task: str = "") -> 
 def _compile_with(schema: Schema, tokenizer: TextTokenizer, layout: Layout, task: str) -> CompiledSchema:
     prompt = build_prompt(tokenizer, schema, layout.opener, task)
     waves = schema.waves()
-    first = schema.field(waves[0][0])
-    last_name = schema.fields[-1].name
-    # Every field but the first is asked right after the first field's answer line.
-    after_first = prompt.tail + layout.segment(first.name, first.labels[0].forms[0], first.name == last_name)
+    # with open fields after them, no closed line ends the object
+    last_name = schema.fields[-1].name if schema.fields and not schema.open_fields else None
     compiled = []
-    for field in schema.fields:
-        before = prompt.tail if field is first else after_first
-        compiled.append(compile_field(tokenizer, layout, field, before, field.name == last_name))
+    after_first = prompt.tail
+    if schema.fields:
+        first = schema.field(waves[0][0])
+        # Every field but the first is asked right after the first field's answer line.
+        after_first += layout.segment(first.name, first.labels[0].forms[0], first.name == last_name)
+        for field in schema.fields:
+            before = prompt.tail if field is first else after_first
+            compiled.append(compile_field(tokenizer, layout, field, before, field.name == last_name))
     return CompiledSchema(
         schema=schema,
         prompt=prompt,
@@ -78,6 +82,7 @@ def _compile_with(schema: Schema, tokenizer: TextTokenizer, layout: Layout, task
         head_ids=tokenizer.encode_head(prompt.head),
         fields=tuple(compiled),
         waves=waves,
+        open_rows=compile_open_fields(schema, tokenizer, layout, after_first),
     )
 
 
@@ -106,3 +111,38 @@ def compile_field(tokenizer: TextTokenizer, layout: Layout, field: Field, before
             if form_index == 0:
                 answers.append(ids)
     return CompiledField(field, tuple(variants), tuple(answers), LabelTrie(tuple(variants), field.name))
+
+
+@dataclass(frozen=True)
+class OpenRowSpec:
+    """One open field compiled: the ids of its key line up to the value, and how the line ends."""
+
+    field: OpenField
+    opening: tuple[int, ...]
+    value_prefix: str  # what the grammar writes before the value: " " after the colon
+    line_end: str
+
+
+def compile_open_fields(
+    schema: Schema, tokenizer: TextTokenizer, layout: Layout, before: str
+) -> tuple[OpenRowSpec, ...]:
+    """The open rows, tokenized after ``before`` (the prompt up to a written answer line).
+
+    The row ends right after the key's colon when the colon and the value's first token stay apart,
+    as they do in GPT-2-style and Qwen tokenizers (``":`` then `` "``): the space belongs to the value,
+    so the grammar writes it (seed 000's rule: end the row where the tokenizer would).
+    """
+    probe_line = layout.segment("k", "0", last=False)
+    line_end = probe_line[probe_line.index(": 0") + 3 :]
+    specs = []
+    for item in schema.open_fields:
+        line = layout.segment(item.name, "0", last=False)
+        key_part = line[: line.index(": 0") + 1]
+        opening = tokenizer.continuation(before, key_part)
+        after = tokenizer.continuation(before + key_part, ' "x"' + line_end)
+        if opening is None or after is None:
+            raise TokenizationError(
+                "the open field's key line merges with the text around it", field=item.name, text=key_part
+            )
+        specs.append(OpenRowSpec(item, opening, " ", line_end))
+    return tuple(specs)

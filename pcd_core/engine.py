@@ -22,20 +22,23 @@ import json
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from .asking import render_decide_prompt
 from .backends.base import Backend, Prefix
+from .chatting import Generation, Message, as_messages, render_chat, stream_tokens
 from .compiler import CompiledSchema, compile_schema
 from .deciding import plan_decide
 from .decoding import DecisionTask, Decoded, DecodeOptions, RoundStats, decode
 from .errors import PromptError
+from .generation import GeneratedField, GenerationStats, generate_open_fields
+from .grammar import GrammarTokenizer
 from .models import DEFAULT_MODEL, load_backend
 from .prompt import PromptParts
 from .questions import DecideResponse
-from .result import Extraction, FieldResult, Stats, mass_warnings
-from .schema import parse_schema
+from .result import Extraction, FieldResult, Stats, gather_memberships, mass_warnings
+from .schema import open_waves, parse_schema
 from .tokenizer import TextTokenizer
 
 #: the warning of a request whose input merged with the head's last token
@@ -85,6 +88,7 @@ class Engine:
         self._compiled = _Lru(schema_cache_size)
         self._heads = _Lru(head_cache_size)
         self._decide_prompt: PromptParts | None = None
+        self._grammar_tokenizer: GrammarTokenizer | None = None
 
     @classmethod
     def load(
@@ -186,8 +190,11 @@ class Engine:
         strategy: str | None = None,
         task: str = "",
         use_head_cache: bool = True,
+        max_new_tokens: dict[str, int] | None = None,
     ) -> Extraction:
-        """Decide every field of ``schema`` for ``text``; see the module docstring for the cost.
+        """Decide every closed field of ``schema`` for ``text`` and generate every open one; see the
+        module docstring for the cost, and ``generation.py`` for open fields (``max_new_tokens`` caps
+        them per field).
 
         ``strategy="exact"`` is short for ``options=DecodeOptions(strategy="exact")`` (or overrides
         the given options' strategy). ``task`` is an instruction put into the prompt after the
@@ -224,15 +231,60 @@ class Engine:
                 stats.prompt_tokens += len(lines)
                 record(wave_index, decoded)
             stats.decode_ms = _ms(clock)
+            generated: dict[str, GeneratedField] = {}
+            if compiled.open_rows:
+                clock = time.perf_counter()
+                generated, open_warnings, open_stats = self._generate_open(
+                    compiled, decoded.prefix, chosen, stats, max_new_tokens
+                )
+                warnings += open_warnings
+                stats.generate_ms = _ms(clock)
             self._count(stats, rounds, passes_before, len(compiled.head_ids))
+            if compiled.open_rows:  # the open rows' tokens are row tokens too, read by grow
+                stats.row_tokens += open_stats.row_tokens
+                stats.input_tokens += open_stats.row_tokens
         stats.total_ms = _ms(started)
-        ordered = {f.name: results[f.name] for f in compiled.schema.fields}
+        decided = {f.name: results[f.name] for f in compiled.schema.fields}
+        everything: dict[str, Any] = {**decided, **gather_memberships(compiled.schema, decided), **generated}
+        ordered = {name: everything[name] for name in compiled.schema.keys}
         value = compiled.schema.rebuild({name: r.value for name, r in ordered.items()})
-        return Extraction(value, ordered, stats, warnings + mass_warnings(ordered))
+        return Extraction(value, ordered, stats, warnings + mass_warnings(decided))
 
     @staticmethod
     def _tasks(compiled: CompiledSchema, wave_index: int, options: DecodeOptions) -> list[DecisionTask]:
+        if not compiled.waves:  # only open fields: the request is read with no rows
+            return []
         return [DecisionTask(compiled.field(name).trie, options.strategy) for name in compiled.waves[wave_index]]
+
+    def _generate_open(
+        self,
+        compiled: CompiledSchema,
+        prefix: Prefix,
+        chosen: dict[str, int],
+        stats: Stats,
+        max_new_tokens: dict[str, int] | None,
+    ) -> tuple[dict[str, GeneratedField], list[str], GenerationStats]:
+        """Write the closed answers not yet in the prompt (one pass), then generate every open field."""
+        written = {name for wave in compiled.waves[:-1] for name in wave}
+        lines = [t for f in compiled.fields if f.name not in written for t in f.answer_ids[chosen[f.name]]]
+        if lines:
+            prefix = self.backend.prefill(lines, parent=prefix)
+            stats.prompt_tokens += len(lines)
+        if self._grammar_tokenizer is None:
+            self._grammar_tokenizer = GrammarTokenizer(self.tokenizer.hf, self.tokenizer.eos_ids)
+        open_stats = GenerationStats()
+        generated, warnings = generate_open_fields(
+            self.backend,
+            self._grammar_tokenizer,
+            prefix,
+            compiled.open_rows,
+            compiled.schema,
+            open_stats,
+            max_new_tokens,
+        )
+        stats.open_steps = open_stats.steps
+        stats.output_tokens = sum(g.n_tokens for g in generated.values())
+        return generated, warnings, open_stats
 
     def request_ids(self, compiled: CompiledSchema, text: str) -> tuple[int, ...]:
         """The whole prompt's ids, tokenized in one piece, after checking that it fits the context.
@@ -240,7 +292,7 @@ class Engine:
         """
         whole = self.tokenizer.encode_head(compiled.prompt.head + compiled.prompt.request_text(text))
         answers = sum(max(map(len, f.answer_ids)) for f in compiled.fields)
-        budget = len(whole) + answers + compiled.max_variant_tokens
+        budget = len(whole) + answers + max(compiled.max_variant_tokens, open_row_budget(compiled))
         if budget > self.context_length:
             raise PromptError(
                 f"the input needs {budget} tokens with the schema, over the model's context of "
@@ -258,6 +310,54 @@ class Engine:
 
     async def afill_many(self, schema: Any, texts: list[str], **options: Any) -> list[Extraction]:
         return await asyncio.to_thread(self.fill_many, schema, texts, **options)
+
+    # -- plain generation ---------------------------------------------------------------------
+    def generate(
+        self, messages: str | Sequence[Message], *, max_new_tokens: int = 256, stop: Sequence[str] = ()
+    ) -> Generation:
+        """A greedy reply to chat ``messages`` (``chatting.py``): text, finish reason and cost."""
+        result = self._new_generation()
+        for _ in self.stream(messages, max_new_tokens=max_new_tokens, stop=stop, result=result):
+            pass
+        return result
+
+    def stream(
+        self,
+        messages: str | Sequence[Message],
+        *,
+        max_new_tokens: int = 256,
+        stop: Sequence[str] = (),
+        result: Generation | None = None,
+    ) -> Iterator[str]:
+        """The same reply as text deltas, as they are generated; pass ``result`` to read the cost."""
+        result = result if result is not None else self._new_generation()
+        head_text, rest = render_chat(self.tokenizer, as_messages(messages))
+        head_ids = self.tokenizer.encode_head(head_text)
+        whole = self.tokenizer.encode_head(head_text + rest)
+        if len(whole) + max_new_tokens > self.context_length:
+            raise PromptError(
+                f"the messages take {len(whole)} tokens and up to {max_new_tokens} may be generated, over "
+                f"the model's context of {self.context_length}; shorten them or lower max_new_tokens"
+            )
+        with self._lock:
+            head, hit = self._heads.get_or(head_ids, lambda: self.backend.prefill(head_ids))
+            after = after_head(whole, head_ids)
+            prefix = self.backend.prefill(after, parent=head) if after else self.backend.prefill(whole)
+        result.forward_passes = (0 if hit else 1) + 1
+        result.input_tokens, result.cached_tokens = len(whole), len(head_ids) if hit and after else 0
+        yield from stream_tokens(
+            self.backend,
+            self.tokenizer,
+            prefix,
+            max_new_tokens=max_new_tokens,
+            stop=stop,
+            locked=lambda: self._lock,
+            result=result,
+        )
+
+    @staticmethod
+    def _new_generation() -> Generation:
+        return Generation(text="", finish_reason="length", input_tokens=0, output_tokens=0, forward_passes=0)
 
     # -- questions ----------------------------------------------------------------------------
     def decide(self, state: Any, questions: dict[str, Any]) -> DecideResponse:
@@ -281,6 +381,17 @@ class Engine:
 
     async def adecide(self, state: Any, questions: dict[str, Any]) -> DecideResponse:
         return await asyncio.to_thread(self.decide, state, questions)
+
+
+def open_row_budget(compiled: CompiledSchema) -> int:
+    """Tokens the open rows may need past the closed answers: every wave but the last is written in
+    whole, and the longest row of the last wave grows to its cap.
+    """
+    if not compiled.open_rows:
+        return 0
+    size = {row.field.name: len(row.opening) + row.field.max_new_tokens for row in compiled.open_rows}
+    waves = open_waves(compiled.schema)
+    return sum(size[n] for wave in waves[:-1] for n in wave) + max(size[n] for n in waves[-1])
 
 
 def _options(options: DecodeOptions | None, strategy: str | None) -> DecodeOptions:

@@ -44,6 +44,10 @@ class FreeTextNotSupportedError(PcdError, NotImplementedError):
     """Free-text generation was asked of an adapter that only reads closed decisions."""
 
 
+class GenerationError(PcdError, RuntimeError):
+    """An open field that cannot be finished as valid JSON: its cap cut a value that cannot close."""
+
+
 class BackendError(PcdError, RuntimeError):
     """A backend broke its contract at run time."""
 

@@ -16,13 +16,19 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from .errors import PromptError
-from .schema import Field, Schema
+from .schema import Field, OpenField, Schema
 
 MARKER = "\u27e6pcd:input\u27e7"
 
 INSTRUCTIONS = (
     "You are a careful classifier. Read the input, then write one JSON object that has exactly the "
     "keys below, in this order. Each value must be one of the key's allowed values, copied exactly."
+)
+#: for schemas with open fields: closed keys still copy an allowed value, open keys are written
+MIXED_INSTRUCTIONS = (
+    "You are a careful assistant. Read the input, then write one JSON object that has exactly the keys "
+    "below, in this order. Where a key lists allowed values, copy one of them exactly; otherwise write "
+    "the value the key describes, taken from the input."
 )
 
 
@@ -60,11 +66,63 @@ def catalog_line(field: Field) -> str:
     return f"- {json.dumps(field.name, ensure_ascii=False)}:{description} Allowed: {allowed}"
 
 
+def describe_value(spec: Any) -> str:
+    """A short English description of what an open field's JSON Schema admits, for the catalog."""
+    if not isinstance(spec, dict):
+        return "any JSON value"
+    for key in ("anyOf", "oneOf"):
+        if key in spec:
+            return " or ".join(dict.fromkeys(describe_value(option) for option in spec[key]))
+    kind = spec.get("type")
+    if kind == "string":
+        bounds = []
+        if "minLength" in spec:
+            bounds.append(f"at least {spec['minLength']}")
+        if "maxLength" in spec:
+            bounds.append(f"at most {spec['maxLength']}")
+        text = "a string" + (f" of {' and '.join(bounds)} characters" if bounds else "")
+        if "format" in spec:
+            text += f" in {spec['format']} format"
+        if "pattern" in spec:
+            text += f" matching the pattern {spec['pattern']}"
+        return text
+    if kind in ("integer", "number"):
+        text = "an integer" if kind == "integer" else "a number"
+        if "minimum" in spec:
+            text += f" from {spec['minimum']}"
+        if "maximum" in spec:
+            text += f" up to {spec['maximum']}"
+        return text
+    if kind == "array":
+        items = describe_value(spec.get("items", {}))
+        limit = f" (at most {spec['maxItems']})" if "maxItems" in spec else ""
+        return f"a list{limit} of {items}"
+    if kind == "object":
+        keys = ", ".join(json.dumps(k, ensure_ascii=False) for k in spec.get("properties", {}))
+        return f"an object with the keys {keys}" if keys else "an object"
+    if kind in ("boolean", "null"):
+        return "true or false" if kind == "boolean" else "null"
+    return "any JSON value"
+
+
+def open_catalog_line(field: OpenField) -> str:
+    description = f" {field.description.rstrip('.')}." if field.description else ""
+    return f"- {json.dumps(field.name, ensure_ascii=False)}:{description} Write {describe_value(field.value_schema)}."
+
+
 def system_text(schema: Schema, task: str = "") -> str:
-    lines = [INSTRUCTIONS]
+    """The instructions and the catalog, every key in the caller's order. A closed-only schema keeps
+    the original instructions word for word, so its decisions do not move when open fields exist.
+    """
+    lines = [INSTRUCTIONS if not schema.open_fields else MIXED_INSTRUCTIONS]
     if task:
         lines.append(task.strip())
-    lines += ["", "Keys:"] + [catalog_line(f) for f in schema.fields]
+    by_key: dict[str, list[str]] = {}
+    for f in schema.fields:  # a multi-label list is listed as its per-label boolean keys
+        by_key.setdefault(f.member_of[0] if f.member_of else f.name, []).append(catalog_line(f))
+    for item in schema.open_fields:
+        by_key[item.name] = [open_catalog_line(item)]
+    lines += ["", "Keys:"] + [line for name in schema.keys for line in by_key[name]]
     return "\n".join(lines)
 
 

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .readout import Readout
-from .schema import Field, JsonValue
+from .schema import Field, JsonValue, Schema
 
 #: below this candidate mass a field carries a warning: the model wanted to write something else
 LOW_MASS = 0.5
@@ -27,6 +28,9 @@ class Stats:
     head_ms: float = 0.0  # the head: a cache lookup, or its prefill on a miss
     prefill_ms: float = 0.0  # the pass that reads the request, with the first decision points in it
     decode_ms: float = 0.0  # every later wave
+    generate_ms: float = 0.0  # the open rows: the closed answers written in, then every step
+    open_steps: int = 0  # forward passes that extended the open rows, one token each
+    output_tokens: int = 0  # tokens generated for open fields (0 for a closed-only schema)
     total_ms: float = 0.0
     row_layout: str = "packed"
     head_cache: str = "miss"  # "hit", "miss", or "bypassed" when the input merged with the head
@@ -71,7 +75,7 @@ class FieldResult:
 @dataclass
 class Extraction:
     value: Any
-    fields: dict[str, FieldResult]
+    fields: dict[str, Any]  # FieldResult for decided fields, GeneratedField for generated ones
     stats: Stats
     warnings: list[str] = field(default_factory=list)
 
@@ -100,3 +104,54 @@ def low_mass_warnings(masses: dict[str, float], kind: str, threshold: float = LO
 
 def mass_warnings(results: dict[str, FieldResult], threshold: float = LOW_MASS) -> list[str]:
     return low_mass_warnings({r.name: r.candidate_mass for r in results.values()}, "field", threshold)
+
+
+@dataclass
+class MembershipResult:
+    """A multi-label list, decided: each label's probability of belonging, and the labels at >= 0.5."""
+
+    name: str
+    value: list[JsonValue]
+    memberships: dict[str, float]
+    candidate_mass: float  # the lowest of the per-label decisions
+    wave: int
+    members: dict[str, FieldResult]
+    method: str = "multi-label"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "value": list(self.value),
+            "memberships": dict(self.memberships),
+            "candidate_mass": self.candidate_mass,
+            "wave": self.wave,
+            "method": self.method,
+        }
+
+
+def gather_memberships(schema: Schema, decided: dict[str, FieldResult]) -> dict[str, MembershipResult]:
+    """One list per multi-label key, from its per-label boolean decisions, labels in schema order."""
+    grouped: dict[str, list[tuple[Field, FieldResult]]] = {}
+    for spec in schema.fields:
+        if spec.member_of is not None:
+            grouped.setdefault(spec.member_of[0], []).append((spec, decided[spec.name]))
+    gathered = {}
+    for name, members in grouped.items():
+        inside = {_label_text(spec): result.probabilities["true"] for spec, result in members}
+        gathered[name] = MembershipResult(
+            name=name,
+            value=[
+                spec.member_of[1] for spec, result in members if spec.member_of and result.probabilities["true"] >= 0.5
+            ],
+            memberships=inside,
+            candidate_mass=min(result.candidate_mass for _, result in members),
+            wave=max(result.wave for _, result in members),
+            members={spec.name: result for spec, result in members},
+        )
+    return gathered
+
+
+def _label_text(spec: Field) -> str:
+    assert spec.member_of is not None
+    label = spec.member_of[1]
+    return label if isinstance(label, str) else json.dumps(label)

@@ -38,15 +38,48 @@ class Field:
     description: str
     labels: tuple[Label, ...]
     depends_on: tuple[str, ...] = ()
+    #: for one label of a multi-label list: (the list's key, the label); the field is then a boolean
+    member_of: tuple[str, JsonValue] | None = None
+
+
+@dataclass(frozen=True)
+class OpenField:
+    """A field whose value is written, not chosen: generated under its own JSON Schema (``grammar.py``).
+
+    ``value_schema_json`` is the property's schema with every ``$ref`` inlined, as canonical JSON, so
+    that the field hashes and compares by value and the grammar engine gets a standalone schema.
+    """
+
+    name: str
+    description: str
+    value_schema_json: str
+    max_new_tokens: int
+    depends_on: tuple[str, ...] = ()
+
+    @property
+    def value_schema(self) -> dict[str, Any]:
+        loaded: dict[str, Any] = json.loads(self.value_schema_json)
+        return loaded
 
 
 @dataclass(frozen=True)
 class Schema:
-    """The closed fields in the order the object is written, and the model class to rebuild, if any."""
+    """The closed fields in the order the object is written, the open fields beside them, and the model
+    class to rebuild, if any. ``order`` is every key in the caller's order (closed and open).
+    """
 
     fields: tuple[Field, ...]
     title: str = ""
     model_class: Any = None
+    open_fields: tuple[OpenField, ...] = ()
+    order: tuple[str, ...] = ()
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return self.order or tuple(f.name for f in self.fields)
+
+    def open_field(self, name: str) -> OpenField:
+        return next(f for f in self.open_fields if f.name == name)
 
     def field(self, name: str) -> Field:
         return next(f for f in self.fields if f.name == name)
@@ -56,6 +89,8 @@ class Schema:
         field is asked after one real answer line instead of as the object's first key (seed 000); any
         other field goes one wave after the latest of its dependencies, and at least into wave 1.
         """
+        if not self.fields:
+            return ()
         first = next((f.name for f in self.fields if not f.depends_on), None)
         if first is None:
             raise SchemaError("every field depends on another, so none can be decided first")
@@ -137,20 +172,123 @@ def _closed_values(name: str, spec: Mapping[str, Any], defs: Mapping[str, Any]) 
                 values.extend(_closed_values(name, option, defs))
             return values
     kind = spec.get("type")
+    small = _small_integer_range(spec)
+    if small is not None:
+        return small
     if kind == "boolean":
         return [True, False]
     if kind == "null":
         return [None]
     if isinstance(kind, list) and set(kind) <= {"boolean", "null"}:
         return ([True, False] if "boolean" in kind else []) + ([None] if "null" in kind else [])
-    reasons = {
-        "string": "free-text string fields are not supported yet; give it an enum",
-        "integer": "a number without a closed set of values; give it an enum",
-        "number": "a number without a closed set of values; give it an enum",
-        "object": "nested objects are not supported; flatten it into closed fields",
-        "array": "arrays are not supported; use one boolean per item",
-    }
-    raise SchemaError(reasons.get(kind, f"unsupported field {dict(spec)!r}: it is not closed"), field=name)
+    if kind in OPEN_KINDS or (isinstance(kind, list) and set(kind) & set(OPEN_KINDS)):
+        raise _OpenValue(name)
+    raise SchemaError(f"unsupported field {dict(spec)!r}: it is neither closed nor a JSON type", field=name)
+
+
+#: JSON types whose values are generated under a grammar instead of chosen from a list
+OPEN_KINDS = ("string", "integer", "number", "object", "array")
+#: an integer with bounds this close together is a closed decision over its values
+SMALL_INTEGER_SPAN = 16
+
+
+class _OpenValue(Exception):
+    """Raised inside ``_closed_values`` when a property (or one of its alternatives) is open."""
+
+
+def _small_integer_range(spec: Mapping[str, Any]) -> list[Any] | None:
+    """``{"type": "integer", "minimum": 1, "maximum": 5}`` is the closed set 1..5, not free text."""
+    if spec.get("type") != "integer" or "multipleOf" in spec:
+        return None
+    low = spec.get("minimum", None if "exclusiveMinimum" not in spec else spec["exclusiveMinimum"] + 1)
+    high = spec.get("maximum", None if "exclusiveMaximum" not in spec else spec["exclusiveMaximum"] - 1)
+    if not isinstance(low, int) or not isinstance(high, int) or not 1 <= high - low + 1 <= SMALL_INTEGER_SPAN:
+        return None
+    return list(range(low, high + 1))
+
+
+def _inline_refs(spec: Any, defs: Mapping[str, Any], seen: tuple[str, ...], name: str) -> Any:
+    """The schema with every ``#/$defs/...`` reference replaced by its definition (no cycles)."""
+    if isinstance(spec, list):
+        return [_inline_refs(item, defs, seen, name) for item in spec]
+    if not isinstance(spec, Mapping):
+        return spec
+    if "$ref" in spec:
+        ref = spec["$ref"]
+        key = ref.rsplit("/", 1)[-1] if isinstance(ref, str) else ""
+        if not isinstance(ref, str) or not ref.startswith("#/") or key not in defs:
+            raise SchemaError(f"cannot resolve $ref {ref!r}", field=name)
+        if key in seen:
+            raise SchemaError(
+                f"the schema refers to itself through {ref!r}; recursive values are not supported", field=name
+            )
+        rest = {k: v for k, v in spec.items() if k != "$ref"}
+        return _inline_refs({**defs[key], **rest}, defs, (*seen, key), name)
+    return {k: _inline_refs(v, defs, seen, name) for k, v in spec.items() if k not in ("$defs", "definitions")}
+
+
+def _multi_label_values(name: str, spec: Mapping[str, Any], defs: Mapping[str, Any]) -> list[Any] | None:
+    """The labels of a ``list[Literal]`` / ``list[Enum]`` property, or None for any other property."""
+    resolved = _inline_refs(spec, defs, (), name)
+    items = resolved.get("items") if resolved.get("type") == "array" else None
+    if not isinstance(items, Mapping):
+        return None
+    try:
+        values = _closed_values(name, items, {})
+    except (_OpenValue, SchemaError):
+        return None
+    return values if len(values) >= 2 and not any(isinstance(v, bool) or v is None for v in values) else None
+
+
+def membership_fields(name: str, labels: list[Any], description: str, depends_on: Any) -> list[Field]:
+    """One boolean decision per label of a multi-label list: is this label in the list? Each is read
+    like any boolean (``true``/``false``, bare or quoted) in the packed pass, so the list gets a
+    membership probability per label instead of a generated array.
+    """
+    about = f"{description.rstrip('.')}. " if description else ""
+    fields = []
+    for label in labels:
+        shown = label if isinstance(label, str) else json.dumps(label)
+        member = make_field(
+            f"{name}: {shown}",
+            [True, False],
+            f"{about}Whether {shown} belongs in the {json.dumps(name, ensure_ascii=False)} list",
+            depends_on,
+        )
+        fields.append(Field(member.name, member.description, member.labels, member.depends_on, (name, label)))
+    return fields
+
+
+def default_max_new_tokens(spec: Mapping[str, Any]) -> int:
+    """A cap that never cuts a valid value short for bounded strings (``maxLength`` characters can take
+    up to about two tokens each with escapes), and a generous one for everything else.
+    """
+    explicit = spec.get("x-max-new-tokens", spec.get("max_new_tokens"))
+    if isinstance(explicit, int) and explicit > 0:
+        return explicit
+    kind = spec.get("type")
+    if kind == "string" and isinstance(spec.get("maxLength"), int):
+        return 2 * int(spec["maxLength"]) + 8
+    if kind == "integer":
+        return 24
+    if kind == "number":
+        return 32
+    return 256
+
+
+def make_open_field(name: str, spec: Mapping[str, Any], defs: Mapping[str, Any], description: str) -> OpenField:
+    resolved = _inline_refs(spec, defs, (), name)
+    resolved = {k: v for k, v in resolved.items() if k not in ("depends_on", "x-depends-on", "title", "default")}
+    depends_on = spec.get("depends_on", spec.get("x-depends-on", ()))
+    if isinstance(depends_on, str):
+        depends_on = (depends_on,)
+    return OpenField(
+        name=name,
+        description=str(description or ""),
+        value_schema_json=json.dumps(resolved, sort_keys=True, ensure_ascii=False),
+        max_new_tokens=default_max_new_tokens(resolved),
+        depends_on=tuple(depends_on),
+    )
 
 
 def from_json_schema(schema: Mapping[str, Any], model_class: Any = None) -> Schema:
@@ -159,14 +297,24 @@ def from_json_schema(schema: Mapping[str, Any], model_class: Any = None) -> Sche
         raise SchemaError("a JSON Schema needs a non-empty 'properties' object")
     defs = {**schema.get("definitions", {}), **schema.get("$defs", {})}
     fields = []
+    open_fields = []
     for name, spec in properties.items():
         if not isinstance(spec, Mapping):
             raise SchemaError(f"property spec {spec!r} is not an object", field=name)
         description = spec.get("description") or spec.get("title") or ""
-        values = _closed_values(name, spec, defs)
         depends_on = spec.get("depends_on", spec.get("x-depends-on", ()))
+        members = _multi_label_values(name, spec, defs)
+        if members is not None:
+            fields += membership_fields(name, members, description, depends_on)
+            continue
+        try:
+            values = _closed_values(name, spec, defs)
+        except _OpenValue:
+            open_fields.append(make_open_field(name, spec, defs, description))
+            continue
         fields.append(make_field(name, values, description, depends_on))
-    return _checked(Schema(tuple(fields), str(schema.get("title", "")), model_class))
+    title = str(schema.get("title", ""))
+    return _checked(Schema(tuple(fields), title, model_class, tuple(open_fields), tuple(properties)))
 
 
 def from_field_dict(spec: Mapping[str, Any]) -> Schema:
@@ -174,6 +322,7 @@ def from_field_dict(spec: Mapping[str, Any]) -> Schema:
     a bare list stands for an enum and the string ``"boolean"`` for a boolean.
     """
     fields = []
+    open_fields = []
     for name, item in spec.items():
         if isinstance(item, list):
             item = {"enum": item}
@@ -183,23 +332,59 @@ def from_field_dict(spec: Mapping[str, Any]) -> Schema:
             raise SchemaError(f"field spec {item!r} is neither a list nor an object", field=name)
         if "values" in item:
             item = {**item, "enum": item["values"]}
-        values = _closed_values(name, item, {})
+        try:
+            values = _closed_values(name, item, {})
+        except _OpenValue:
+            open_fields.append(make_open_field(name, item, {}, item.get("description", "")))
+            continue
         fields.append(make_field(name, values, item.get("description", ""), item.get("depends_on", ())))
-    if not fields:
+    if not fields and not open_fields:
         raise SchemaError("the schema has no fields")
-    return _checked(Schema(tuple(fields)))
+    return _checked(Schema(tuple(fields), open_fields=tuple(open_fields), order=tuple(spec)))
 
 
 def _checked(schema: Schema) -> Schema:
-    names = {f.name for f in schema.fields}
-    for f in schema.fields:
+    closed = {f.name for f in schema.fields}
+    names = closed | {f.name for f in schema.open_fields}
+    every: tuple[Field | OpenField, ...] = (*schema.fields, *schema.open_fields)
+    for f in every:
         for dep in f.depends_on:
             if dep not in names:
                 raise SchemaError(f"depends_on names {dep!r}, which is not a field", field=f.name)
             if dep == f.name:
                 raise SchemaError("depends_on names the field itself", field=f.name)
+    for f in schema.fields:
+        if set(f.depends_on) - closed:
+            # closed fields are decided before any open field is written (seed 000's order)
+            raise SchemaError("a closed field cannot depend on an open field", field=f.name)
     schema.waves()  # raises on cycles
+    open_waves(schema)
     return schema
+
+
+def open_waves(schema: Schema) -> tuple[tuple[str, ...], ...]:
+    """Waves of open fields: every open field starts after all closed answers are written; one that
+    depends on another open field waits until that field's text is written in (one wave later).
+    """
+    opened = {f.name for f in schema.open_fields}
+    wave: dict[str, int] = {}
+    visiting: set[str] = set()
+
+    def level(name: str) -> int:
+        if name in wave:
+            return wave[name]
+        if name in visiting:
+            raise SchemaError("depends_on forms a cycle", field=name)
+        visiting.add(name)
+        deps = [d for d in schema.open_field(name).depends_on if d in opened]
+        wave[name] = 1 + max((level(d) for d in deps), default=-1)
+        visiting.discard(name)
+        return wave[name]
+
+    grouped: dict[int, list[str]] = {}
+    for f in schema.open_fields:
+        grouped.setdefault(level(f.name), []).append(f.name)
+    return tuple(tuple(grouped[k]) for k in sorted(grouped))
 
 
 def _typed_dict_json_schema(typed_dict: type) -> dict[str, Any]:

@@ -216,3 +216,30 @@ def _check_trunk(
         later = backend.score(scored.prefix, rows, queries[:1]).values[0]
         np.testing.assert_allclose(later, reference[0], atol=atol, err_msg=f"{where}: the extended prefix differs")
     assert (parent.ids, prefilled.ids) == (tuple(prompt[:half]), tuple(prompt)), "a trunk changed its prefix"
+
+
+def check_grow(
+    backend: Backend, prompt: Sequence[int], steps: Sequence[Sequence[Sequence[int]]], atol: float = 1e-4
+) -> None:
+    """Assert that ``grow`` over several steps equals a plain prefill of each row after the prompt.
+
+    ``steps[s][i]`` are the tokens row ``i`` gains at step ``s`` (empty: the row is not read then).
+    """
+    prefix = backend.prefill(prompt)
+    snapshot = backend.next_logp(prefix)
+    rows = None
+    for new in steps:
+        passes = backend.forward_passes
+        rows = backend.grow(prefix, rows, new)
+        assert backend.forward_passes - passes <= (1 if backend.max_tokens_per_pass is None else len(new)), (
+            "grow took more than one pass for one step"
+        )
+        for i, tokens in enumerate(new):
+            if not tokens:
+                assert rows.logp[i] is None, "a row without new tokens was read"
+                continue
+            want = backend.next_logp(backend.prefill(rows.ids[i], parent=prefix))
+            got = rows.logp[i]
+            assert got is not None
+            np.testing.assert_allclose(got, want, atol=atol, err_msg=f"grown row {i} differs from a prefill")
+    np.testing.assert_allclose(backend.next_logp(prefix), snapshot, atol=0, err_msg="grow changed the prefix")

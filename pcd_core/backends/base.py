@@ -19,8 +19,15 @@ A backend knows nothing about schemas, labels or JSON. It offers:
     it, so that the next pass continues from it; with no trunk it is ``prefix`` itself. Neither the
     given prefix nor any row is kept.
 
+``grow(prefix, rows, new) -> Rows``
+    The generation primitive: every open row gets its new tokens in ONE forward pass, each row seeing
+    the prefix and its own earlier tokens, and the full-vocabulary log-softmax after each extended row
+    comes back. Rows never see each other and the prefix is never modified. The base class implements
+    it with ``score`` (every row re-read whole, one pass per call); a backend that keeps the rows' KV
+    (torch) reads only the new tokens. ``check_backend`` proves both agree with plain prefills.
+
 ``next_logp(prefix)``, the full-vocabulary log-softmax after a prefix, exists for token-by-token
-baselines only; the engine itself never needs a whole vocabulary.
+baselines; the engine needs a whole vocabulary only for generated rows.
 
 Memory is bounded by two settings. ``max_tokens_per_pass`` (default 4096) is the number of row
 tokens read in one forward pass: the base class splits rows into such chunks (whole rows, never a
@@ -173,6 +180,18 @@ def pack_tree(rows: list[tuple[int, ...]]) -> TokenTree:
     return tree
 
 
+@dataclass(frozen=True, eq=False)
+class Rows:
+    """Rows growing after one prefix: each row's ids so far, the log-probs after each row's last token
+    (``None`` for a row that got no token in the last pass), and the backend's state for the rows.
+    """
+
+    prefix: Prefix
+    ids: tuple[tuple[int, ...], ...]
+    logp: tuple[np.ndarray | None, ...]
+    state: Any = field(default=None, repr=False)
+
+
 class Backend(ABC):
     """A loaded causal LM behind the two primitives. Subclasses implement the underscored hooks."""
 
@@ -271,6 +290,35 @@ class Backend(ABC):
             for k in after_prefix:
                 results[k] = logp[list(queries[k].ids)].astype(np.float64)
         return Scored([r if r is not None else np.zeros(0) for r in results], prefix)
+
+    def grow(self, prefix: Prefix, rows: Rows | None, new: Sequence[Sequence[int]]) -> Rows:
+        """Append ``new[i]`` to row ``i`` (``rows=None`` starts the rows) in one pass; see the contract."""
+        old = rows.ids if rows is not None else tuple(() for _ in new)
+        if rows is not None and rows.prefix is not prefix:
+            raise BackendError("grow continues rows only after the prefix they started from")
+        if len(new) != len(old):
+            raise BackendError(f"grow got {len(new)} extensions for {len(old)} rows")
+        extended = tuple(o + tuple(int(t) for t in n) for o, n in zip(old, new))
+        if not any(new):
+            return Rows(prefix, extended, tuple(None for _ in new), rows.state if rows is not None else None)
+        longest = max(len(row) for row in extended)
+        if prefix.n_tokens + longest > self.context_length:
+            raise PromptError(
+                f"a generated row reaches {prefix.n_tokens + longest} tokens, over the model's context of "
+                f"{self.context_length}"
+            )
+        return self._grow(prefix, rows, extended, [len(n) for n in new])
+
+    def _grow(self, prefix: Prefix, rows: Rows | None, extended: tuple[tuple[int, ...], ...], n_new: list[int]) -> Rows:
+        """Re-read every extended row with ``score`` and gather the whole vocabulary at its end."""
+        active = [k for k, n in enumerate(n_new) if n]
+        every_id = tuple(range(self.vocab_size))
+        queries = [Query(j, len(extended[k]) - 1, every_id) for j, k in enumerate(active)]
+        values = self.score(prefix, [extended[k] for k in active], queries).values
+        logp: list[np.ndarray | None] = [None] * len(extended)
+        for k, value in zip(active, values):
+            logp[k] = value
+        return Rows(prefix, extended, tuple(logp))
 
     def next_logp(self, prefix: Prefix) -> np.ndarray:
         """Full-vocabulary log-softmax after the prefix (for token-by-token baselines)."""

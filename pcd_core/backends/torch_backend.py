@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import BackendError, BackendUnavailableError
-from .base import Backend, Prefix, Query, TokenTree, pack_tree
+from .base import Backend, Prefix, Query, Rows, TokenTree, pack_tree
 
 try:
     import torch
@@ -43,6 +43,16 @@ class TorchState:
     keys: tuple[torch.Tensor, ...]
     values: tuple[torch.Tensor, ...]
     last_hidden: torch.Tensor
+
+
+@dataclass(frozen=True)
+class _GrownRows:
+    """The kept KV of growing rows, packed after a prefix: per token its row and its depth in it."""
+
+    keys: tuple[torch.Tensor, ...]
+    values: tuple[torch.Tensor, ...]
+    owner: torch.Tensor
+    depth: torch.Tensor
 
 
 class _PrefixLayer(DynamicLayer):
@@ -214,6 +224,69 @@ class TorchBackend(Backend):
         )
         hidden = out.last_hidden_state.reshape(batch * width, -1)
         return hidden, [q.row * width + q.position for q in queries]
+
+    # -- growing rows (generation) -----------------------------------------------------------
+    @torch.inference_mode()
+    def _grow(self, prefix: Prefix, rows: Rows | None, extended: tuple[tuple[int, ...], ...], n_new: list[int]) -> Rows:
+        """Read only each row's new tokens, after the prefix and the rows' kept KV, in one pass.
+
+        The rows' tokens live packed after the prefix (``_GrownRows``: which row and depth each kept
+        token has, and its keys and values per layer). New tokens attend to the whole prefix, to the
+        kept tokens of their own row and to their own row's earlier new tokens; positions continue
+        each row's own length. The prefix KV is read, never copied into the state.
+        """
+        if self.row_layout != "packed":
+            return super()._grow(prefix, rows, extended, n_new)
+        kept: _GrownRows | None = rows.state if rows is not None else None
+        n_prefix = prefix.n_tokens
+        owner, depth, tokens = [], [], []
+        for k, (row, n) in enumerate(zip(extended, n_new)):
+            for j in range(len(row) - n, len(row)):
+                owner.append(k)
+                depth.append(j)
+                tokens.append(row[j])
+        self.counter.add(len(tokens))
+        new_owner = torch.tensor(owner, device=self.device)
+        new_depth = torch.tensor(depth, device=self.device)
+        old_owner = kept.owner if kept is not None else new_owner[:0]
+        old_depth = kept.depth if kept is not None else new_depth[:0]
+        q_pos = n_prefix + new_depth
+        k_pos = torch.cat([torch.arange(n_prefix, device=self.device), n_prefix + old_depth, q_pos])
+        to_kept = new_owner[:, None] == old_owner[None, :]
+        to_new = (new_owner[:, None] == new_owner[None, :]) & (new_depth[None, :] <= new_depth[:, None])
+        allowed = torch.cat(
+            [torch.ones(len(tokens), n_prefix, dtype=torch.bool, device=self.device), to_kept, to_new], 1
+        )
+        state: TorchState = prefix.state
+        layers = [
+            _PrefixLayer(
+                torch.cat([k, kept.keys[i]], dim=-2) if kept is not None else k,
+                torch.cat([v, kept.values[i]], dim=-2) if kept is not None else v,
+                keep=None,
+            )
+            for i, (k, v) in enumerate(zip(state.keys, state.values))
+        ]
+        out = self.decoder(
+            input_ids=torch.tensor([tokens], device=self.device),
+            position_ids=q_pos[None],
+            attention_mask=self._masks(q_pos[None], k_pos[None], allowed[None]),
+            cache=Cache(layers=layers),
+            use_cache=True,
+        )
+        grown = _GrownRows(
+            keys=tuple(layer.keys[..., n_prefix:, :].clone() for layer in layers),
+            values=tuple(layer.values[..., n_prefix:, :].clone() for layer in layers),
+            owner=torch.cat([old_owner, new_owner]),
+            depth=torch.cat([old_depth, new_depth]),
+        )
+        # the last new token of each extended row carries its next-token distribution
+        last = {k: index for index, k in enumerate(owner)}
+        hidden = out.last_hidden_state[0, list(last.values())]
+        logp = self._logp(hidden).double().cpu().numpy()
+        by_row: list[np.ndarray | None] = [None] * len(extended)
+        for position, k in enumerate(last):
+            by_row[k] = logp[position]
+        return Rows(prefix, extended, tuple(by_row), grown)
 
     # -- self-check ---------------------------------------------------------------------------
     def _choose_layout(self, requested: str) -> str:

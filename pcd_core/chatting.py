@@ -1,0 +1,141 @@
+"""Plain generation for chat: messages in, text out, token by token, marked as generated.
+
+This is what the adapters answer plain chat with (no schema, so nothing to decide). The messages are
+rendered through the model's own chat template (``enable_thinking=False``); everything before the
+last message is the *head*, prefilled once and kept in the engine's head cache, so a conversation
+that grows by one turn, or many requests behind one system prompt, re-read only what is new. Tokens
+come from the same ``Backend.grow`` primitive that generated open fields use (one row), greedily, so
+a reply is deterministic. It stops at an end-of-turn token, a stop string or ``max_new_tokens``.
+``tests/test_chatting.py`` checks the stream against ``generate`` and against a plain decode loop.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from .backends.base import Backend, Prefix, Rows
+from .errors import PromptError
+from .prompt import MARKER
+from .tokenizer import TextTokenizer
+
+Message = dict[str, Any]
+
+
+@dataclass
+class Generation:
+    """A generated reply and what it cost."""
+
+    text: str
+    finish_reason: Literal["stop", "length"]
+    input_tokens: int
+    output_tokens: int
+    forward_passes: int
+    cached_tokens: int = 0
+    logp_sum: float = 0.0
+    token_ids: list[int] = field(default_factory=list)
+
+
+def as_messages(messages: str | Sequence[Message]) -> list[Message]:
+    """A string is one user message; otherwise role/content dicts, checked here, not in the template."""
+    if isinstance(messages, str):
+        return [{"role": "user", "content": messages}]
+    checked = []
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise PromptError(f"message {index} must be a dict with a 'role' and a 'content'")
+        content = message.get("content")
+        if not isinstance(content, str):
+            raise PromptError(f"message {index}: only text content is supported, got {type(content).__name__}")
+        checked.append({"role": message["role"], "content": content})
+    if not checked:
+        raise PromptError("there are no messages to answer")
+    return checked
+
+
+def render_chat(tokenizer: TextTokenizer, messages: list[Message]) -> tuple[str, str]:
+    """The prompt split into (head, rest): the head ends where the last message's content starts."""
+    marked = [*messages[:-1], {**messages[-1], "content": MARKER + messages[-1]["content"]}]
+    if tokenizer.chat_template:
+        text = str(
+            tokenizer.apply_chat_template(marked, tokenize=False, add_generation_prompt=True, enable_thinking=False)
+        )
+    else:  # a base model: plain role-tagged turns, then the assistant's turn opened
+        text = "".join(f"{m['role'].capitalize()}: {m['content']}\n\n" for m in marked) + "Assistant:"
+    if text.count(MARKER) != 1:
+        raise PromptError("the chat template dropped or repeated the last message")
+    head, rest = text.split(MARKER)
+    return head, rest
+
+
+def stream_tokens(
+    backend: Backend,
+    tokenizer: TextTokenizer,
+    prefix: Prefix,
+    *,
+    max_new_tokens: int,
+    stop: Sequence[str],
+    locked: Callable[[], Any],
+    result: Generation,
+) -> Iterator[str]:
+    """Yield text deltas as tokens are chosen; ``result`` is filled in as they come.
+
+    The model lock is taken per step, not for the whole reply, so a long stream does not starve other
+    requests on the same engine.
+    """
+    if max_new_tokens < 1:
+        raise PromptError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+    end_ids = set(tokenizer.eos_ids)
+    rows: Rows | None = None
+    new: tuple[int, ...] = ()
+    shown = ""
+    while True:
+        with locked():
+            if rows is None:
+                logp = backend.next_logp(prefix)
+                rows = Rows(prefix, ((),), (None,))
+            else:
+                rows = backend.grow(prefix, rows, [new])
+                logp = rows.logp[0]
+                result.forward_passes += 1
+        assert logp is not None
+        token = int(np.argmax(logp))
+        if token in end_ids:
+            result.finish_reason = "stop"
+            return
+        result.token_ids.append(token)
+        result.output_tokens += 1
+        result.logp_sum += float(logp[token]) if math.isfinite(logp[token]) else 0.0
+        new = (token,)
+        text = tokenizer.decode(result.token_ids)
+        cut = _stop_at(text, stop)
+        if cut is not None:
+            delta, result.text, result.finish_reason = text[len(shown) : cut], text[:cut], "stop"
+            if delta:
+                yield delta
+            return
+        result.text = text
+        # hold back a half-written character and anything that may be the start of a stop string
+        safe = len(text) - _held_back(text, stop)
+        if safe > len(shown) and not text[:safe].endswith("\ufffd"):
+            yield text[len(shown) : safe]
+            shown = text[:safe]
+        if result.output_tokens >= max_new_tokens:
+            result.finish_reason = "length"
+            if shown != text:
+                yield text[len(shown) :]
+            return
+
+
+def _held_back(text: str, stop: Sequence[str]) -> int:
+    """Length of the longest end of ``text`` that a stop string starts with."""
+    return max((n for s in stop for n in range(1, len(s)) if text.endswith(s[:n])), default=0)
+
+
+def _stop_at(text: str, stop: Sequence[str]) -> int | None:
+    hits = [text.find(s) for s in stop if s and s in text]
+    return min(hits) if hits else None

@@ -1,0 +1,212 @@
+"""Open fields, generated in parallel: every open row grows by one token per forward pass.
+
+Closed fields are decided first and their answer lines written in; then every open field is one row
+after that shared prefix (its key line, ``"summary":``), and each step is one ``backend.score`` call
+that reads every unfinished row and returns the next-token log-probs at each row's end. Each row has
+its own llguidance matcher (``grammar.py``): the log-probs are masked to what the field's JSON Schema
+allows, the likeliest legal token is taken, and tokens the grammar forces are appended without a pass
+(jump-forward). So a fill costs the closed passes, one pass that writes the closed answers in, and
+max(open lengths) steps, not their sum. A field whose ``depends_on`` names another open field waits
+one wave, with that field's text written in first.
+
+Every value is valid by construction: a row ends only when its matcher stops after the line ending.
+A row that reaches ``max_new_tokens`` is closed where the grammar allows it (a string gets its closing
+quote, with a warning) and otherwise raises ``GenerationError``, never invalid JSON.
+``tests/test_generation.py`` checks validity, pass counts and sequential equality on the real model.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .backends.base import Backend, Prefix
+from .compiler import OpenRowSpec
+from .errors import GenerationError
+from .grammar import GrammarTokenizer, RowMatcher
+from .schema import Schema, open_waves
+
+
+@dataclass
+class _Row:
+    spec: OpenRowSpec
+    matcher: RowMatcher
+    ids: list[int]  # the opening, then every generated token (model-chosen and forced)
+    logps: list[float] = field(default_factory=list)  # of the model-chosen tokens
+    n_forced: int = 0
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def generated(self) -> list[int]:
+        return self.ids[len(self.spec.opening) :]
+
+    @property
+    def done(self) -> bool:
+        return self.matcher.done
+
+
+@dataclass
+class GeneratedField:
+    """An open field's result: the text the model wrote under the grammar and how sure it was."""
+
+    name: str
+    value: Any
+    text: str  # the JSON value as written
+    n_tokens: int  # generated tokens, forced ones included
+    n_forced: int
+    logp_sum: float  # natural log-probs of the model-chosen tokens
+    mean_probability: float  # mean of exp(logp) over the model-chosen tokens
+    wave: int
+    method: str = "generated"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "value": self.value,
+            "text": self.text,
+            "n_tokens": self.n_tokens,
+            "n_forced": self.n_forced,
+            "logp_sum": self.logp_sum,
+            "mean_probability": self.mean_probability,
+            "wave": self.wave,
+            "method": self.method,
+        }
+
+
+@dataclass
+class GenerationStats:
+    steps: int = 0
+    row_tokens: int = 0
+    forced_tokens: int = 0
+
+
+def generate_open_fields(
+    backend: Backend,
+    grammar_tokenizer: GrammarTokenizer,
+    prefix: Prefix,
+    specs: tuple[OpenRowSpec, ...],
+    schema: Schema,
+    stats: GenerationStats,
+    max_new_tokens: dict[str, int] | None = None,
+) -> tuple[dict[str, GeneratedField], list[str]]:
+    """Generate every open field after ``prefix``, wave by wave; returns results and warnings."""
+    by_name = {spec.field.name: spec for spec in specs}
+    results: dict[str, GeneratedField] = {}
+    written: dict[str, list[int]] = {}
+    warnings: list[str] = []
+    # only the fields given are generated (a subset keeps its waves, minus the fields left out)
+    waves = tuple(w for w in (tuple(n for n in wave if n in by_name) for wave in open_waves(schema)) if w)
+    for wave_index, wave in enumerate(waves):
+        if wave_index:
+            # the previous wave's lines, exactly as generated, become part of the shared prefix
+            ids = [t for name in waves[wave_index - 1] for t in (*by_name[name].opening, *written[name])]
+            prefix = backend.prefill(ids, parent=prefix)
+        rows = [
+            _Row(
+                by_name[name],
+                RowMatcher.start(grammar_tokenizer, by_name[name].field.value_schema, by_name[name].line_end),
+                list(by_name[name].opening),
+            )
+            for name in wave
+        ]
+        caps = {name: (max_new_tokens or {}).get(name, by_name[name].field.max_new_tokens) for name in wave}
+        _run_rows(backend, grammar_tokenizer, prefix, rows, caps, stats)
+        for row in rows:
+            written[row.spec.field.name] = row.generated
+            results[row.spec.field.name] = _result(row, grammar_tokenizer, wave_index)
+            warnings += row.warnings
+    return results, warnings
+
+
+def _run_rows(
+    backend: Backend,
+    tokenizer: GrammarTokenizer,
+    prefix: Prefix,
+    rows: list[_Row],
+    caps: dict[str, int],
+    stats: GenerationStats,
+) -> None:
+    """One ``backend.grow`` pass per step over every unfinished row, until each matcher stops.
+
+    The first pass reads every row's opening; each later pass reads only the tokens a row gained
+    since (the model's last pick and any forced ones), with the rows' own KV kept by the backend.
+    """
+    state = None
+    while True:
+        for row in rows:
+            _jump_forward(row, tokenizer, caps, stats)
+        seen = state.ids if state is not None else tuple(() for _ in rows)
+        new = [tuple(row.ids[len(had) :]) if not row.done else () for row, had in zip(rows, seen)]
+        if not any(new):
+            return
+        tokens_before = backend.counter.tokens_read
+        state = backend.grow(prefix, state, new)
+        stats.steps += 1
+        stats.row_tokens += backend.counter.tokens_read - tokens_before
+        for row, logp in zip(rows, state.logp):
+            if logp is None:
+                continue
+            token = _best_allowed(row, logp)
+            row.matcher.consume([token])
+            row.ids.append(token)
+            row.logps.append(float(logp[token]))
+
+
+def _best_allowed(row: _Row, logp: np.ndarray) -> int:
+    """The likeliest token the row's grammar allows (greedy, so a fill is deterministic)."""
+    allowed = row.matcher.allowed()
+    n = min(logp.size, allowed.size)
+    masked = np.where(allowed[:n], logp[:n], -math.inf)
+    token = int(np.argmax(masked))
+    if masked[token] == -math.inf:
+        raise GenerationError(f"field {row.spec.field.name!r}: the grammar allows no token of this model")
+    return token
+
+
+def _jump_forward(row: _Row, tokenizer: GrammarTokenizer, caps: dict[str, int], stats: GenerationStats) -> None:
+    """Append forced tokens, and close a row that reached its cap where the grammar lets it close."""
+    if row.done:
+        return
+    forced = row.matcher.forced()
+    if forced:
+        row.matcher.consume(forced)
+        row.ids.extend(forced)
+        row.n_forced += len(forced)
+        stats.forced_tokens += len(forced)
+    name = row.spec.field.name
+    if row.done or len(row.generated) < caps[name]:
+        return
+    for text in (row.spec.line_end, '"' + row.spec.line_end):
+        closing = tokenizer.encode(text)
+        if closing and row.matcher.accepts(closing):
+            row.matcher.consume(closing)
+            row.ids.extend(closing)
+            row.n_forced += len(closing)  # written by us, like forced tokens: no pass, no log-prob
+            row.warnings.append(
+                f"field {name!r}: cut at max_new_tokens={caps[name]} and closed; the text may be incomplete"
+            )
+            return
+    raise GenerationError(
+        f"field {name!r}: the value did not finish within max_new_tokens={caps[name]}; raise the cap "
+        "(engine.fill(..., max_new_tokens={field: n})) or bound the field (maxLength, maxItems)"
+    )
+
+
+def _result(row: _Row, tokenizer: GrammarTokenizer, wave: int) -> GeneratedField:
+    written = tokenizer.decode(row.generated)
+    text = written[len(row.spec.value_prefix) : len(written) - len(row.spec.line_end)]
+    chosen = row.logps
+    return GeneratedField(
+        name=row.spec.field.name,
+        value=json.loads(text),
+        text=text,
+        n_tokens=len(row.generated),
+        n_forced=row.n_forced,
+        logp_sum=float(sum(chosen)),
+        mean_probability=float(np.mean(np.exp(chosen))) if chosen else 1.0,
+        wave=wave,
+    )

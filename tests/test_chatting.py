@@ -1,0 +1,69 @@
+"""Plain generation on the real embedded model: the stream, stop strings, caps and the head cache."""
+
+import numpy as np
+import pytest
+
+from pcd_core.chatting import as_messages
+from pcd_core.errors import PromptError
+
+CHAT = [
+    {"role": "system", "content": "You are a terse assistant."},
+    {"role": "user", "content": "Name three colours."},
+]
+
+
+def test_generate_equals_a_plain_greedy_decode_loop(engine):
+    reply = engine.generate(CHAT, max_new_tokens=12)
+    # the reference: the whole prompt prefilled, then one prefill per chosen token
+    text = engine.tokenizer.apply_chat_template(CHAT, tokenize=False, add_generation_prompt=True, enable_thinking=False)
+    ids = engine.tokenizer.encode_head(text)
+    prefix = engine.backend.prefill(ids)
+    expected = []
+    for _ in range(12):
+        token = int(np.argmax(engine.backend.next_logp(prefix)))
+        if token in engine.tokenizer.eos_ids:
+            break
+        expected.append(token)
+        prefix = engine.backend.prefill([token], parent=prefix)
+    assert reply.token_ids == expected
+    assert reply.text == engine.tokenizer.decode(expected)
+    assert reply.output_tokens == len(expected)
+
+
+def test_stream_yields_the_generated_text_in_pieces(engine):
+    pieces = list(engine.stream(CHAT, max_new_tokens=12))
+    assert len(pieces) > 1
+    assert "".join(pieces) == engine.generate(CHAT, max_new_tokens=12).text
+
+
+def test_stop_string_ends_the_reply_before_it(engine):
+    full = engine.generate(CHAT, max_new_tokens=12).text
+    stop = full.strip().split()[1]
+    reply = engine.generate(CHAT, max_new_tokens=12, stop=[stop])
+    assert reply.finish_reason == "stop"
+    assert stop not in reply.text and full.startswith(reply.text)
+    assert "".join(engine.stream(CHAT, max_new_tokens=12, stop=[stop])) == reply.text
+
+
+def test_the_cap_is_a_length_finish_and_costs_one_pass_per_token(engine):
+    engine.generate(CHAT, max_new_tokens=1)  # the head is cached from here on
+    reply = engine.generate(CHAT, max_new_tokens=3)
+    assert reply.finish_reason == "length" and reply.output_tokens == 3
+    # the request prefill yields the first token; each later token costs one grow pass
+    assert reply.forward_passes == 1 + 2
+
+
+def test_a_shared_system_prompt_is_served_from_the_head_cache(engine):
+    engine.generate(CHAT, max_new_tokens=1)
+    again = engine.generate([CHAT[0], {"role": "user", "content": "Name one animal."}], max_new_tokens=1)
+    assert again.cached_tokens > 0
+    assert again.forward_passes == 1
+
+
+def test_bad_messages_are_prompt_errors(engine):
+    with pytest.raises(PromptError):
+        as_messages([{"content": "no role"}])
+    with pytest.raises(PromptError):
+        as_messages([])
+    with pytest.raises(PromptError, match="max_new_tokens"):
+        engine.generate(CHAT, max_new_tokens=0)

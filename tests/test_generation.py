@@ -1,0 +1,234 @@
+"""Open fields on the real embedded model: valid by construction, generated in parallel."""
+
+import json
+import re
+from typing import Literal
+
+import pytest
+from pydantic import BaseModel, Field
+
+from pcd_core import parse_schema
+from pcd_core.errors import GenerationError
+from pcd_core.generation import GenerationStats, generate_open_fields
+from pcd_core.grammar import GrammarTokenizer
+from pcd_core.prompt import INSTRUCTIONS, MIXED_INSTRUCTIONS
+from pcd_core.testing import check_grow, oracle_engine
+
+TICKET = (
+    "Subject: Charged twice!!\n\nHi, I was billed twice for my March invoice ($49 each). Please refund the "
+    "duplicate charge within 12 hours or I will cancel. Our whole team of 12 people is affected.\n-- Dana Whitfield"
+)
+
+
+class Joke(BaseModel):
+    """Joke to tell user."""
+
+    setup: str = Field(description="The setup of the joke")
+    punchline: str = Field(description="The punchline to the joke")
+    rating: int | None = Field(default=None, description="How funny the joke is, from 1 to 10")
+
+
+class Address(BaseModel):
+    city: str = Field(description="City")
+    country: str = Field(description="Country")
+
+
+class Customer(BaseModel):
+    name: str = Field(description="The customer's name", max_length=40)
+    address: Address
+
+
+class Mixed(BaseModel):
+    sentiment: Literal["POSITIVE", "NEUTRAL", "NEGATIVE"] = Field(description="Customer mood")
+    wants_refund: bool = Field(description="Whether the customer asks for money back")
+    customer_name: str = Field(description="The customer's name", max_length=40)
+    amount: float = Field(description="The amount charged twice, in dollars", ge=0, le=10000)
+    affected_users: int = Field(description="How many people are affected", ge=0, le=100000)
+
+
+def closed_part(schema):
+    """The same schema without its open fields: what the closed passes cost on their own."""
+    parsed = parse_schema(schema)
+    properties = schema.model_json_schema()["properties"]
+    return {"properties": {f.name: properties[f.name] for f in parsed.fields}}
+
+
+def open_steps(result):
+    """Passes each generated field needed: one per model-chosen token (forced ones cost none)."""
+    return {name: f.n_tokens - f.n_forced for name, f in result.fields.items() if f.method == "generated"}
+
+
+def test_grow_equals_prefills_on_the_torch_backend(engine):
+    check_grow(engine.backend, list(range(200, 260)), [[(5, 6, 7), (8, 9)], [(10,), (11, 12)], [(13,), ()]])
+
+
+def test_grow_equals_prefills_on_the_oracle():
+    oracle = oracle_engine()
+    check_grow(oracle.backend, list(range(1, 30)), [[(5, 6), (7,)], [(8,), (9, 10)]], atol=1e-9)
+
+
+def test_joke_schema_fills_valid(engine):
+    result = engine.fill(Joke, "Tell me a joke about cats.")
+    assert isinstance(result.value, Joke)
+    for name in ("setup", "punchline", "rating"):
+        field = result.fields[name]
+        assert field.method == "generated"
+        assert json.loads(field.text) == field.value
+        assert field.n_tokens >= 1 and field.logp_sum <= 0 and 0 < field.mean_probability <= 1
+    assert result.value.setup.strip()
+    assert result.value.rating is None or isinstance(result.value.rating, int)
+
+
+def test_mixed_schema_decides_closed_and_writes_open_fields(engine):
+    result = engine.fill(Mixed, TICKET)
+    assert result.fields["sentiment"].method == "trie"
+    assert set(result.fields["sentiment"].probabilities) == {"POSITIVE", "NEUTRAL", "NEGATIVE"}
+    assert result.value.customer_name == "Dana Whitfield"
+    assert result.value.amount == 49
+    assert 0 <= result.value.affected_users <= 100000
+    assert list(result.fields) == list(Mixed.model_fields)
+
+
+def test_pass_count_is_the_longest_open_row_not_the_sum(engine):
+    closed = closed_part(Mixed)
+    engine.warmup(closed)
+    engine.warmup(Mixed)
+    base = engine.fill(closed, TICKET).stats.forward_passes
+    result = engine.fill(Mixed, TICKET)
+    steps = open_steps(result)
+    assert result.stats.open_steps == max(steps.values())
+    assert result.stats.forward_passes == base + 1 + max(steps.values())
+    assert result.stats.forward_passes < base + 1 + sum(steps.values())
+    assert result.stats.output_tokens == sum(result.fields[n].n_tokens for n in steps)
+
+
+def test_parallel_rows_equal_each_field_generated_alone(engine):
+    compiled = engine.compile(Mixed)
+    prefix = engine.backend.prefill(engine.request_ids(compiled, TICKET))
+    grammar = GrammarTokenizer(engine.tokenizer.hf, engine.tokenizer.eos_ids)
+    together, _ = generate_open_fields(
+        engine.backend, grammar, prefix, compiled.open_rows, compiled.schema, GenerationStats()
+    )
+    for spec in compiled.open_rows:
+        alone, _ = generate_open_fields(engine.backend, grammar, prefix, (spec,), compiled.schema, GenerationStats())
+        assert alone[spec.field.name].text == together[spec.field.name].text
+        assert alone[spec.field.name].logp_sum == pytest.approx(together[spec.field.name].logp_sum, abs=1e-3)
+
+
+def test_nested_model_is_generated_with_its_keys(engine):
+    result = engine.fill(Customer, "Order from Lena Novak, Graz, Austria. Please ship fast.")
+    assert isinstance(result.value, Customer)
+    assert isinstance(result.value.address, Address)
+    assert set(json.loads(result.fields["address"].text)) == {"city", "country"}
+
+
+def test_list_of_strings_respects_max_items(engine):
+    schema = {"properties": {"tags": {"type": "array", "items": {"type": "string", "maxLength": 20}, "maxItems": 2}}}
+    result = engine.fill(schema, TICKET)
+    tags = result.value["tags"]
+    assert isinstance(tags, list) and len(tags) <= 2 and all(isinstance(t, str) and len(t) <= 20 for t in tags)
+
+
+def test_string_bounds_and_pattern_hold(engine):
+    schema = {
+        "properties": {
+            "code": {"type": "string", "pattern": "^[A-Z]{3}-[0-9]{3}$", "description": "A ticket code"},
+            "short": {"type": "string", "maxLength": 12, "minLength": 2, "description": "A short title"},
+        }
+    }
+    result = engine.fill(schema, "Ticket ABC-123: the printer is on fire again, please send help.")
+    assert re.fullmatch(r"[A-Z]{3}-[0-9]{3}", result.value["code"])
+    assert 2 <= len(result.value["short"]) <= 12
+
+
+def test_number_bounds_hold(engine):
+    schema = {
+        "properties": {
+            "year": {"type": "integer", "minimum": 1900, "maximum": 2100, "description": "The year"},
+            "share": {"type": "number", "minimum": 0, "maximum": 1, "description": "Share, from 0 to 1"},
+        }
+    }
+    result = engine.fill(schema, "In 2031 about 40% of the fleet was electric.")
+    assert 1900 <= result.value["year"] <= 2100
+    assert 0 <= result.value["share"] <= 1
+
+
+def test_optional_fields_are_null_or_valid(engine):
+    schema = {"properties": {"nickname": {"anyOf": [{"type": "string", "maxLength": 20}, {"type": "null"}]}}}
+    result = engine.fill(schema, "Robert, known to friends as Bobby, called about his invoice.")
+    value = result.value["nickname"]
+    assert value is None or (isinstance(value, str) and len(value) <= 20)
+
+
+def test_open_field_with_depends_on_waits_one_wave(engine):
+    schema = {
+        "properties": {
+            "summary": {"type": "string", "maxLength": 60, "description": "One-line summary"},
+            "title": {"type": "string", "maxLength": 24, "description": "A title", "depends_on": ["summary"]},
+        }
+    }
+    engine.warmup(schema)
+    result = engine.fill(schema, TICKET)
+    summary, title = result.fields["summary"], result.fields["title"]
+    assert (summary.wave, title.wave) == (0, 1)
+    steps = open_steps(result)
+    # request prefill, summary's steps, its line written in, title's steps
+    assert result.stats.forward_passes == 1 + steps["summary"] + 1 + steps["title"]
+
+
+def test_unicode_and_quotes_survive_generation(engine):
+    schema = {"properties": {"quote": {"type": "string", "maxLength": 60, "description": "His exact words"}}}
+    result = engine.fill(schema, 'Zoë wrote: "Le café était «froid»", then left.')
+    field = result.fields["quote"]
+    assert json.loads(field.text) == field.value == result.value["quote"]
+
+
+def test_only_open_fields_skip_the_closed_passes(engine):
+    schema = {"properties": {"name": {"type": "string", "maxLength": 30, "description": "The customer's name"}}}
+    engine.warmup(schema)
+    result = engine.fill(schema, TICKET)
+    assert result.stats.forward_passes == 1 + result.stats.open_steps
+    assert result.stats.n_rows == 0
+
+
+def test_closed_only_schemas_keep_their_prompt_and_cost(engine):
+    compiled = engine.compile(closed_part(Mixed))
+    assert INSTRUCTIONS in compiled.prompt.head and MIXED_INSTRUCTIONS not in compiled.prompt.head
+    assert not compiled.open_rows
+    result = engine.fill(closed_part(Mixed), TICKET)
+    assert result.stats.open_steps == 0 and result.stats.output_tokens == 0
+    assert MIXED_INSTRUCTIONS in engine.compile(Mixed).prompt.head
+
+
+def test_a_cap_closes_a_string_with_a_warning(engine):
+    result = engine.fill(Joke, "Tell me a joke about cats.", max_new_tokens={"setup": 3})
+    assert result.fields["setup"].n_tokens <= 3 + 2
+    assert any("setup" in w and "max_new_tokens" in w for w in result.warnings)
+    assert isinstance(result.value, Joke)
+
+
+def test_a_cap_that_cannot_close_raises(engine):
+    schema = {"properties": {"year": {"type": "integer", "minimum": 1000, "maximum": 9999}}}
+    with pytest.raises(GenerationError, match="max_new_tokens"):
+        engine.fill(schema, "It happened in 1987.", max_new_tokens={"year": 1})
+
+
+class Topics(BaseModel):
+    topics: list[Literal["BILLING", "OUTAGE", "SECURITY"]] = Field(description="Every topic the ticket raises")
+    summary: str = Field(max_length=80, description="One-line summary")
+
+
+def test_a_list_of_enums_is_decided_label_by_label(engine):
+    result = engine.fill(Topics, "I was billed twice for March and your API has been down since this morning.")
+    topics = result.fields["topics"]
+    assert topics.method == "multi-label"
+    assert set(topics.memberships) == {"BILLING", "OUTAGE", "SECURITY"}
+    member = topics.members["topics: BILLING"]
+    assert topics.memberships["BILLING"] == member.probabilities["true"]
+    assert result.value.topics == [label for label, p in topics.memberships.items() if p >= 0.5]
+    assert isinstance(result.value, Topics)
+
+
+def test_multi_label_keys_are_listed_per_label_in_the_catalog(engine):
+    head = engine.compile(Topics).prompt.head
+    assert head.index('"topics: BILLING"') < head.index('"topics: SECURITY"') < head.index('"summary"')
