@@ -210,7 +210,8 @@ class Engine:
         chosen: dict[str, int] = {}
 
         def record(wave_index: int, decoded: Decoded) -> None:
-            for name, readout in zip(compiled.waves[wave_index], decoded.readouts):
+            names = compiled.waves[wave_index] if compiled.waves else ()  # no closed fields: no readouts
+            for name, readout in zip(names, decoded.readouts):
                 chosen[name] = readout.best
                 spec = compiled.schema.field(name)
                 results[name] = FieldResult.from_readout(spec, readout, options.strategy, wave_index)
