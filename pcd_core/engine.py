@@ -114,6 +114,13 @@ class Engine:
     def context_length(self) -> int:
         return self.backend.context_length
 
+    @property
+    def grammar_tokenizer(self) -> GrammarTokenizer:
+        """The grammar engine's view of the tokenizer, built on first use (it reads the vocabulary)."""
+        if self._grammar_tokenizer is None:
+            self._grammar_tokenizer = GrammarTokenizer(self.tokenizer.hf, self.tokenizer.eos_ids)
+        return self._grammar_tokenizer
+
     # -- compile and cache --------------------------------------------------------------------
     def compile(self, schema: Any, task: str = "") -> CompiledSchema:
         """Compile once per (schema, task); ``task`` is a sentence put after the instructions."""
@@ -271,12 +278,10 @@ class Engine:
         if lines:
             prefix = self.backend.prefill(lines, parent=prefix)
             stats.prompt_tokens += len(lines)
-        if self._grammar_tokenizer is None:
-            self._grammar_tokenizer = GrammarTokenizer(self.tokenizer.hf, self.tokenizer.eos_ids)
         open_stats = GenerationStats()
         generated, warnings = generate_open_fields(
             self.backend,
-            self._grammar_tokenizer,
+            self.grammar_tokenizer,
             prefix,
             compiled.open_rows,
             compiled.schema,

@@ -61,6 +61,7 @@ class GeneratedField:
     logp_sum: float  # natural log-probs of the model-chosen tokens
     mean_probability: float  # mean of exp(logp) over the model-chosen tokens
     wave: int
+    token_ids: list[int] = field(default_factory=list)  # the written tokens, after the key's colon
     method: str = "generated"
 
     def to_dict(self) -> dict[str, Any]:
@@ -209,4 +210,5 @@ def _result(row: _Row, tokenizer: GrammarTokenizer, wave: int) -> GeneratedField
         logp_sum=float(sum(chosen)),
         mean_probability=float(np.mean(np.exp(chosen))) if chosen else 1.0,
         wave=wave,
+        token_ids=list(row.generated),
     )

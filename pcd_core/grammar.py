@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from .errors import BackendUnavailableError, SchemaError
+from .schema import Schema
 
 #: compact JSON inside generated values: one way to write each value, no whitespace runs
 _COMPACT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
@@ -119,3 +120,34 @@ class RowMatcher:
         """Whether ``ids`` would complete the value from here, without changing this matcher."""
         trial = self.matcher.deep_copy()
         return bool(trial.consume_tokens(list(ids)) and trial.is_stopped())
+
+
+def object_schema(schema: Schema) -> dict[str, Any]:
+    """The whole object as one JSON Schema, every key required and in order: what a grammar engine
+    constrains token-by-token generation with. Closed fields are enums of their labels, a multi-label
+    list an array of its labels, open fields their own schema.
+    """
+    properties: dict[str, Any] = {}
+    members: dict[str, list[Any]] = {}
+    for field in schema.fields:
+        if field.member_of is not None:
+            members.setdefault(field.member_of[0], []).append(field.member_of[1])
+        else:
+            properties[field.name] = {"enum": [label.value for label in field.labels]}
+    for name, labels in members.items():
+        properties[name] = {"type": "array", "items": {"enum": labels}, "uniqueItems": True}
+    for item in schema.open_fields:
+        properties[item.name] = item.value_schema
+    ordered = {name: properties[name] for name in schema.keys}
+    return {"type": "object", "properties": ordered, "required": list(ordered), "additionalProperties": False}
+
+
+def object_matcher(tokenizer: GrammarTokenizer, schema: Schema) -> RowMatcher:
+    """A matcher for the whole object, JSON whitespace as the grammar engine allows it by default."""
+    from llguidance import LLMatcher
+
+    grammar = LLMatcher.grammar_from_json_schema(json.dumps(object_schema(schema)))
+    matcher = LLMatcher(tokenizer.ll, grammar, log_level=0)
+    if matcher.is_error():
+        raise SchemaError(f"the grammar engine rejected the object schema: {matcher.get_error()}")
+    return RowMatcher(matcher, tokenizer.vocab_size)

@@ -3,13 +3,14 @@
 - ``generate_free`` (AR): the model writes the whole object, greedy, one token per forward pass with
   the KV cache on, from the same prompt and the same cached head; it stops at the closing brace, at
   an end-of-turn token, or at the cap.
-- ``generate_constrained`` (AR-constrained): the same loop, with every step masked to the tokens the
-  schema's JSON allows next (keys in schema order, one of each field's allowed value lines, then the
-  closing brace). Forced tokens still cost a pass each, as in a grammar engine without jump-forward.
+- ``generate_grammar`` (AR-constrained, ``arc``): the same loop, masked by llguidance over
+  the whole object's JSON Schema, the grammar engine vLLM and SGLang users run; every token, forced
+  or not, costs a pass, as in those servers without jump-forward. It handles open fields too.
 - ``decide_sequential`` (jump-forward): one field at a time on the compiled rows and tries, every
   earlier answer in the prompt and every forced token fast-forwarded: the chosen answer's remaining
   tokens and the next field's row are read in one prefill, whose last position already gives the next
-  field's first decision. The best a grammar engine with jump-forward can do.
+  field's first decision. The best a grammar engine with jump-forward can do. Open fields follow, one
+  after another, each generated under its grammar with jump-forward and written in before the next.
 
 Each returns a ``BaselineRun``; the pass counts come from ``backend.forward_passes``.
 """
@@ -36,6 +37,7 @@ class BaselineRun:
     values: dict[str, Any] = field(default_factory=dict)  # decisions, where the method makes them
     tokens: int = 0  # tokens written (AR) or decisions read (sequential)
     stop: str = ""  # "brace" | "cap" | "eos" for the generators
+    prefix: Prefix | None = field(default=None, repr=False)  # where a sequential run ended
 
 
 def request_ids(engine: Any, compiled: CompiledSchema, text: str) -> tuple[tuple[int, ...], bool]:
@@ -79,50 +81,6 @@ def generate_free(engine: Any, compiled: CompiledSchema, head: Prefix, text: str
     return run
 
 
-def constrained_lines(engine: Any, compiled: CompiledSchema) -> list[tuple[tuple[int, ...], ...]]:
-    """Per step of the object, the token sequences the schema allows: each field's value lines, then
-    the closing brace. The lines are the compiler's canonical spellings, tokenized in context.
-    """
-    steps = [field.answer_ids for field in compiled.fields]
-    last = compiled.fields[-1].field
-    written = compiled.prompt.tail + compiled.layout.segment(last.name, last.labels[0].forms[0], True)
-    closer = engine.tokenizer.continuation(written, compiled.layout.closer)
-    steps.append((closer or engine.tokenizer.encode(compiled.layout.closer),))
-    return steps
-
-
-def generate_constrained(
-    engine: Any, compiled: CompiledSchema, head: Prefix, text: str, cap: int | None = None
-) -> BaselineRun:
-    backend, tokenizer = engine.backend, engine.tokenizer
-    steps = constrained_lines(engine, compiled)
-    prefix = read_request(engine, compiled, head, text)
-    written: list[int] = []
-    run = BaselineRun(text="", stop="brace")
-    for step, lines in enumerate(steps):
-        line: list[int] = []
-        alive = list(lines)
-        while not any(len(candidate) == len(line) for candidate in alive):
-            if cap is not None and len(written) >= cap:
-                run.stop = "cap"
-                break
-            allowed = sorted({candidate[len(line)] for candidate in alive})
-            logp = backend.next_logp(prefix)
-            token = max(allowed, key=lambda t: (logp[t], -t))
-            line.append(token)
-            written.append(token)
-            alive = [c for c in alive if len(c) > len(line) - 1 and c[len(line) - 1] == token]
-            if step < len(steps) - 1 or any(len(c) > len(line) for c in alive):
-                prefix = backend.prefill([token], parent=prefix)
-        if run.stop == "cap":
-            break
-        if step < len(compiled.fields):
-            f = compiled.fields[step]
-            run.values[f.name] = f.field.labels[f.answer_ids.index(tuple(line))].value
-    run.text, run.tokens = compiled.layout.opener + tokenizer.decode(written), len(written)
-    return run
-
-
 def decide_sequential(engine: Any, compiled: CompiledSchema, head: Prefix, text: str) -> BaselineRun:
     backend = engine.backend
     fields = compiled.fields
@@ -137,6 +95,54 @@ def decide_sequential(engine: Any, compiled: CompiledSchema, head: Prefix, text:
             if answer[: len(row)] != row:
                 raise BackendError(f"field {spec.name!r}: its answer line does not start with its row")
             prefix = backend.prefill(answer[len(row) :] + fields[index + 1].trie.row, parent=prefix)
+        else:
+            run.prefix = backend.prefill(spec.answer_ids[readout.best][len(spec.trie.row) :], parent=prefix)
+    return run
+
+
+def fill_sequential(engine: Any, compiled: CompiledSchema, head: Prefix, text: str) -> BaselineRun:
+    """Closed fields one by one (``decide_sequential``), then each open field alone after them."""
+    from ..generation import GenerationStats, generate_open_fields
+
+    if compiled.fields:
+        run = decide_sequential(engine, compiled, head, text)
+        prefix = run.prefix
+    else:
+        run, prefix = BaselineRun(text=""), read_request(engine, compiled, head, text)
+    assert prefix is not None
+    grammar = engine.grammar_tokenizer
+    for spec in compiled.open_rows:
+        done, _ = generate_open_fields(engine.backend, grammar, prefix, (spec,), compiled.schema, GenerationStats())
+        generated = done[spec.field.name]
+        run.values[spec.field.name] = generated.value
+        run.tokens += generated.n_tokens
+        prefix = engine.backend.prefill(spec.opening + tuple(generated.token_ids), parent=prefix)
+    return run
+
+
+def generate_grammar(engine: Any, compiled: CompiledSchema, head: Prefix, text: str, cap: int) -> BaselineRun:
+    """Greedy token-by-token generation of the whole object under llguidance's JSON Schema mask."""
+    from ..grammar import object_matcher
+
+    backend, grammar = engine.backend, engine.grammar_tokenizer
+    matcher = object_matcher(grammar, compiled.schema)
+    opener = compiled.layout.opener
+    matcher.consume(grammar.encode(opener))  # the prompt already ends with it
+    prefix = read_request(engine, compiled, head, text)
+    written: list[int] = []
+    run = BaselineRun(text=opener, stop="cap")
+    while len(written) < cap:
+        logp = backend.next_logp(prefix)
+        allowed = matcher.allowed()
+        n = min(logp.size, allowed.size)
+        token = int(np.argmax(np.where(allowed[:n], logp[:n], -np.inf)))
+        matcher.consume([token])
+        written.append(token)
+        if matcher.matcher.is_accepting():
+            run.stop = "brace"
+            break
+        prefix = backend.prefill([token], parent=prefix)
+    run.text, run.tokens = opener + grammar.decode(written), len(written)
     return run
 
 
