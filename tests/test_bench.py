@@ -129,3 +129,35 @@ def test_bad_arguments_fail_before_a_model_loads(tmp_path, capsys):
     assert main(["--schema", "support_ticket", "--fields", "99"]) == 2
     assert main(["--schema", "support_ticket", "--baselines", "ar,beam"]) == 2
     assert "pcd: error" in capsys.readouterr().err
+
+
+MIXED = {
+    "type": "object",
+    "properties": {
+        **TINY["properties"],
+        "name": {"type": "string", "maxLength": 30, "description": "Who wrote it"},
+        "orders_lost": {"type": "integer", "minimum": 0, "description": "Orders lost so far"},
+    },
+    "required": [*TINY["required"], "name", "orders_lost"],
+}
+
+
+def test_bench_on_a_mixed_schema_is_valid_for_pcd_grammar_ar_and_sequential(engine):
+    case = BenchCase("mixed", MIXED, INPUT + " -- Ana Ruiz, 14 orders lost")
+    record = bench_case(engine, case, repeat=1, baselines=("arc", "seq"))
+    assert record["pcd_valid"] and record["arc_valid"] and record["seq_valid"]
+    assert record["arc_engine"] == "llguidance"
+    # the parallel fill: the closed passes, one that writes them in, then the longest open row
+    stats = record["pcd_stats"]
+    assert record["pcd_forward_passes"] == 2 + 1 + stats["open_steps"]
+    assert record["seq_forward_passes"] > record["pcd_forward_passes"]
+    assert set(record["pcd_output"]) == set(MIXED["properties"])
+
+
+def test_validity_of_open_values_is_the_json_schema_validators():
+    schema = parse_schema(MIXED)
+    good = {"urgent": True, "sentiment": "NEGATIVE", "channel": "PHONE", "name": "Ana", "orders_lost": 14}
+    assert valid_output(MIXED, schema, good)
+    assert not valid_output(MIXED, schema, dict(good, orders_lost=-1))
+    assert not valid_output(MIXED, schema, dict(good, name="x" * 31))
+    assert not valid_output(MIXED, schema, {k: v for k, v in good.items() if k != "name"})
