@@ -4,6 +4,7 @@ import json
 import re
 from typing import Literal
 
+import numpy as np
 import pytest
 from pydantic import BaseModel, Field
 
@@ -232,3 +233,16 @@ def test_a_list_of_enums_is_decided_label_by_label(engine):
 def test_multi_label_keys_are_listed_per_label_in_the_catalog(engine):
     head = engine.compile(Topics).prompt.head
     assert head.index('"topics: BILLING"') < head.index('"topics: SECURITY"') < head.index('"summary"')
+
+
+def test_growing_an_older_state_twice_forks_it_without_corrupting_either(engine):
+    backend = engine.backend
+    prefix = backend.prefill(list(range(100, 140)))
+    start = backend.grow(prefix, None, [(5, 6), (7,)])
+    first = backend.grow(prefix, start, [(8,), (9,)])
+    second = backend.grow(prefix, start, [(10,), (11,)])  # start is no longer the arena's latest
+    third = backend.grow(prefix, first, [(12,), (13,)])
+    for rows in (first, second, third):
+        for i in range(2):
+            want = backend.next_logp(backend.prefill(rows.ids[i], parent=prefix))
+            np.testing.assert_allclose(rows.logp[i], want, atol=1e-4)

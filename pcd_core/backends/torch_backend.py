@@ -45,14 +45,58 @@ class TorchState:
     last_hidden: torch.Tensor
 
 
+class _Arena:
+    """One KV buffer per layer for a generation: the prefix copied in once, then every row token
+    written in place, so a step copies nothing. ``used`` says how far the buffer is written; a state
+    that does not own the buffer's end (an older ``Rows`` grown a second time) gets a fresh copy.
+    """
+
+    def __init__(self, keys: tuple[torch.Tensor, ...], values: tuple[torch.Tensor, ...], capacity: int) -> None:
+        used = keys[0].shape[-2]
+        self.keys = [self._buffer(k, capacity) for k in keys]
+        self.values = [self._buffer(v, capacity) for v in values]
+        self.used = used
+
+    @staticmethod
+    def _buffer(tensor: torch.Tensor, capacity: int) -> torch.Tensor:
+        shape = (*tensor.shape[:-2], max(capacity, tensor.shape[-2]), tensor.shape[-1])
+        buffer = torch.empty(shape, dtype=tensor.dtype, device=tensor.device)
+        buffer[..., : tensor.shape[-2], :] = tensor
+        return buffer
+
+    def reserve(self, n_new: int) -> None:
+        needed = self.used + n_new
+        if needed > self.keys[0].shape[-2]:
+            size = max(needed, 2 * self.keys[0].shape[-2])
+            self.keys = [self._buffer(k[..., : self.used, :], size) for k in self.keys]
+            self.values = [self._buffer(v[..., : self.used, :], size) for v in self.values]
+
+
 @dataclass(frozen=True)
 class _GrownRows:
-    """The kept KV of growing rows, packed after a prefix: per token its row and its depth in it."""
+    """Growing rows packed after a prefix in an ``_Arena``: per row token its row and its depth."""
 
-    keys: tuple[torch.Tensor, ...]
-    values: tuple[torch.Tensor, ...]
+    arena: _Arena
+    used: int  # the arena is this state's up to here
     owner: torch.Tensor
     depth: torch.Tensor
+
+
+class _ArenaLayer(DynamicLayer):
+    """A cache layer that appends the step's keys and values to an arena layer in place."""
+
+    def __init__(self, arena: _Arena, index: int) -> None:
+        super().__init__()
+        self.arena, self.index = arena, index
+        self.keys, self.values = arena.keys[index], arena.values[index]
+        self.device = self.keys.device
+        self.is_initialized = True
+
+    def update(self, key_states, value_states, *args, **kwargs):  # type: ignore[no-untyped-def]
+        start, n = self.arena.used, key_states.shape[-2]
+        self.arena.keys[self.index][..., start : start + n, :] = key_states
+        self.arena.values[self.index][..., start : start + n, :] = value_states
+        return self.arena.keys[self.index][..., : start + n, :], self.arena.values[self.index][..., : start + n, :]
 
 
 class _PrefixLayer(DynamicLayer):
@@ -230,10 +274,11 @@ class TorchBackend(Backend):
     def _grow(self, prefix: Prefix, rows: Rows | None, extended: tuple[tuple[int, ...], ...], n_new: list[int]) -> Rows:
         """Read only each row's new tokens, after the prefix and the rows' kept KV, in one pass.
 
-        The rows' tokens live packed after the prefix (``_GrownRows``: which row and depth each kept
-        token has, and its keys and values per layer). New tokens attend to the whole prefix, to the
+        The rows' tokens live packed after the prefix in one buffer per layer (``_Arena``): the
+        prefix KV is copied in once per generation, not once per row or per step, and every step
+        writes its tokens' keys and values in place. New tokens attend to the whole prefix, to the
         kept tokens of their own row and to their own row's earlier new tokens; positions continue
-        each row's own length. The prefix KV is read, never copied into the state.
+        each row's own length. The ``Prefix`` itself is never modified.
         """
         if self.row_layout != "packed":
             return super()._grow(prefix, rows, extended, n_new)
@@ -257,25 +302,18 @@ class TorchBackend(Backend):
         allowed = torch.cat(
             [torch.ones(len(tokens), n_prefix, dtype=torch.bool, device=self.device), to_kept, to_new], 1
         )
-        state: TorchState = prefix.state
-        layers = [
-            _PrefixLayer(
-                torch.cat([k, kept.keys[i]], dim=-2) if kept is not None else k,
-                torch.cat([v, kept.values[i]], dim=-2) if kept is not None else v,
-                keep=None,
-            )
-            for i, (k, v) in enumerate(zip(state.keys, state.values))
-        ]
+        arena = self._arena_for(prefix, kept, len(tokens), extended)
         out = self.decoder(
             input_ids=torch.tensor([tokens], device=self.device),
             position_ids=q_pos[None],
             attention_mask=self._masks(q_pos[None], k_pos[None], allowed[None]),
-            cache=Cache(layers=layers),
+            cache=Cache(layers=[_ArenaLayer(arena, i) for i in range(self.n_layers)]),
             use_cache=True,
         )
+        arena.used += len(tokens)
         grown = _GrownRows(
-            keys=tuple(layer.keys[..., n_prefix:, :].clone() for layer in layers),
-            values=tuple(layer.values[..., n_prefix:, :].clone() for layer in layers),
+            arena=arena,
+            used=arena.used,
             owner=torch.cat([old_owner, new_owner]),
             depth=torch.cat([old_depth, new_depth]),
         )
@@ -287,6 +325,28 @@ class TorchBackend(Backend):
         for position, k in enumerate(last):
             by_row[k] = logp[position]
         return Rows(prefix, extended, tuple(by_row), grown)
+
+    def _arena_for(
+        self, prefix: Prefix, kept: _GrownRows | None, n_new: int, extended: tuple[tuple[int, ...], ...]
+    ) -> _Arena:
+        """The arena this step writes into: the rows' own, or a fresh one with the prefix copied in
+        (the first step, or a state that is not the arena's latest).
+        """
+        if kept is not None and kept.used == kept.arena.used:
+            kept.arena.reserve(n_new)
+            return kept.arena
+        state: TorchState = prefix.state
+        # room for every row to grow to twice its present length before the buffer must grow
+        capacity = prefix.n_tokens + 2 * sum(len(row) for row in extended) + n_new
+        arena = _Arena(state.keys, state.values, capacity)
+        if kept is not None:  # a stale state: its own tokens come along, then it writes after them
+            for i in range(self.n_layers):
+                stale_k = kept.arena.keys[i][..., prefix.n_tokens : kept.used, :]
+                stale_v = kept.arena.values[i][..., prefix.n_tokens : kept.used, :]
+                arena.keys[i][..., arena.used : arena.used + stale_k.shape[-2], :] = stale_k
+                arena.values[i][..., arena.used : arena.used + stale_v.shape[-2], :] = stale_v
+            arena.used = kept.used
+        return arena
 
     # -- self-check ---------------------------------------------------------------------------
     def _choose_layout(self, requested: str) -> str:
