@@ -76,7 +76,7 @@ def _mark(candidate_mass: float) -> str:
 
 
 def _with_footer(table: str, masses: Sequence[float], warnings: Sequence[str], stats: Stats | None) -> str:
-    lines = [table]
+    lines = [table, ""]
     if any(mass < LOW_MASS for mass in masses):
         lines.append(f"{LOW_MASS_MARK} candidate mass below {LOW_MASS}: the model wanted to write something else")
     if warnings:
