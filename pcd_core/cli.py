@@ -20,6 +20,7 @@ from typing import Any
 
 from . import __version__
 from .cli_output import decide_record, decide_table, fill_record, fill_table
+from .engine import Engine  # light: torch and transformers load with the model, not with the engine
 from .errors import PcdError
 from .models import DEFAULT_MODEL, EMBEDDED, cache_dir
 
@@ -83,9 +84,7 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _load_engine(args: argparse.Namespace) -> Any:
-    from .engine import Engine
-
+def _load_engine(args: argparse.Namespace) -> Engine:
     return Engine.load(
         args.model, backend=args.backend, device=args.device, max_tokens_per_pass=args.max_tokens_per_pass
     )
