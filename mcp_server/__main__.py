@@ -38,6 +38,11 @@ def _port(text: str) -> int:
     return value
 
 
+def _flag(value: str | None) -> bool:
+    """An on/off environment variable: 1, true, yes or on (any case) is on; unset or anything else is off."""
+    return (value or "").strip().lower() in {"1", "true", "yes", "on"}
+
+
 def build_parser() -> argparse.ArgumentParser:
     env = os.environ.get
     parser = argparse.ArgumentParser(
@@ -74,6 +79,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="KV budget: the most tokens one forward pass may hold (PCD_MAX_TOKENS_PER_PASS)",
     )
     add(
+        "--stateless",
+        action="store_true",
+        default=_flag(env("PCD_MCP_STATELESS")),
+        help="streamable HTTP without sessions: each request stands alone, so any replica behind a load "
+        "balancer can answer it (PCD_MCP_STATELESS=1)",
+    )
+    add(
+        "--json-response",
+        action="store_true",
+        default=_flag(env("PCD_MCP_JSON_RESPONSE")),
+        help="streamable HTTP answers as one application/json body instead of an SSE stream (PCD_MCP_JSON_RESPONSE=1)",
+    )
+    add(
         "--log-level",
         default=env("PCD_LOG_LEVEL", "INFO"),
         help=f"one of {', '.join(LOG_LEVELS)} (PCD_LOG_LEVEL; default INFO)",
@@ -92,6 +110,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args.log_level = args.log_level.upper()
     if args.transport not in TRANSPORTS:
         parser.error(f"--transport must be one of {', '.join(TRANSPORTS)}, got {args.transport!r}")
+    if args.transport != "streamable-http" and (args.stateless or args.json_response):
+        parser.error("--stateless and --json-response apply to --transport streamable-http only")
     if args.backend not in BACKENDS:
         parser.error(f"--backend must be one of {', '.join(BACKENDS)}, got {args.backend!r}")
     if importlib.util.find_spec("mcp") is None:
@@ -132,7 +152,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         max_tokens_per_pass=args.max_tokens_per_pass,
         **({"model": args.model} if args.model else {}),
     )
-    serve(load, transport=args.transport, host=args.host, port=args.port, log_level=args.log_level)
+    serve(
+        load,
+        transport=args.transport,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        stateless=args.stateless,
+        json_response=args.json_response,
+    )
 
 
 if __name__ == "__main__":

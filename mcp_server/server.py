@@ -306,10 +306,22 @@ def serve(
     host: str = "127.0.0.1",
     port: int = 8765,
     log_level: LogLevel = "INFO",
+    stateless: bool = False,
+    json_response: bool = False,
 ) -> None:
-    """Serve the tools until the client goes away (stdio) or the process is stopped (HTTP, at /mcp)."""
+    """Serve the tools until the client goes away (stdio) or the process is stopped (HTTP, at /mcp).
+
+    ``stateless`` and ``json_response`` are the SDK's streamable-HTTP settings: no session ids, and one
+    JSON body per request instead of an SSE stream. Either way the model loads once per process.
+    """
     server = build_server(engine_or_factory, log_level=log_level)
     if transport == "stdio":
         server.run()
     else:
-        server.run(transport="streamable-http", host=host, port=port)
+        server.run(
+            transport="streamable-http",
+            host=host,
+            port=port,
+            stateless_http=stateless,
+            json_response=json_response,
+        )

