@@ -100,11 +100,6 @@ def test_first_field_is_decided_alone():
 @pytest.mark.parametrize(
     "spec, field, reason",
     [
-        ({"properties": {"note": {"type": "string"}}}, "note", "free-text"),
-        ({"properties": {"count": {"type": "integer"}}}, "count", "closed set"),
-        ({"properties": {"amount": {"type": "number"}}}, "amount", "closed set"),
-        ({"properties": {"obj": {"type": "object"}}}, "obj", "nested objects"),
-        ({"properties": {"tags": {"type": "array"}}}, "tags", "arrays"),
         ({"properties": {"empty": {"enum": []}}}, "empty", "empty"),
         ({"properties": {"twice": {"enum": ["A", "A"]}}}, "twice", "listed twice"),
         ({"properties": {"one": {"enum": ["A"]}}}, "one", "only one"),
@@ -112,18 +107,61 @@ def test_first_field_is_decided_alone():
         ({"properties": {"odd": {"enum": [1.5, 2.5]}}}, "odd", "not a string"),
     ],
 )
-def test_open_or_broken_fields_raise_schema_error_naming_the_field(spec, field, reason):
+def test_broken_fields_raise_schema_error_naming_the_field(spec, field, reason):
     with pytest.raises(SchemaError, match=reason) as caught:
         parse_schema(spec)
     assert caught.value.field == field
 
 
-def test_free_text_pydantic_field_is_rejected():
-    class Note(BaseModel):
-        text: str
+@pytest.mark.parametrize("kind", ["string", "integer", "number", "object", "array"])
+def test_open_json_types_become_open_fields_with_their_schema(kind):
+    schema = parse_schema({"properties": {"x": {"type": kind, "description": "d"}, "flag": {"type": "boolean"}}})
+    assert [f.name for f in schema.fields] == ["flag"]
+    (item,) = schema.open_fields
+    assert item.name == "x" and item.value_schema["type"] == kind and item.max_new_tokens > 0
+    assert schema.keys == ("x", "flag")
 
-    with pytest.raises(SchemaError, match="free-text"):
-        parse_schema(Note)
+
+def test_free_text_pydantic_fields_are_open_and_refs_are_inlined():
+    class Address(BaseModel):
+        city: str
+
+    class Note(BaseModel):
+        text: str = Field(max_length=10)
+        where: Address
+
+    schema = parse_schema(Note)
+    text, where = schema.open_fields
+    assert text.max_new_tokens == 2 * 10 + 8
+    assert where.value_schema["properties"]["city"]["type"] == "string" and "$ref" not in where.value_schema_json
+
+
+def test_small_bounded_integers_are_closed_and_lists_of_labels_are_per_label_booleans():
+    schema = parse_schema(
+        {
+            "properties": {
+                "stars": {"type": "integer", "minimum": 1, "maximum": 5},
+                "tags": {"type": "array", "items": {"enum": ["A", "B"]}},
+            }
+        }
+    )
+    assert [label.value for label in schema.field("stars").labels] == [1, 2, 3, 4, 5]
+    assert [f.member_of for f in schema.fields[1:]] == [("tags", "A"), ("tags", "B")]
+    assert not schema.open_fields
+
+
+def test_a_recursive_model_is_a_schema_error():
+    spec = {
+        "properties": {"node": {"$ref": "#/$defs/N"}},
+        "$defs": {"N": {"type": "object", "properties": {"next": {"$ref": "#/$defs/N"}}}},
+    }
+    with pytest.raises(SchemaError, match="recursive"):
+        parse_schema(spec)
+
+
+def test_a_closed_field_cannot_depend_on_an_open_one():
+    with pytest.raises(SchemaError, match="cannot depend on an open field"):
+        parse_schema({"note": {"type": "string"}, "flag": {"type": "boolean", "depends_on": ["note"]}})
 
 
 def test_dependency_cycle_is_rejected():
