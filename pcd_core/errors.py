@@ -12,7 +12,7 @@ class PcdError(Exception):
 
 
 class SchemaError(PcdError, ValueError):
-    """A schema or question that the engine cannot decide: free text, duplicates, cycles, sizes."""
+    """A schema or question that the engine cannot read: duplicates, cycles, recursion, sizes."""
 
     def __init__(self, message: str, *, field: str | None = None) -> None:
         self.field = field

@@ -1,10 +1,12 @@
-"""Closed decisions: the fields of a schema, their labels and the waves they are decided in.
+"""The fields of a schema: closed decisions with their labels, open fields with their own schema.
 
-Every field is a finite set of labels, and every label carries the JSON spellings (``forms``) a model
-may use to write it: ``true`` and ``"true"`` for a boolean, ``"NEGATIVE"`` for a string, ``3`` and
-``"3"`` for an integer. Schemas arrive as a pydantic class, a TypedDict, a JSON Schema or a plain dict
-of fields; anything open (free text, unbounded numbers, nested objects) is a ``SchemaError`` that names
-the field. ``tests/test_schema.py`` covers every accepted form and every rejection.
+Every closed field is a finite set of labels, and every label carries the JSON spellings (``forms``)
+a model may use to write it: ``true`` and ``"true"`` for a boolean, ``"NEGATIVE"`` for a string, ``3``
+and ``"3"`` for an integer. A ``list[Literal]`` is one boolean decision per label. Anything else
+(strings, open numbers, nested objects, other lists) is an ``OpenField``, generated under its JSON
+Schema (``generation.py``). Schemas arrive as a pydantic class, a TypedDict, a JSON Schema or a plain
+dict of fields; a schema that cannot be read is a ``SchemaError`` that names the field.
+``tests/test_schema.py`` covers every accepted form and every rejection.
 """
 
 from __future__ import annotations

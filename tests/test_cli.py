@@ -169,9 +169,18 @@ def write(tmp_path: Path, name: str, content: str) -> str:
 ERRORS = {
     "missing input file": (lambda tmp: ["fill", "--schema", str(SCHEMA), "--input", "/nonexistent"], "No such file"),
     "missing schema file": (lambda tmp: ["fill", "--schema", "nope.json", "--input", str(TICKET)], "cannot read"),
-    "open schema": (
-        lambda tmp: ["fill", "--schema", write(tmp, "s.json", '{"properties": {"note": {"type": "string"}}}')],
-        "free-text",
+    "recursive schema": (
+        lambda tmp: [
+            "fill",
+            "--schema",
+            write(
+                tmp,
+                "s.json",
+                '{"properties": {"n": {"$ref": "#/$defs/N"}}, "$defs": {"N": {"type": "object", '
+                '"properties": {"next": {"$ref": "#/$defs/N"}}}}}',
+            ),
+        ],
+        "recursive",
     ),
     "bad jsonl line": (
         lambda tmp: ["fill", "--schema", str(SCHEMA), "--jsonl", write(tmp, "in.jsonl", '"ok"\n{"txt": 1}\n')],
