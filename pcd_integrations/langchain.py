@@ -30,7 +30,7 @@ try:
     from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
     from langchain_core.runnables import Runnable, RunnableMap, RunnablePassthrough
 except ImportError as error:  # pragma: no cover - exercised by a subprocess test without the extra
-    raise BackendUnavailableError("langchain", error.name or "langchain-core") from error
+    raise BackendUnavailableError("langchain", "langchain-core") from error
 
 from .langchain_decisions import PCDDecisionModel
 from .lazy_engine import LazyEngine

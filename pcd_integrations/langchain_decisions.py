@@ -22,8 +22,10 @@ Translation only, one way each:
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import Any
 
 from pcd_core import (
@@ -44,7 +46,7 @@ try:
     from langchain_core.runnables.config import get_config_list
     from pydantic import TypeAdapter
 except ImportError as error:  # pragma: no cover - exercised by a subprocess test without the extra
-    raise BackendUnavailableError("langchain", error.name or "langchain-core") from error
+    raise BackendUnavailableError("langchain", "langchain-core") from error
 
 from .lazy_engine import LazyEngine
 
@@ -228,15 +230,8 @@ class PCDDecisionModel(LazyEngine, BaseDecisionModel):
         return_exceptions: bool = False,
         **kwargs: Any,
     ) -> list[Any]:
-        outputs: list[Any] = []
-        for request, request_config in zip(inputs, get_config_list(config, len(inputs))):
-            try:
-                outputs.append(self.invoke(request, request_config))
-            except Exception as error:
-                if not return_exceptions:
-                    raise
-                outputs.append(error)
-        return outputs
+        configs = get_config_list(config, len(inputs))
+        return [_outcome(partial(self.invoke, r, c), return_exceptions) for r, c in zip(inputs, configs)]
 
     async def abatch(
         self,
@@ -246,12 +241,19 @@ class PCDDecisionModel(LazyEngine, BaseDecisionModel):
         return_exceptions: bool = False,
         **kwargs: Any,
     ) -> list[Any]:
-        outputs: list[Any] = []
+        outputs = []
         for request, request_config in zip(inputs, get_config_list(config, len(inputs))):
-            try:
-                outputs.append(await self.ainvoke(request, request_config))
-            except Exception as error:
-                if not return_exceptions:
-                    raise
-                outputs.append(error)
+            task = asyncio.ensure_future(self.ainvoke(request, request_config))
+            await asyncio.wait([task])  # one request at a time; its error is re-raised or kept below
+            outputs.append(_outcome(task.result, return_exceptions))
         return outputs
+
+
+def _outcome(call: Callable[[], Any], keep_errors: bool) -> Any:
+    """``call()``, or the exception it raised when the caller asked for exceptions in the batch."""
+    try:
+        return call()
+    except Exception as error:
+        if not keep_errors:
+            raise
+        return error
