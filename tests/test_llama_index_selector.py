@@ -87,13 +87,13 @@ def test_multi_selection_is_one_noul_per_choice_in_one_packed_pass(
     assert asyncio.run(selector.aselect(CHOICES, QUERY)) == result
 
 
-def test_choices_without_names_are_numbered_options(selector: PCDSelector) -> None:
-    questions = selector.questions(
-        [ToolMetadata(description="Refunds\nand invoices."), ToolMetadata(description="Bugs.")]
-    )
-    assert questions["selection"]["criteria"] == {"option 1": "Refunds and invoices.", "option 2": "Bugs."}
-    # strings are wrapped as descriptions by LlamaIndex; the pick indexes the caller's list
-    assert selector.select(["Refunds and invoices.", "Crashes and bugs."], QUERY).ind in (0, 1)
+def test_choices_without_names_are_numbered_options(selector: PCDSelector, engine: Engine) -> None:
+    unnamed = [ToolMetadata(description="Refunds\nand invoices."), ToolMetadata(description="Crashes and bugs.")]
+    questions = selector.questions(unnamed)
+    assert questions["selection"]["criteria"] == {"option 1": "Refunds and invoices.", "option 2": "Crashes and bugs."}
+    picked = engine.decide(QUERY, questions).answers["selection"].choice  # type: ignore[union-attr]
+    # plain strings are wrapped as descriptions by LlamaIndex; the pick indexes the caller's list
+    assert selector.select(["Refunds\nand invoices.", "Crashes and bugs."], QUERY).ind == int(picked[-1]) - 1
 
 
 def test_construction_errors_are_clear(engine: Engine) -> None:
