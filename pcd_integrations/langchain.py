@@ -1,9 +1,10 @@
-"""LangChain adapter: a chat model whose structured output is decided, and a decision Runnable.
+"""LangChain adapter: a chat model whose structured output is decided, and the decision-model slot.
 
 ``ChatPCD`` keeps a LangChain user's code unchanged (``prompt | llm.with_structured_output(Ticket)``):
 the rendered messages become the engine's input text and ``engine.fill`` decides every field among its
-allowed values, so the parsed object always matches the schema. ``PCDDecider`` answers Jev-style
-questions through ``engine.decide``. Neither builds prompts or touches token ids (STYLE.md §7).
+allowed values, so the parsed object always matches the schema. ``PCDDecisionModel`` (defined in
+``pcd_integrations/langchain_decisions.py``, re-exported here) is LangChain's ``BaseDecisionModel`` on
+``engine.decide``. Neither builds prompts or touches token ids.
 
 Invariant: nothing here pretends to write text. A call without a schema raises ``PlainChatError``.
 Proof: ``tests/test_langchain.py`` on the embedded model, and LangChain's standard suites in
@@ -12,33 +13,29 @@ Proof: ``tests/test_langchain.py`` on the embedded model, and LangChain's standa
 
 from __future__ import annotations
 
-import asyncio
 import json
-import threading
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from operator import itemgetter
 from typing import Any, Literal, get_args
 
-from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
-from langchain_core.language_models import BaseChatModel, LanguageModelInput
-from langchain_core.language_models.base import LangSmithParams
-from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, get_buffer_string
-from langchain_core.messages.ai import UsageMetadata
-from langchain_core.output_parsers import JsonOutputParser, PydanticOutputParser
-from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
-from langchain_core.runnables import (
-    Runnable,
-    RunnableConfig,
-    RunnableMap,
-    RunnablePassthrough,
-    RunnableSerializable,
-)
-from pydantic import ConfigDict, Field, PrivateAttr, model_validator
+from pcd_core import BackendUnavailableError, Engine, Extraction, FreeTextNotSupportedError, PromptError
 
-from pcd_core import DecideResponse, Engine, Extraction, FreeTextNotSupportedError, PromptError, Question
-from pcd_core.models import DEFAULT_MODEL
+try:
+    from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
+    from langchain_core.language_models import BaseChatModel, LanguageModelInput
+    from langchain_core.language_models.base import LangSmithParams
+    from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, get_buffer_string
+    from langchain_core.messages.ai import UsageMetadata
+    from langchain_core.output_parsers import JsonOutputParser, PydanticOutputParser
+    from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
+    from langchain_core.runnables import Runnable, RunnableMap, RunnablePassthrough
+except ImportError as error:  # pragma: no cover - exercised by a subprocess test without the extra
+    raise BackendUnavailableError("langchain", "langchain-core") from error
 
-__all__ = ["ChatPCD", "PCDDecider", "PlainChatError"]
+from .langchain_decisions import PCDDecisionModel
+from .lazy_engine import LazyEngine
+
+__all__ = ["ChatPCD", "PCDDecisionModel", "PlainChatError"]
 
 # Every value LangChain passes as ``method``; for PCD they all mean "decide each field among its
 # allowed values", which is stricter than any of them.
@@ -53,7 +50,7 @@ class PlainChatError(FreeTextNotSupportedError):
         super().__init__(
             "ChatPCD decides closed fields and does not write free text. Call "
             "llm.with_structured_output(Schema) with a pydantic class, TypedDict or JSON Schema whose "
-            "fields are booleans or enums, or use PCDDecider for yes/no, choice and score questions."
+            "fields are booleans or enums, or use PCDDecisionModel for yes/no, choice and score questions."
         )
 
 
@@ -88,7 +85,7 @@ def decision_metadata(extraction: Extraction) -> dict[str, dict[str, Any]]:
     }
 
 
-class ChatPCD(BaseChatModel):
+class ChatPCD(LazyEngine, BaseChatModel):
     """A LangChain chat model whose only output is a decided, schema-valid object.
 
     ``llm.with_structured_output(Schema)`` takes a pydantic class (returns an instance), a TypedDict or
@@ -107,28 +104,6 @@ class ChatPCD(BaseChatModel):
     generated.
     """
 
-    model: str = DEFAULT_MODEL
-    """A model alias, Hugging Face id or local path, as ``pcd_core.Engine.load`` takes it."""
-    backend: str = "torch"
-    engine: Engine | None = Field(default=None, exclude=True)
-    """An already loaded engine to share; left out of dumps and trace parameters."""
-
-    model_config = ConfigDict(arbitrary_types_allowed=True)
-
-    _load_lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
-
-    @model_validator(mode="after")
-    def _model_follows_engine(self) -> ChatPCD:
-        # The name in traces and in response metadata must be the model that actually decides.
-        if self.engine is not None:
-            if "model" not in self.model_fields_set:
-                self.model = self.engine.model_name
-            elif self.model != self.engine.model_name:
-                raise ValueError(
-                    f"model={self.model!r} but the engine runs {self.engine.model_name!r}; pass one or the other"
-                )
-        return self
-
     @property
     def _llm_type(self) -> str:
         return "pcd"
@@ -146,14 +121,6 @@ class ChatPCD(BaseChatModel):
         if stop:
             params["ls_stop"] = stop
         return params
-
-    def load_engine(self) -> Engine:
-        """The engine, loading the weights on first use (once, even with concurrent callers)."""
-        if self.engine is None:
-            with self._load_lock:
-                if self.engine is None:
-                    self.engine = Engine.load(model=self.model, backend=self.backend)
-        return self.engine
 
     def with_structured_output(
         self,
@@ -233,7 +200,7 @@ class ChatPCD(BaseChatModel):
 
     async def _afill(self, messages: list[BaseMessage], kwargs: dict[str, Any]) -> AIMessageChunk:
         schema = self._schema_for_call(kwargs)
-        engine = await asyncio.to_thread(self.load_engine)
+        engine = await self.aload_engine()
         return self._message(await engine.afill(schema, render_messages(messages)), engine)
 
     @staticmethod
@@ -287,93 +254,3 @@ class ChatPCD(BaseChatModel):
         if run_manager is not None:
             await run_manager.on_llm_new_token(chunk.text, chunk=chunk)
         yield chunk
-
-
-DeciderInput = str | list[Any] | Mapping[str, Any]
-
-
-class PCDDecider(RunnableSerializable[DeciderInput, DecideResponse]):
-    """Jev-style questions as a Runnable: the output is ``engine.decide``'s typed ``DecideResponse``.
-
-    The input is either a mapping ``{"state": ..., "questions": {...}}`` or the state itself (a
-    string or a list) answered with the preset ``questions``. Questions in the input replace the
-    preset ones. ``batch`` runs the inputs one after another on the caller's thread, since the
-    engine serialises model access anyway; async calls use ``engine.adecide`` and never block the
-    event loop.
-    """
-
-    engine: Engine = Field(exclude=True)
-    questions: dict[str, Question] | None = None
-    """Preset questions by id: ``NoulQuestion``/``ChoiceQuestion``/``ScoreQuestion`` or their wire
-    dicts, validated when the decider is built."""
-
-    model_config = ConfigDict(arbitrary_types_allowed=True)
-
-    @classmethod
-    def from_model(cls, model: str = DEFAULT_MODEL, backend: str = "torch", **kwargs: Any) -> PCDDecider:
-        """A decider on a freshly loaded engine."""
-        return cls(engine=Engine.load(model=model, backend=backend), **kwargs)
-
-    def _request(self, value: DeciderInput) -> tuple[Any, dict[str, Any]]:
-        if isinstance(value, Mapping):
-            if "state" not in value:
-                raise ValueError(
-                    f"a mapping input needs a 'state' key (got keys {sorted(value)!r}); "
-                    "pass {'state': ..., 'questions': ...} or the state itself"
-                )
-            state, questions = value["state"], value.get("questions") or self.questions
-        else:
-            state, questions = value, self.questions
-        if not questions:
-            raise ValueError("no questions: pass PCDDecider(questions={...}) or an input with a 'questions' key")
-        return state, questions
-
-    def _decide(self, value: DeciderInput) -> DecideResponse:
-        return self.engine.decide(*self._request(value))
-
-    async def _adecide(self, value: DeciderInput) -> DecideResponse:
-        return await self.engine.adecide(*self._request(value))
-
-    def _decide_each(self, values: list[DeciderInput]) -> list[DecideResponse | Exception]:
-        outputs: list[DecideResponse | Exception] = []
-        for value in values:
-            try:
-                outputs.append(self._decide(value))
-            except Exception as error:  # reported on that input's own run
-                outputs.append(error)
-        return outputs
-
-    async def _adecide_each(self, values: list[DeciderInput]) -> list[DecideResponse | Exception]:
-        outputs: list[DecideResponse | Exception] = []
-        for value in values:
-            try:
-                outputs.append(await self._adecide(value))
-            except Exception as error:
-                outputs.append(error)
-        return outputs
-
-    def invoke(self, input: DeciderInput, config: RunnableConfig | None = None, **kwargs: Any) -> DecideResponse:
-        return self._call_with_config(self._decide, input, config)
-
-    async def ainvoke(self, input: DeciderInput, config: RunnableConfig | None = None, **kwargs: Any) -> DecideResponse:
-        return await self._acall_with_config(self._adecide, input, config)
-
-    def batch(
-        self,
-        inputs: list[DeciderInput],
-        config: RunnableConfig | list[RunnableConfig] | None = None,
-        *,
-        return_exceptions: bool = False,
-        **kwargs: Any,
-    ) -> list[DecideResponse]:
-        return self._batch_with_config(self._decide_each, inputs, config, return_exceptions=return_exceptions)
-
-    async def abatch(
-        self,
-        inputs: list[DeciderInput],
-        config: RunnableConfig | list[RunnableConfig] | None = None,
-        *,
-        return_exceptions: bool = False,
-        **kwargs: Any,
-    ) -> list[DecideResponse]:
-        return await self._abatch_with_config(self._adecide_each, inputs, config, return_exceptions=return_exceptions)

@@ -13,13 +13,16 @@ nothing to act on and are ignored.
 
 This module is a translation layer only: it turns LlamaIndex prompts into input text and `Extraction`
 results into LlamaIndex outputs; prompts for the model, tokens and backends stay in `pcd_core`.
-`tests/test_llama_index.py` proves it on the embedded model.
+`tests/test_llama_index.py` proves it on the embedded model. `PCDSelector`, the router slot, lives in
+`pcd_integrations/llama_index_selector.py` and is re-exported here.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Generator, Mapping
 from typing import Any
+
+from pcd_core import BackendUnavailableError
 
 try:
     from llama_index.core.base.llms.types import (
@@ -40,10 +43,8 @@ try:
     from llama_index.core.llms import CustomLLM
     from llama_index.core.prompts import BasePromptTemplate, PromptTemplate
     from llama_index.core.types import BasePydanticProgram, Model
-except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise ImportError(
-        "pcd_integrations.llama_index needs llama-index-core; run: pip install 'pcd-engine[llama-index]'"
-    ) from exc
+except ImportError as error:  # pragma: no cover - exercised by a subprocess test without the extra
+    raise BackendUnavailableError("llama-index", "llama-index-core") from error
 
 from pcd_core import (
     Engine,
@@ -55,7 +56,9 @@ from pcd_core import (
     parse_schema,
 )
 
-__all__ = ["PCDLLM", "PCDProgram", "PlainCompletionError", "prompt_to_text"]
+from .llama_index_selector import PCDSelector
+
+__all__ = ["PCDLLM", "PCDProgram", "PCDSelector", "PlainCompletionError", "prompt_to_text"]
 
 dispatcher = get_dispatcher(__name__)
 

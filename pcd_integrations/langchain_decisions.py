@@ -1,0 +1,259 @@
+"""LangChain's decision-model slot on the PCD engine: ``PCDDecisionModel(BaseDecisionModel)``.
+
+Whatever takes a ``langchain_core.decisions.BaseDecisionModel`` (``ModelRouterMiddleware``,
+``AutoModeMiddleware``, a chain of your own) takes this one: ``Noul``, ``Choice`` and ``Score``
+questions go to ``engine.decide`` as they are, and its answers come back as LangChain's answer types
+with the probabilities the engine read. The engine answers every question of a request from one
+reading of the state and one packed pass, so an answer does not depend on the other questions.
+
+Translation only, one way each:
+- the state becomes the engine's state: a string as it is; a message as role-tagged text
+  (``[user] ...``, ``[assistant] ...``, an AI message's tool calls as ``[assistant tool call] name
+  {args}`` lines); a list of messages as those lines joined; any other JSON as JSON, with each message
+  inside it turned into its role-tagged string;
+- questions are LangChain's models, dumped into the engine's question shape (their field names are
+  the same); ``Box`` questions and media blocks raise typed errors that name what is not supported;
+- answers keep the engine's candidate mass (``answer.candidate_mass``), and usage counts every token
+  the engine read, with 0 output tokens.
+
+``tests/test_langchain_decisions.py`` checks each of these on the embedded model, against
+``engine.decide`` directly, and inside ``create_agent`` with both middlewares.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable, Mapping, Sequence
+from functools import partial
+from typing import Any
+
+from pcd_core import (
+    BackendUnavailableError,
+    ChoiceAnswer,
+    DecideResponse,
+    NoulAnswer,
+    PromptError,
+    SchemaError,
+    ScoreAnswer,
+)
+
+try:
+    from langchain_core import decisions
+    from langchain_core.decisions import BaseDecisionModel, Box, ClassifierRequest, ClassifierResponse, State
+    from langchain_core.messages import AIMessage, BaseMessage, ChatMessage, UsageMetadata, is_data_content_block
+    from langchain_core.runnables import RunnableConfig
+    from langchain_core.runnables.config import get_config_list
+    from pydantic import TypeAdapter
+except ImportError as error:  # pragma: no cover - exercised by a subprocess test without the extra
+    raise BackendUnavailableError("langchain", "langchain-core") from error
+
+from .lazy_engine import LazyEngine
+
+__all__ = [
+    "PCDChoiceAnswer",
+    "PCDDecisionModel",
+    "PCDNoulAnswer",
+    "PCDScoreAnswer",
+    "UnsupportedContentError",
+    "UnsupportedQuestionError",
+    "pcd_questions",
+    "render_message",
+    "render_state",
+]
+
+_QUESTIONS: TypeAdapter[dict[str, decisions.Question]] = TypeAdapter(dict[str, decisions.Question])
+# LangChain's standard media blocks are recognised by is_data_content_block; these are the
+# provider-style parts (OpenAI chat and Responses) that it does not know.
+_PROVIDER_MEDIA = frozenset({"image_url", "input_image", "input_audio", "input_file"})
+_ROLES = {"human": "user", "ai": "assistant"}
+
+
+class UnsupportedContentError(PromptError):
+    """A media block (image, audio, video, file) in a decision's state or questions: PCD reads text."""
+
+
+class UnsupportedQuestionError(SchemaError):
+    """A question type the engine does not answer: ``Box`` (a location in an image)."""
+
+
+class PCDNoulAnswer(decisions.NoulAnswer):
+    """LangChain's ``NoulAnswer`` plus the engine's candidate mass for the question."""
+
+    candidate_mass: float
+    """How much of the model's next-token probability fell on an allowed answer at all."""
+
+
+class PCDChoiceAnswer(decisions.ChoiceAnswer):
+    """LangChain's ``ChoiceAnswer`` plus the engine's candidate mass for the question."""
+
+    candidate_mass: float
+
+
+class PCDScoreAnswer(decisions.ScoreAnswer):
+    """LangChain's ``ScoreAnswer`` plus the engine's candidate mass for the question."""
+
+    candidate_mass: float
+
+
+def _reject_media(block: Mapping[str, Any], where: str) -> None:
+    kind = block.get("type")
+    if kind in _PROVIDER_MEDIA or is_data_content_block(dict(block)):
+        raise UnsupportedContentError(
+            f"{where} is a {kind!r} block; PCDDecisionModel reads text only, so pass the text "
+            "(for example a transcript or a caption) instead"
+        )
+
+
+def render_message(message: BaseMessage, where: str = "message") -> str:
+    """A message as role-tagged lines: its text, then one line per tool call of an AI message."""
+    role = message.role if isinstance(message, ChatMessage) else _ROLES.get(message.type, message.type)
+    if isinstance(message.content, list):
+        for index, block in enumerate(message.content):
+            if isinstance(block, Mapping):
+                _reject_media(block, f"{where}.content[{index}]")
+    calls = message.tool_calls if isinstance(message, AIMessage) else []
+    lines = [f"[{role}] {message.text}".rstrip()] if message.text or not calls else []
+    lines += [f"[{role} tool call] {call['name']} {json.dumps(call['args'], ensure_ascii=False)}" for call in calls]
+    return "\n".join(lines)
+
+
+def _json_state(value: Any, where: str) -> Any:
+    if isinstance(value, BaseMessage):
+        return render_message(value, where)
+    if value is None or isinstance(value, str | bool | int | float):
+        return value
+    if isinstance(value, Mapping):
+        _reject_media(value, where)
+        return {str(key): _json_state(item, f"{where}[{key!r}]") for key, item in value.items()}
+    if isinstance(value, Sequence) and not isinstance(value, bytes | bytearray):
+        return [_json_state(item, f"{where}[{index}]") for index, item in enumerate(value)]
+    raise PromptError(
+        f"{where} is a {type(value).__name__}; a decision state holds text, numbers, booleans, null, "
+        "messages, and objects or arrays of those"
+    )
+
+
+def render_state(state: State) -> str | dict[str, Any] | list[Any]:
+    """The engine's state for a LangChain ``State``; see the module docstring for the rules."""
+    if isinstance(state, str):
+        return state
+    if isinstance(state, BaseMessage):
+        return render_message(state, "state")
+    if isinstance(state, Sequence) and state and all(isinstance(item, BaseMessage) for item in state):
+        messages: Sequence[BaseMessage] = state  # type: ignore[assignment]  # checked just above
+        return "\n".join(render_message(item, f"state[{index}]") for index, item in enumerate(messages))
+    return _json_state(state, "state")
+
+
+def pcd_questions(questions: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """LangChain questions (models or their dicts) as the engine's question dicts, keyed the same."""
+    asked: dict[str, dict[str, Any]] = {}
+    for qid, question in _QUESTIONS.validate_python(dict(questions)).items():
+        if isinstance(question, Box):
+            raise UnsupportedQuestionError(
+                "Box questions locate something in an image, and the PCD engine reads text only; "
+                "ask a Noul, Choice or Score question instead",
+                field=qid,
+            )
+        asked[qid] = _json_state(question.model_dump(mode="json"), f"questions[{qid!r}]")
+    return asked
+
+
+def classifier_response(response: DecideResponse, asked: Mapping[str, Mapping[str, Any]]) -> ClassifierResponse:
+    """The engine's answers as LangChain's, in the order of the questions."""
+    answers: dict[str, decisions.Answer] = {}
+    for qid, answer in response.answers.items():
+        if isinstance(answer, NoulAnswer):
+            # renormalised in float64, P(yes) can overshoot 1 by an ulp; LangChain's model checks <= 1
+            noul = min(1.0, max(0.0, answer.noul))
+            answers[qid] = PCDNoulAnswer(type="noul", noul=noul, candidate_mass=answer.candidate_mass)
+        elif isinstance(answer, ChoiceAnswer):
+            answers[qid] = PCDChoiceAnswer(
+                type="choice",
+                choice=answer.choice,
+                probabilities=dict(answer.probabilities),
+                confidence=answer.confidence,
+                candidate_mass=answer.candidate_mass,
+            )
+        elif isinstance(answer, ScoreAnswer):
+            answers[qid] = PCDScoreAnswer(
+                type="score",
+                score=answer.score,
+                legend=dict(enumerate(asked[qid]["criteria"])),
+                probabilities={int(level): p for level, p in answer.probabilities.items()},
+                confidence=answer.confidence,
+                candidate_mass=answer.candidate_mass,
+            )
+    tokens = response.usage.input_tokens
+    cached = response.stats.cached_tokens if response.stats is not None else 0
+    usage = UsageMetadata(
+        input_tokens=tokens, output_tokens=0, total_tokens=tokens, input_token_details={"cache_read": cached}
+    )
+    return ClassifierResponse(model=response.model, answers=answers, usage=usage)
+
+
+class PCDDecisionModel(LazyEngine, BaseDecisionModel):
+    """LangChain's decision model on the PCD engine: ``Noul``, ``Choice`` and ``Score`` questions.
+
+    ``PCDDecisionModel(model="smollm2-135m")`` loads the weights on first use;
+    ``PCDDecisionModel(engine=engine)`` shares a loaded ``pcd_core.Engine``. Each request is one
+    ``engine.decide`` call; async calls await ``engine.adecide``, which runs in a worker thread, so the
+    event loop keeps running. ``batch`` and ``abatch`` answer the requests one after another (one
+    engine call each, each its own traced run) instead of a thread per input: the engine serialises
+    model access anyway.
+
+    Answers are ``PCDNoulAnswer``/``PCDChoiceAnswer``/``PCDScoreAnswer``, subclasses of LangChain's
+    answer types that add ``candidate_mass``; ``model_dump(serialize_as_any=True)`` keeps it.
+    A Noul has no confidence in LangChain's types; a Choice's and a Score's confidence is the engine's
+    normalised peak, ``(n * max p - 1) / (n - 1)``.
+    """
+
+    @property
+    def _provider(self) -> str:
+        return "pcd"
+
+    def _classify(self, state: State, questions: dict[str, Any]) -> ClassifierResponse:
+        asked, text = pcd_questions(questions), render_state(state)
+        return classifier_response(self.load_engine().decide(text, asked), asked)
+
+    async def _aclassify(self, state: State, questions: dict[str, Any]) -> ClassifierResponse:
+        asked, text = pcd_questions(questions), render_state(state)
+        engine = await self.aload_engine()
+        return classifier_response(await engine.adecide(text, asked), asked)
+
+    def batch(
+        self,
+        inputs: list[ClassifierRequest],
+        config: RunnableConfig | list[RunnableConfig] | None = None,
+        *,
+        return_exceptions: bool = False,
+        **kwargs: Any,
+    ) -> list[Any]:
+        configs = get_config_list(config, len(inputs))
+        return [_outcome(partial(self.invoke, r, c), return_exceptions) for r, c in zip(inputs, configs)]
+
+    async def abatch(
+        self,
+        inputs: list[ClassifierRequest],
+        config: RunnableConfig | list[RunnableConfig] | None = None,
+        *,
+        return_exceptions: bool = False,
+        **kwargs: Any,
+    ) -> list[Any]:
+        outputs = []
+        for request, request_config in zip(inputs, get_config_list(config, len(inputs))):
+            task = asyncio.ensure_future(self.ainvoke(request, request_config))
+            await asyncio.wait([task])  # one request at a time; its error is re-raised or kept below
+            outputs.append(_outcome(task.result, return_exceptions))
+        return outputs
+
+
+def _outcome(call: Callable[[], Any], keep_errors: bool) -> Any:
+    """``call()``, or the exception it raised when the caller asked for exceptions in the batch."""
+    try:
+        return call()
+    except Exception as error:
+        if not keep_errors:
+            raise
+        return error

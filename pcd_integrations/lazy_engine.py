@@ -1,0 +1,61 @@
+"""The engine behind a framework object: shared when the caller passes one, else loaded on first use.
+
+LangChain objects are pydantic models that users build at import time, in configs and in tests, often
+long before (or without ever) running them; loading weights in the constructor would make that cost a
+model load. ``LazyEngine`` holds the model name and loads it once, on the first call that needs it, even
+with concurrent callers. It imports no framework, so every adapter whose objects are pydantic models can
+mix it in. ``tests/test_langchain.py`` and ``tests/test_langchain_decisions.py`` check that construction
+loads nothing and that a shared engine names the model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+
+from pcd_core import Engine
+from pcd_core.models import DEFAULT_MODEL
+
+__all__ = ["LazyEngine"]
+
+
+class LazyEngine(BaseModel):
+    """``model``/``backend`` to load on first use, or ``engine`` to share one already loaded."""
+
+    model: str = DEFAULT_MODEL
+    """A model alias, Hugging Face id or local path, as ``pcd_core.Engine.load`` takes it."""
+    backend: str = "torch"
+    engine: Engine | None = Field(default=None, exclude=True)
+    """An already loaded engine to share; left out of dumps and trace parameters."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    _load_lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
+
+    @model_validator(mode="after")
+    def _model_follows_engine(self) -> LazyEngine:
+        # The name in traces and in response metadata must be the model that actually decides.
+        if self.engine is not None:
+            if "model" not in self.model_fields_set:
+                self.model = self.engine.model_name
+            elif self.model != self.engine.model_name:
+                raise ValueError(
+                    f"model={self.model!r} but the engine runs {self.engine.model_name!r}; pass one or the other"
+                )
+        return self
+
+    def load_engine(self) -> Engine:
+        """The engine, loading the weights on first use (once, even with concurrent callers)."""
+        if self.engine is None:
+            with self._load_lock:
+                if self.engine is None:
+                    self.engine = Engine.load(model=self.model, backend=self.backend)
+        return self.engine
+
+    async def aload_engine(self) -> Engine:
+        """``load_engine`` in a worker thread, so that a first call does not stall the event loop."""
+        if self.engine is not None:
+            return self.engine
+        return await asyncio.to_thread(self.load_engine)
