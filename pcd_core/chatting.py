@@ -96,13 +96,14 @@ def stream_tokens(
     while True:
         with locked():
             if rows is None:
-                logp = backend.next_logp(prefix)
+                read: np.ndarray | None = backend.next_logp(prefix)
                 rows = Rows(prefix, ((),), (None,))
             else:
                 rows = backend.grow(prefix, rows, [new])
-                logp = rows.logp[0]
+                read = rows.logp[0]
                 result.forward_passes += 1
-        assert logp is not None
+        assert read is not None  # the one row always has a new token here
+        logp = read
         token = int(np.argmax(logp))
         if token in end_ids:
             result.finish_reason = "stop"
