@@ -47,7 +47,7 @@ from pcd_core.loading import EngineLoader
 from pcd_core.models import EMBEDDED
 from pcd_core.wire import accepts_model
 from pcd_core.wire.body import BodyError, loads_strict
-from pcd_core.wire.decisions import TAGS, DecisionRequest, DecisionResponse, decision_response
+from pcd_core.wire.decisions import FIELD_NAMES, DecisionRequest, DecisionResponse, decision_response
 
 if TYPE_CHECKING:
     from fastapi import FastAPI, Request
@@ -214,7 +214,7 @@ def _openai_param(loc: Sequence[str | int]) -> str | None:
     for part in loc[1:] if loc and loc[0] == "body" else loc:
         if isinstance(part, int):
             param += f"[{part}]"
-        elif part not in TAGS and not part.startswith(("function-", "list[", "union[")):
+        elif part in FIELD_NAMES:
             param += f".{part}"
     return param.lstrip(".") or None
 

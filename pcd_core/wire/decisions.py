@@ -38,8 +38,6 @@ from ..questions import ChoiceQuestion, DecideResponse, NoulQuestion, ScoreQuest
 #: The most questions one request may ask, as the OpenAI API admits.
 MAX_QUESTIONS = 200
 ChoiceValue = StrictStr | StrictBool
-#: Union tags that pydantic writes into error locations; they are not part of the body's path.
-TAGS = frozenset({"input_text", "input_json", "input_image", "predicate", "choice", "score"})
 
 
 class _Model(BaseModel):
@@ -208,6 +206,25 @@ class DecisionRequest(_Model):
     def engine_questions(self) -> dict[str, NoulQuestion | ChoiceQuestion | ScoreQuestion]:
         """The System One questions, keyed by position (ids never reach the model)."""
         return {question_id(i): q.question for i, q in enumerate(self.questions)}
+
+
+#: Every field name of the request models: the parts of a pydantic error location that are a path in
+#: the body (the rest are union tags and member names such as ``choice`` or ``str``).
+FIELD_NAMES = frozenset(
+    name
+    for model in (
+        DecisionRequest,
+        InputMessage,
+        InputText,
+        InputJson,
+        PredicateQuestion,
+        DecisionChoiceQuestion,
+        ChoiceOption,
+        DecisionScoreQuestion,
+        ScoreLevel,
+    )
+    for name in model.model_fields
+)
 
 
 def question_id(index: int) -> str:
