@@ -283,17 +283,22 @@ def test_structured_question_text_is_read_in_every_slot(app):
     assert list(wire.answers["structured_levels"].legend.values()) == questions["structured_levels"]["criteria"]
 
 
-def test_repeated_keys_and_nan_are_422_with_their_place(app, engine):
+def test_repeated_keys_nan_and_lone_surrogates_are_422_with_their_place(app, engine):
     noul = json.dumps(NOUL)
     choice = '{"type": "choice", "instructions": "Which?", "criteria": {"a": null, "b": null, "a": "again"}}'
-    bodies = {
-        ("body", "questions"): '{"state": "x", "questions": {"q": NOUL, "q": NOUL}}'.replace("NOUL", noul),
-        ("body", "questions", "q", "criteria"): '{"state": "x", "questions": {"q": CHOICE}}'.replace("CHOICE", choice),
-        ("body", "state", "score"): '{"state": {"score": NaN}, "questions": {"q": NOUL}}'.replace("NOUL", noul),
-        ("body", "state", 0): '{"state": [Infinity], "questions": {"q": NOUL}}'.replace("NOUL", noul),
-    }
+    bodies = [
+        (("body", "questions"), '{"state": "x", "questions": {"q": NOUL, "q": NOUL}}'.replace("NOUL", noul)),
+        (
+            ("body", "questions", "q", "criteria"),
+            '{"state": "x", "questions": {"q": CHOICE}}'.replace("CHOICE", choice),
+        ),
+        (("body", "state", "score"), '{"state": {"score": NaN}, "questions": {"q": NOUL}}'.replace("NOUL", noul)),
+        (("body", "state", 0), '{"state": [Infinity], "questions": {"q": NOUL}}'.replace("NOUL", noul)),
+        # a lone surrogate in a question id once broke the response's encoding: a plain-text 500
+        (("body", "questions"), '{"state": "x", "questions": {"\\ud800": NOUL}}'.replace("NOUL", noul)),
+    ]
     passes = engine.backend.forward_passes
-    for loc, raw in bodies.items():
+    for loc, raw in bodies:
         response = call(app, "POST", "/v1/systemone", content=raw, headers={"content-type": "application/json"})
         assert response.status_code == 422, response.text
         (item,) = WireValidationError.model_validate(response.json()).detail
@@ -447,7 +452,7 @@ def test_models_lists_the_loaded_model(app, engine):
 def test_healthz_and_openapi_are_served(app, engine):
     assert call(app, "GET", "/healthz").json() == {"status": "ready", "model": engine.model_name}
     spec = call(app, "GET", "/openapi.json").json()
-    assert {"/v1/systemone", "/v1/models", "/healthz"} <= set(spec["paths"])
+    assert {"/v1/systemone", "/v1/decisions", "/v1/models", "/healthz"} <= set(spec["paths"])
 
 
 def test_unknown_route_gets_the_error_shape(app):

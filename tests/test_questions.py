@@ -229,11 +229,14 @@ def test_openai_request_rules() -> None:
 
 def test_strict_body_refuses_repeated_keys_and_non_finite_numbers_with_their_place() -> None:
     assert loads_strict(b'{"a": [1, {"b": 2.5}]}') == {"a": [1, {"b": 2.5}]}
+    assert loads_strict(b'{"emoji": "\\ud83d\\ude00"}') == {"emoji": "\U0001f600"}  # a pair is fine
     cases = {
         b'{"q": 1, "q": 2}': ((), "json_duplicate_key"),
         b'{"questions": {"x": {"criteria": {"a": 1, "a": 2}}}}': (("questions", "x", "criteria"), "json_duplicate_key"),
         b'{"state": [1, NaN]}': (("state", 1), "json_non_finite"),
         b'{"state": -Infinity}': (("state",), "json_non_finite"),
+        b'{"state": "abc \\ud800 def"}': (("state",), "json_invalid_unicode"),
+        b'{"questions": {"\\udc00": 1}}': (("questions",), "json_invalid_unicode"),
         b"{not json": ((), "json_invalid"),
         b"\xff": ((), "json_invalid"),
         b"[" * 100_000: ((), "json_invalid"),
