@@ -22,6 +22,7 @@ import unicodedata
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     AliasChoices,
     BaseModel,
     ConfigDict,
@@ -78,6 +79,9 @@ def _not_blank(value: Any, what: str) -> Any:
     return value
 
 
+Instructions = Annotated[Text, AfterValidator(lambda value: _not_blank(value, "instructions"))]
+
+
 class _Wire(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
@@ -89,7 +93,7 @@ class NoulQuestion(_Wire):
     """
 
     type: Literal["noul"] = "noul"
-    instructions: Text | None = None
+    instructions: Instructions | None = None
     criteria: dict[Literal["true", "false"], JsonValue] | None = None
 
     @field_validator("criteria", mode="before")
@@ -102,9 +106,7 @@ class NoulQuestion(_Wire):
 
     @model_validator(mode="after")
     def _something_to_judge(self) -> NoulQuestion:
-        if self.instructions is not None:
-            _not_blank(self.instructions, "instructions")
-        elif all(is_blank(side) for side in (self.criteria or {}).values()):
+        if self.instructions is None and all(is_blank(side) for side in (self.criteria or {}).values()):
             raise ValueError("a noul needs instructions, or criteria that say what counts as true or false")
         return self
 
@@ -113,13 +115,8 @@ class ChoiceQuestion(_Wire):
     """One of 2 to 255 named options; a description may be text, JSON or null."""
 
     type: Literal["choice"] = "choice"
-    instructions: Text
+    instructions: Instructions
     criteria: dict[str, JsonValue] = Field(min_length=2, max_length=255)
-
-    @field_validator("instructions")
-    @classmethod
-    def _instructions(cls, value: Text) -> Text:
-        return _not_blank(value, "instructions")
 
     @field_validator("criteria")
     @classmethod
@@ -132,13 +129,8 @@ class ScoreQuestion(_Wire):
     """2 to 10 ordered levels, low to high, each text or JSON; the score is the expected level index."""
 
     type: Literal["score"] = "score"
-    instructions: Text
+    instructions: Instructions
     criteria: list[JsonValue] = Field(min_length=2, max_length=10)
-
-    @field_validator("instructions")
-    @classmethod
-    def _instructions(cls, value: Text) -> Text:
-        return _not_blank(value, "instructions")
 
     @field_validator("criteria")
     @classmethod
