@@ -1,13 +1,13 @@
 """``pcd serve``: System One (``POST /v1/systemone``) and OpenAI Decisions (``POST /v1/decisions``).
 
-A thin translation layer (STYLE §7): JSON in, the wire models of ``pcd_core.questions`` (System One)
+A thin translation layer: JSON in, the wire models of ``pcd_core.questions`` (System One)
 or ``pcd_core.wire.decisions`` (OpenAI, which translates into the System One questions), one
 ``await engine.adecide(state, questions)`` shared by both routes, the wire models out. It never builds
 a prompt or touches a token id. The invariants it keeps, each proven on the embedded model in
 ``tests/test_http.py`` and, with the real ``openai`` client, in ``tests/test_decisions_api.py``:
 
 - a bad request is refused before the model is touched, in each protocol's own shape: System One
-  422 ``{"detail": [{"loc", "msg", "type"}]}`` (REFERENCE.md §3), OpenAI 400
+  422 ``{"detail": [{"loc", "msg", "type"}]}``, OpenAI 400
   ``{"error": {"message", "type", "param", "code"}}``; nothing a client sends can get a 5xx;
 - bodies are read strictly: a repeated key or a NaN is refused, never silently resolved;
 - a request that names another model gets 404 (``model_not_found``) rather than this model's answer;

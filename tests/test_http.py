@@ -1,6 +1,6 @@
 """The HTTP server on the embedded model, in process through httpx's ASGI transport.
 
-Every response is checked against a strict pydantic model of the Jev wire contract (REFERENCE.md §3)
+Every response is checked against a strict pydantic model of the Jev (System One) wire contract
 written here, independently of ``pcd_core``'s own answer models: a JSON ``0`` where the contract says
 float fails it, and so does any extra field that is not an ``x_`` extension.
 """
