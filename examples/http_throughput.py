@@ -1,9 +1,12 @@
-"""Requests per second of ``POST /v1/systemone`` on the embedded model, in process (no socket).
+"""Requests per second of ``POST /v1/systemone`` and ``POST /v1/decisions`` on the embedded model,
+in process (no socket).
 
     python examples/http_throughput.py [--requests 24]
 
-Prints, for 1 and 16 questions per request and for 1 and 8 concurrent clients: requests and answers
-per second, the median latency, and the forward passes one request costs.
+Prints, for each route, for 1 and 16 questions per request and for 1 and 8 concurrent clients:
+requests and answers per second, the median latency, and the forward passes one request costs. Both
+routes ask the same questions (a noul is a predicate, criteria are choices and levels), so the gap
+between them is the cost of the OpenAI translation.
 """
 
 from __future__ import annotations
@@ -43,26 +46,46 @@ def questions(n: int) -> dict:
     return {f"q{i}": dict(KINDS[i % 4], instructions=f"{KINDS[i % 4]['instructions']} (aspect {i})") for i in range(n)}
 
 
-async def measure(app, engine: Engine, n_questions: int, n_requests: int, clients: int) -> str:
-    body = {"state": STATE, "questions": questions(n_questions)}
+def as_decision(name: str, question: dict) -> dict:
+    """The same System One question in the OpenAI Decisions shape."""
+    asked = {"name": name, "instructions": question["instructions"]}
+    if question["type"] == "noul":
+        return {**asked, "type": "predicate"}
+    if question["type"] == "choice":
+        choices = [
+            {"value": value, **({"description": text} if text else {})} for value, text in question["criteria"].items()
+        ]
+        return {**asked, "type": "choice", "choices": choices}
+    return {**asked, "type": "score", "levels": [{"label": level} for level in question["criteria"]]}
+
+
+def body_for(route: str, n_questions: int) -> dict:
+    asked = questions(n_questions)
+    if route == "/v1/systemone":
+        return {"state": STATE, "questions": asked}
+    return {"model": "smollm2-135m", "input": STATE, "questions": [as_decision(k, q) for k, q in asked.items()]}
+
+
+async def measure(app, engine: Engine, route: str, n_questions: int, n_requests: int, clients: int) -> str:
+    body = body_for(route, n_questions)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://pcd", timeout=600) as http:
-        (await http.post("/v1/systemone", json=body)).raise_for_status()  # warm the head
+        (await http.post(route, json=body)).raise_for_status()  # warm the head
         passes = engine.backend.forward_passes
-        (await http.post("/v1/systemone", json=body)).raise_for_status()
+        (await http.post(route, json=body)).raise_for_status()
         per_request = engine.backend.forward_passes - passes
         latencies: list[float] = []
 
         async def client() -> None:
             for _ in range(n_requests // clients):
                 started = time.perf_counter()
-                (await http.post("/v1/systemone", json=body)).raise_for_status()
+                (await http.post(route, json=body)).raise_for_status()
                 latencies.append(time.perf_counter() - started)
 
         started = time.perf_counter()
         await asyncio.gather(*(client() for _ in range(clients)))
         wall = time.perf_counter() - started
     return (
-        f"{n_questions:>2} questions, {clients} client(s): {len(latencies) / wall:5.2f} req/s, "
+        f"{route:<14} {n_questions:>2} questions, {clients} client(s): {len(latencies) / wall:5.2f} req/s, "
         f"{len(latencies) * n_questions / wall:5.1f} answers/s, median latency "
         f"{statistics.median(latencies) * 1000:7.1f} ms, {per_request} forward passes per request"
     )
@@ -72,7 +95,8 @@ async def main(n_requests: int) -> None:
     engine = Engine.load()
     app = create_app(engine)
     for n_questions, clients in ((1, 1), (16, 1), (1, 8), (16, 8)):
-        print(await measure(app, engine, n_questions, n_requests, clients), flush=True)
+        for route in ("/v1/systemone", "/v1/decisions"):
+            print(await measure(app, engine, route, n_questions, n_requests, clients), flush=True)
 
 
 if __name__ == "__main__":

@@ -1,15 +1,31 @@
 """The typed results of the MCP tools: each becomes a tool's `outputSchema` and `structured_content`.
 
-Every result carries `model` and `usage`, so that an agent can see what answered and what it cost. The
-`decide` answers mirror the `POST /v1/systemone` wire format (`Answer.to_wire()` in `pcd_core.questions`)
-field for field; `tests/test_mcp_server.py` checks both the schemas and the equality.
+Every result carries `model` and `usage` (`pcd_core.questions.Usage`, the one usage model), so that an
+agent can see what answered and what it cost. The `decide` answers are the System One answer models of
+`pcd_core.questions` themselves, so they are the `POST /v1/systemone` wire format by construction;
+`tests/test_mcp_server.py` checks the schemas and the numbers.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, JsonValue
+
+from pcd_core.questions import Answer, Usage
+
+__all__ = [
+    "NO_AT",
+    "YES_AT",
+    "ChoiceResult",
+    "DecideResult",
+    "FieldDecision",
+    "FillResult",
+    "NoulResult",
+    "ScoreResult",
+    "Usage",
+    "verdict_of",
+]
 
 #: `noul` at or above this is a "yes" verdict. The band is symmetric around 0.5 and wide enough that a
 #: verdict is never a coin flip; a caller who needs another cut-off reads `noul` itself.
@@ -25,14 +41,6 @@ def verdict_of(noul: float) -> Literal["yes", "no", "uncertain"]:
     if noul <= NO_AT:
         return "no"
     return "uncertain"
-
-
-class Usage(BaseModel):
-    """What one call cost: prompt tokens read, no tokens generated, and model forward passes."""
-
-    input_tokens: int
-    output_tokens: int = 0
-    forward_passes: int
 
 
 class NoulResult(BaseModel):
@@ -66,54 +74,20 @@ class ScoreResult(BaseModel):
     """A position on an ordered scale."""
 
     score: float = Field(description="Expected level index, sum of i * p_i, from 0 to len(levels) - 1.")
-    nearest_level: str = Field(description="The level whose index is closest to score.")
+    nearest_level: JsonValue = Field(description="The level whose index is closest to score, as it was given.")
     confidence: float = Field(description="The normalised peak of the level probabilities, in [0, 1].")
     probabilities: dict[str, float] = Field(description="Level index ('0', '1', ...) to probability.")
-    legend: dict[str, str] = Field(description="Level index ('0', '1', ...) to the level's text.")
+    legend: dict[str, JsonValue] = Field(description="Level index ('0', '1', ...) to the level as given.")
     candidate_mass: float = Field(description="Probability on any level before renormalising.")
     model: str
     usage: Usage
-
-
-class NoulWireAnswer(BaseModel):
-    """A noul answer as `POST /v1/systemone` sends it."""
-
-    type: Literal["noul"]
-    noul: float = Field(description="P(yes).")
-    x_candidate_mass: float
-
-
-class ChoiceWireAnswer(BaseModel):
-    """A choice answer as `POST /v1/systemone` sends it."""
-
-    type: Literal["choice"]
-    choice: str
-    probabilities: dict[str, float]
-    confidence: float
-    x_candidate_mass: float
-    x_logits: dict[str, float] = Field(description="Each option's log-probability before renormalising.")
-
-
-class ScoreWireAnswer(BaseModel):
-    """A score answer as `POST /v1/systemone` sends it."""
-
-    type: Literal["score"]
-    score: float = Field(description="Expected level index, sum of i * p_i.")
-    legend: dict[str, str]
-    probabilities: dict[str, float]
-    confidence: float
-    x_candidate_mass: float
-    x_logits: dict[str, float] = Field(description="Each level's log-probability before renormalising.")
-
-
-WireAnswer = Annotated[NoulWireAnswer | ChoiceWireAnswer | ScoreWireAnswer, Field(discriminator="type")]
 
 
 class DecideResult(BaseModel):
     """Many answers about one state, exactly as `POST /v1/systemone` returns them."""
 
     model: str
-    answers: dict[str, WireAnswer] = Field(description="Question id to answer, in the System One format.")
+    answers: dict[str, Answer] = Field(description="Question id to answer, in the System One format.")
     usage: Usage
 
 

@@ -29,7 +29,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
         "the MCP server needs the 'mcp' package, which is not installed; run: pip install 'pcd-engine[mcp]'"
     ) from exc
-from pydantic import Field, ValidationError
+from pydantic import Field, JsonValue, ValidationError
 
 from pcd_core import (
     ChoiceQuestion,
@@ -43,9 +43,9 @@ from pcd_core import (
     __version__,
     parse_schema,
 )
-from pcd_core.questions import DecideRequest
+from pcd_core.questions import DecideRequest, DecideResponse
 
-from .loading import EngineFactory, EngineLoader
+from .loading import EngineFactory, EngineLoader, engine_for
 from .results import (
     NO_AT,
     YES_AT,
@@ -64,7 +64,10 @@ State = Annotated[
     str | dict[str, Any] | list[Any],
     Field(description="What the question is about: text, or any JSON object or array (shown as JSON)."),
 ]
-QuestionText = Annotated[str, Field(description="The question, in plain words, to answer about the state.")]
+QuestionText = Annotated[
+    str | dict[str, Any] | list[Any],
+    Field(description="The question to answer about the state: plain words, or a JSON object or array."),
+]
 _TOOL_ANNOTATIONS = ToolAnnotations(read_only_hint=True, open_world_hint=False, idempotent_hint=True)
 _CALLER_ERRORS = (SchemaError, PromptError, TokenizationError, ValidationError)
 # the wire names of question fields, as the single-question tools call them
@@ -97,10 +100,6 @@ def _checked(build: Callable[[], Any], names: dict[str, str] | None = None) -> A
         raise _caller_error(exc, names) from exc
 
 
-def _usage(input_tokens: int, forward_passes: int) -> Usage:
-    return Usage(input_tokens=input_tokens, output_tokens=0, forward_passes=forward_passes)
-
-
 def build_server(
     engine_or_factory: Engine | EngineFactory, *, name: str = "pcd", log_level: LogLevel = "INFO"
 ) -> MCPServer:
@@ -109,7 +108,7 @@ def build_server(
     Pass an `Engine` to serve it as is, or a zero-argument factory (such as a `functools.partial` of
     `Engine.load`) to load it in the background when the server starts.
     """
-    loader = EngineLoader(engine_or_factory)
+    loader = EngineLoader(engine_or_factory, thread_name="pcd-mcp-load")
 
     @asynccontextmanager
     async def lifespan(_server: MCPServer) -> AsyncIterator[EngineLoader]:
@@ -130,14 +129,16 @@ def build_server(
         log_level=log_level,
     )
 
-    async def ask(ctx: Context, state: Any, question: Any) -> tuple[Any, str, Usage]:
-        engine = await loader.get(ctx)
+    async def decide_on(ctx: Context, state: Any, questions: dict[str, Any]) -> DecideResponse:
+        engine = await engine_for(loader, ctx)
         try:
-            resp = await engine.adecide(state, {"q": question})
+            return await engine.adecide(state, questions)
         except _CALLER_ERRORS as exc:
             raise _caller_error(exc) from exc
-        usage = _usage(resp.usage.input_tokens, resp.stats.forward_passes)
-        return resp.answers["q"], resp.model, usage
+
+    async def ask(ctx: Context, state: Any, question: Any) -> tuple[Any, str, Usage]:
+        resp = await decide_on(ctx, state, {"q": question})
+        return resp.answers["q"], resp.model, resp.usage
 
     @server.tool(
         title="Yes/no judgement",
@@ -154,8 +155,11 @@ def build_server(
         question: QuestionText,
         ctx: Context,
         criteria: Annotated[
-            dict[Literal["true", "false"], str | None] | None,
-            Field(description="Optional: what counts as yes ('true') and as no ('false'); either or both."),
+            dict[Literal["true", "false"], JsonValue] | None,
+            Field(
+                description="Optional: what counts as yes ('true') and as no ('false'), as text or JSON; "
+                "either or both."
+            ),
         ] = None,
     ) -> NoulResult:
         asked = _checked(lambda: NoulQuestion(instructions=question, criteria=criteria), _NAMES)
@@ -181,8 +185,10 @@ def build_server(
         state: State,
         question: QuestionText,
         options: Annotated[
-            dict[str, str | None],
-            Field(description="Option name to a description of when it applies, or null; 2 to 255 options."),
+            dict[str, JsonValue],
+            Field(
+                description="Option name to a description of when it applies (text or JSON), or null; 2 to 255 options."
+            ),
         ],
         ctx: Context,
     ) -> ChoiceResult:
@@ -211,7 +217,9 @@ def build_server(
     async def score(
         state: State,
         question: QuestionText,
-        levels: Annotated[list[str], Field(description="The scale's levels, lowest first; 2 to 10 of them.")],
+        levels: Annotated[
+            list[JsonValue], Field(description="The scale's levels, lowest first, as text or JSON; 2 to 10 of them.")
+        ],
         ctx: Context,
     ) -> ScoreResult:
         asked = _checked(lambda: ScoreQuestion(instructions=question, criteria=levels), _SCORE_NAMES)
@@ -247,17 +255,8 @@ def build_server(
         ctx: Context,
     ) -> DecideResult:
         _checked(lambda: DecideRequest(state=state, questions=questions))
-        engine = await loader.get(ctx)
-        try:
-            resp = await engine.adecide(state, questions)
-        except _CALLER_ERRORS as exc:
-            raise _caller_error(exc) from exc
-        wire = resp.to_wire()
-        return DecideResult(
-            model=wire["model"],
-            answers=wire["answers"],
-            usage=_usage(wire["usage"]["input_tokens"], resp.stats.forward_passes),
-        )
+        resp = await decide_on(ctx, state, questions)
+        return DecideResult(model=resp.model, answers=resp.answers, usage=resp.usage)
 
     @server.tool(
         title="Fill a closed JSON object",
@@ -275,7 +274,7 @@ def build_server(
         ctx: Context,
     ) -> FillResult:
         _checked(lambda: parse_schema(schema))
-        engine = await loader.get(ctx)
+        engine = await engine_for(loader, ctx)
         try:
             ex = await engine.afill(schema, state)
         except _CALLER_ERRORS as exc:
@@ -293,7 +292,11 @@ def build_server(
             },
             warnings=list(ex.warnings),
             model=engine.model_name,
-            usage=_usage(ex.stats.input_tokens, ex.stats.forward_passes),
+            usage=Usage(
+                input_tokens=ex.stats.input_tokens,
+                cached_tokens=ex.stats.cached_tokens,
+                forward_passes=ex.stats.forward_passes,
+            ),
         )
 
     return server

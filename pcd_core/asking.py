@@ -23,7 +23,16 @@ from typing import Any
 
 from .errors import TokenizationError
 from .prompt import PromptParts, render
-from .questions import Answer, ChoiceAnswer, ChoiceQuestion, NoulAnswer, NoulQuestion, ScoreAnswer, ScoreQuestion
+from .questions import (
+    Answer,
+    ChoiceAnswer,
+    ChoiceQuestion,
+    NoulAnswer,
+    NoulQuestion,
+    ScoreAnswer,
+    ScoreQuestion,
+    is_blank,
+)
 from .readout import Readout
 from .tokenizer import TextTokenizer
 from .trie import LabelTrie, Variant
@@ -103,23 +112,30 @@ def choice_codes(n_options: int, letters: tuple[str, ...]) -> list[str]:
     return [a + b for a in letters[:radix] for b in letters[:radix]][:n_options]
 
 
+def inline_text(value: Any) -> str:
+    """Text that sits inside one line of a question block: strings as they are, JSON compact."""
+    if isinstance(value, str):
+        return value.strip()
+    return json.dumps(value, ensure_ascii=False)
+
+
 def question_block(question: NoulQuestion | ChoiceQuestion | ScoreQuestion, codes: list[str]) -> str:
-    lines = [f"Question: {as_text(question.instructions)}"]
+    lines = [] if question.instructions is None else [f"Question: {as_text(question.instructions)}"]
     if isinstance(question, ChoiceQuestion):
         lines.append("Options:")
         for (name, description), code in zip(question.criteria.items(), codes):
-            meaning = f"{name}: {description.strip()}" if description and description.strip() else name
+            meaning = name if is_blank(description) else f"{name}: {inline_text(description)}"
             lines.append(f'- {meaning} -> answer "{code}"')
         lines.append('Reply with {"answer": "<code>"} for the best option.')
     elif isinstance(question, ScoreQuestion):
         lines.append("Levels, lowest first:")
-        lines += [f"- {level} -> answer {i}" for i, level in enumerate(question.criteria)]
+        lines += [f"- {inline_text(level)} -> answer {i}" for i, level in enumerate(question.criteria)]
         lines.append('Reply with {"answer": <number>} for the level that fits.')
     else:
         criteria = question.criteria or {}
         for side in ("true", "false"):
-            if criteria.get(side):
-                lines.append(f"Answer {side} when: {criteria[side].strip()}")
+            if not is_blank(criteria.get(side)):
+                lines.append(f"Answer {side} when: {inline_text(criteria[side])}")
         lines.append('Reply with {"answer": true} or {"answer": false}.')
     return "\n\n" + "\n".join(lines)
 

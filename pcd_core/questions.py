@@ -1,19 +1,85 @@
 """Jev-style questions and answers: the typed request and response of ``engine.decide``.
 
-These pydantic models are the wire contract of ``POST /v1/systemone`` (REFERENCE.md section 3) and are
-reused as they are by the HTTP server, the MCP server and the framework adapters. Validation lives
-here, so every adapter rejects the same requests with the same messages: 2 to 255 choice options,
-2 to 10 score levels, noul criteria with only ``"true"``/``"false"`` keys, at least one question.
-Unknown fields are ignored. ``tests/test_questions.py`` covers each rule.
+These pydantic models are the System One (Jev) wire contract of ``POST /v1/systemone``, declared
+once: the answers serialise to the wire by their aliases (``x_candidate_mass``, ``x_logits``), and the
+HTTP server, the MCP server and the OpenAI-shaped ``POST /v1/decisions`` (``pcd_core/wire/decisions.py``)
+all translate from these classes. Validation lives here, so that every
+adapter rejects the same requests with the same messages:
+
+- 2 to 255 choice options, none blank and no two equal after Unicode normalisation (NFKC, zero-width
+  characters removed, whitespace collapsed: the model could not tell them apart);
+- 2 to 10 score levels, none empty; noul criteria with only ``"true"``/``"false"`` keys;
+- instructions, option descriptions, levels and noul criteria may be text or any JSON object or array
+  (rendered as JSON into the question's row), but never empty; a noul may have criteria and no
+  instructions; at least one question.
+
+Unknown fields are ignored. ``tests/test_questions.py`` covers each rule without a model.
 """
 
 from __future__ import annotations
 
+import unicodedata
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import (
+    AfterValidator,
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
 
 Text = str | dict[str, Any] | list[Any]
+
+# Characters that render as nothing: two options that differ only by these look the same to a reader
+# and, after the tokenizer, nearly the same to the model.
+_INVISIBLE = dict.fromkeys(map(ord, "\u200b\u200c\u200d\u2060\ufeff\u00ad\u180e"), None)
+
+
+def normalise_option(name: str) -> str:
+    """The form two options are compared in: NFKC, zero-width characters removed, whitespace collapsed."""
+    return " ".join(unicodedata.normalize("NFKC", name).translate(_INVISIBLE).split())
+
+
+def is_blank(value: Any) -> bool:
+    """Text with nothing to read: None, blank or invisible text, an empty object or array."""
+    if value is None:
+        return True
+    if isinstance(value, str):
+        return not normalise_option(value)
+    return isinstance(value, dict | list) and not value
+
+
+def check_options(names: list[str], shown: list[str] | None = None) -> None:
+    """Raise ValueError when an option is blank or two are equal after `normalise_option`.
+
+    ``shown`` is how the message writes each option (default: its ``repr``).
+    """
+    shown = shown if shown is not None else [repr(name) for name in names]
+    seen: dict[str, int] = {}
+    for index, name in enumerate(names):
+        key = normalise_option(name)
+        if not key:
+            raise ValueError(f"option names must not be blank, got {shown[index]}")
+        if key in seen:
+            raise ValueError(
+                f"options {shown[seen[key]]} and {shown[index]} are the same after Unicode normalisation "
+                "(NFKC, zero-width characters removed, whitespace collapsed)"
+            )
+        seen[key] = index
+
+
+def _not_blank(value: Any, what: str) -> Any:
+    if is_blank(value):
+        raise ValueError(f"{what} must not be empty")
+    return value
+
+
+Instructions = Annotated[Text, AfterValidator(lambda value: _not_blank(value, "instructions"))]
 
 
 class _Wire(BaseModel):
@@ -21,42 +87,57 @@ class _Wire(BaseModel):
 
 
 class NoulQuestion(_Wire):
-    """A yes/no question; the answer is P(yes). Criteria may describe either side, both or neither."""
+    """A yes/no question; the answer is P(yes). Criteria may describe either side, both or neither.
+
+    Instructions may be left out when the criteria say what to judge.
+    """
 
     type: Literal["noul"] = "noul"
-    instructions: Text
-    criteria: dict[Literal["true", "false"], str | None] | None = None
+    instructions: Instructions | None = None
+    criteria: dict[Literal["true", "false"], JsonValue] | None = None
 
     @field_validator("criteria", mode="before")
     @classmethod
     def _only_true_false(cls, value: Any) -> Any:
         if isinstance(value, dict) and not set(value) <= {"true", "false"}:
-            extra = sorted(set(value) - {"true", "false"})
+            extra = sorted(set(value) - {"true", "false"}, key=str)
             raise ValueError(f"noul criteria take only the keys 'true' and 'false', not {extra}")
         return value
 
+    @model_validator(mode="after")
+    def _something_to_judge(self) -> NoulQuestion:
+        if self.instructions is None and all(is_blank(side) for side in (self.criteria or {}).values()):
+            raise ValueError("a noul needs instructions, or criteria that say what counts as true or false")
+        return self
+
 
 class ChoiceQuestion(_Wire):
-    """One of 2 to 255 named options; descriptions may be null."""
+    """One of 2 to 255 named options; a description may be text, JSON or null."""
 
     type: Literal["choice"] = "choice"
-    instructions: Text
-    criteria: dict[str, str | None] = Field(min_length=2, max_length=255)
+    instructions: Instructions
+    criteria: dict[str, JsonValue] = Field(min_length=2, max_length=255)
 
     @field_validator("criteria")
     @classmethod
-    def _names_not_blank(cls, value: dict[str, str | None]) -> dict[str, str | None]:
-        if any(not name.strip() for name in value):
-            raise ValueError("option names must not be blank")
+    def _distinct_names(cls, value: dict[str, JsonValue]) -> dict[str, JsonValue]:
+        check_options(list(value))
         return value
 
 
 class ScoreQuestion(_Wire):
-    """2 to 10 ordered levels, low to high; the score is the expected level index."""
+    """2 to 10 ordered levels, low to high, each text or JSON; the score is the expected level index."""
 
     type: Literal["score"] = "score"
-    instructions: Text
-    criteria: list[str] = Field(min_length=2, max_length=10)
+    instructions: Instructions
+    criteria: list[JsonValue] = Field(min_length=2, max_length=10)
+
+    @field_validator("criteria")
+    @classmethod
+    def _levels(cls, value: list[JsonValue]) -> list[JsonValue]:
+        for index, level in enumerate(value):
+            _not_blank(level, f"score level {index}")
+        return value
 
 
 Question = Annotated[NoulQuestion | ChoiceQuestion | ScoreQuestion, Field(discriminator="type")]
@@ -68,55 +149,63 @@ class DecideRequest(_Wire):
     questions: dict[str, Question] = Field(min_length=1)
 
 
-class NoulAnswer(BaseModel):
+def _extension(name: str, description: str) -> Any:
+    """A field that Python code reads as ``name`` and the wire carries as ``x_<name>``."""
+    wire = f"x_{name}"
+    return Field(validation_alias=AliasChoices(wire, name), serialization_alias=wire, description=description)
+
+
+class _Answer(BaseModel):
+    """Answers are the System One wire: engine extras serialise as ``x_`` fields, every number a float."""
+
+    model_config = ConfigDict(serialize_by_alias=True)
+
+    candidate_mass: float = _extension(
+        "candidate_mass",
+        "Probability the model put on any allowed answer before renormalising; low means the "
+        "question did not fit the state well.",
+    )
+
+
+class NoulAnswer(_Answer):
     type: Literal["noul"] = "noul"
-    noul: float
-    candidate_mass: float
-
-    def to_wire(self) -> dict[str, Any]:
-        return {"type": "noul", "noul": float(self.noul), "x_candidate_mass": float(self.candidate_mass)}
+    noul: float = Field(description="P(yes), renormalised over yes and no.")
 
 
-class _DistributionAnswer(BaseModel):
-    """What choice and score answers share: the distribution, its peak, and the x_ extensions."""
+class _DistributionAnswer(_Answer):
+    """What choice and score answers share: the distribution, its peak, and the logits."""
 
     probabilities: dict[str, float]
-    confidence: float
-    candidate_mass: float
-    logits: dict[str, float]
-
-    def _distribution_wire(self) -> dict[str, Any]:
-        return {
-            "probabilities": {k: float(v) for k, v in self.probabilities.items()},
-            "confidence": float(self.confidence),
-            "x_candidate_mass": float(self.candidate_mass),
-            "x_logits": {k: float(v) for k, v in self.logits.items()},
-        }
+    confidence: float = Field(description="The normalised peak (n*max p - 1)/(n - 1), in [0, 1].")
+    logits: dict[str, float] = _extension("logits", "Each answer's log-probability before renormalising.")
 
 
 class ChoiceAnswer(_DistributionAnswer):
     type: Literal["choice"] = "choice"
-    choice: str
-
-    def to_wire(self) -> dict[str, Any]:
-        return {"type": "choice", "choice": self.choice, **self._distribution_wire()}
+    choice: str = Field(description="The most probable option, exactly as it was given.")
 
 
 class ScoreAnswer(_DistributionAnswer):
     type: Literal["score"] = "score"
-    score: float
-    legend: dict[str, str]
-
-    def to_wire(self) -> dict[str, Any]:
-        return {"type": "score", "score": float(self.score), "legend": dict(self.legend), **self._distribution_wire()}
+    score: float = Field(description="Expected level index, sum of i * p_i.")
+    legend: dict[str, JsonValue] = Field(description="Level index ('0', '1', ...) to the level as given.")
 
 
-Answer = NoulAnswer | ChoiceAnswer | ScoreAnswer
+Answer = Annotated[NoulAnswer | ChoiceAnswer | ScoreAnswer, Field(discriminator="type")]
 
 
 class Usage(BaseModel):
+    """What one request cost: every token read, none generated, and the model's forward passes.
+
+    ``cached_tokens`` are the head tokens served from the cache. The System One wire carries only
+    ``input_tokens`` and ``output_tokens`` here (forward passes go in ``x_forward_passes``); MCP results
+    and the OpenAI usage read all of it.
+    """
+
     input_tokens: int
     output_tokens: int = 0
+    cached_tokens: int = 0
+    forward_passes: int = 0
 
 
 class DecideResponse(BaseModel):
@@ -126,12 +215,21 @@ class DecideResponse(BaseModel):
     stats: Any = Field(default=None, exclude=True)
     warnings: list[str] = Field(default_factory=list)  # a bypassed head cache, low candidate mass
 
-    def to_wire(self) -> dict[str, Any]:
-        wire: dict[str, Any] = {
-            "model": self.model,
-            "answers": {qid: answer.to_wire() for qid, answer in self.answers.items()},
-            "usage": {"input_tokens": int(self.usage.input_tokens), "output_tokens": 0},
-        }
+    @model_validator(mode="after")
+    def _usage_from_stats(self) -> DecideResponse:
+        # the engine measures passes and cache hits in its Stats; usage reports them
         if self.stats is not None:
-            wire["x_forward_passes"] = int(self.stats.forward_passes)
+            measured = {"forward_passes": self.stats.forward_passes, "cached_tokens": self.stats.cached_tokens}
+            self.usage = self.usage.model_copy(update=measured)
+        return self
+
+    @field_serializer("usage")
+    def _system_one_usage(self, usage: Usage) -> dict[str, int]:
+        return {"input_tokens": int(usage.input_tokens), "output_tokens": 0}
+
+    def to_wire(self) -> dict[str, Any]:
+        """The ``POST /v1/systemone`` body: floats everywhere, engine extras as ``x_`` fields."""
+        wire = self.model_dump(mode="json")
+        if self.stats is not None:
+            wire["x_forward_passes"] = int(self.usage.forward_passes)
         return wire

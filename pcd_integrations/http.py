@@ -1,12 +1,17 @@
-"""A Jev-compatible HTTP server: ``POST /v1/systemone`` answers typed questions with one `Engine`.
+"""``pcd serve``: System One (``POST /v1/systemone``) and OpenAI Decisions (``POST /v1/decisions``).
 
-A thin translation layer (STYLE §7): JSON in, the `pcd_core` question models, one
-``await engine.adecide(state, questions)``, ``to_wire()`` out. It never builds a prompt or touches a
-token id. The invariants it keeps, each proven in ``tests/test_http.py`` on the embedded model:
+A thin translation layer: JSON in, the wire models of ``pcd_core.questions`` (System One)
+or ``pcd_core.wire.decisions`` (OpenAI, which translates into the System One questions), one
+``await engine.adecide(state, questions)`` shared by both routes, the wire models out. It never builds
+a prompt or touches a token id. The invariants it keeps, each proven on the embedded model in
+``tests/test_http.py`` and, with the real ``openai`` client, in ``tests/test_decisions_api.py``:
 
-- a bad request gets 422 with ``detail[]`` (REFERENCE.md §3) before the model is touched; nothing a
-  client sends can get a 5xx;
-- every other error has the shape ``{"detail": {"error_type", "message"}}``;
+- a bad request is refused before the model is touched, in each protocol's own shape: System One
+  422 ``{"detail": [{"loc", "msg", "type"}]}``, OpenAI 400
+  ``{"error": {"message", "type", "param", "code"}}``; nothing a client sends can get a 5xx;
+- bodies are read strictly: a repeated key or a NaN is refused, never silently resolved;
+- a request that names another model gets 404 (``model_not_found``) rather than this model's answer;
+- other System One errors have the shape ``{"detail": {"error_type", "message"}}``;
 - requests share the event loop while the engine serialises model access, so eight concurrent clients
   get exactly the answers that sequential requests get.
 
@@ -19,8 +24,8 @@ imported FastAPI names they are annotated with.
 import hmac
 import importlib
 import logging
-import threading
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Sequence
 from http import HTTPStatus
 from types import ModuleType
 from typing import TYPE_CHECKING, Annotated, Any, Literal
@@ -28,7 +33,9 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pydantic import BaseModel, Field
 
 from pcd_core import (
+    BackendError,
     DecideRequest,
+    DecideResponse,
     Engine,
     PcdError,
     PromptError,
@@ -36,10 +43,14 @@ from pcd_core import (
     TokenizationError,
     __version__,
 )
+from pcd_core.loading import EngineLoader
 from pcd_core.models import EMBEDDED
+from pcd_core.wire import accepts_model
+from pcd_core.wire.body import BodyError, loads_strict
+from pcd_core.wire.decisions import FIELD_NAMES, DecisionRequest, DecisionResponse, decision_response
 
 if TYPE_CHECKING:
-    from fastapi import FastAPI
+    from fastapi import FastAPI, Request
 
 __all__ = ["create_app", "serve"]
 
@@ -48,12 +59,15 @@ logger.addHandler(logging.NullHandler())
 
 INSTALL_HINT = "pip install 'pcd-engine[http]'"
 
-# The engine errors that mean "this request cannot be answered": HTTP 422, with these detail types.
+# Engine errors that mean "this request cannot be answered", by their System One detail type; any
+# other PcdError that is not a BackendError is the caller's too, typed by its class name.
 _REQUEST_ERRORS = (
     (PromptError, "prompt_error"),
     (TokenizationError, "tokenization_error"),
     (SchemaError, "schema_error"),
 )
+#: Routes that speak the OpenAI protocol, so that their errors take OpenAI's shape.
+OPENAI_ROUTES = frozenset({"/v1/decisions"})
 
 
 class ValidationErrorItem(BaseModel):
@@ -79,6 +93,19 @@ class ErrorBody(BaseModel):
     detail: ErrorInfo
 
 
+class OpenAIErrorInfo(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class OpenAIErrorBody(BaseModel):
+    """Every error of the OpenAI routes, as the ``openai`` SDK reads it into ``APIStatusError``."""
+
+    error: OpenAIErrorInfo
+
+
 class HealthBody(BaseModel):
     status: Literal["loading", "ready", "error"]
     model: str | None
@@ -96,14 +123,22 @@ class ModelList(BaseModel):
 
 
 class ApiError(Exception):
-    """An error the server reports as ``{"detail": {"error_type", "message"}}``."""
+    """An error the server reports in the protocol's shape; ``loc`` points into the body."""
 
-    def __init__(self, status_code: int, error_type: str, message: str, headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        status_code: int,
+        error_type: str,
+        message: str,
+        headers: dict[str, str] | None = None,
+        loc: Sequence[str | int] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status_code = status_code
         self.error_type = error_type
         self.message = message
         self.headers = headers
+        self.loc = list(loc) if loc is not None else None
 
 
 def _import_optional(module: str) -> ModuleType:
@@ -113,44 +148,20 @@ def _import_optional(module: str) -> ModuleType:
         raise ImportError(f"the HTTP server needs {module!r}, which is not installed; run: {INSTALL_HINT}") from error
 
 
-class _EngineSlot:
-    """The engine, or how its background load is going, so that the server can listen while it loads.
+def _engine(loader: EngineLoader) -> Engine:
+    """The engine, or a 503 that says whether it is still loading or failed to."""
+    if loader.engine is not None:
+        return loader.engine
+    if loader.status == "error":
+        raise ApiError(503, "model_load_failed", f"the model failed to load: {loader.error}")
+    raise ApiError(503, "model_loading", "the model is still loading; retry shortly", headers={"Retry-After": "1"})
 
-    The load runs on its own thread as soon as the app is built (not in an ASGI lifespan, which an
-    in-process test client never runs). Requests that need the engine get 503 until it is ready.
-    """
 
-    def __init__(self, engine: Engine | None, factory: Callable[[], Engine] | None, model_name: str | None) -> None:
-        self.engine = engine
-        self.model_name = engine.model_name if engine is not None else model_name
-        self.status: Literal["loading", "ready", "error"] = "ready" if engine is not None else "loading"
-        self.error: str | None = None
-        self.loaded = threading.Event()
-        if engine is not None:
-            self.loaded.set()
-        else:
-            threading.Thread(target=self._load, args=(factory,), name="pcd-http-load", daemon=True).start()
-
-    def _load(self, factory: Callable[[], Engine]) -> None:
-        try:
-            engine = factory()
-        except Exception as error:  # reported on /healthz and in every 503; the server keeps running
-            logger.exception("loading the engine failed")
-            self.error = f"{type(error).__name__}: {error}"
-            self.status = "error"
-        else:
-            self.engine = engine
-            self.model_name = engine.model_name
-            self.status = "ready"
-        finally:
-            self.loaded.set()
-
-    def get(self) -> Engine:
-        if self.engine is not None:
-            return self.engine
-        if self.status == "error":
-            raise ApiError(503, "model_load_failed", f"the model failed to load: {self.error}")
-        raise ApiError(503, "model_loading", "the model is still loading; retry shortly", headers={"Retry-After": "1"})
+def _check_model(requested: str | None, loader: EngineLoader, loc: str) -> None:
+    served = loader.model_name
+    if served is not None and not accepts_model(requested, served):
+        message = f"the model {requested!r} is not served here; this server answers with {served!r}"
+        raise ApiError(404, "model_not_found", message, loc=["body", loc])
 
 
 # The contract requires a date; a model outside the embedded registry reports the epoch, which no
@@ -165,15 +176,58 @@ def _model_card(engine: Engine) -> ModelCard:
     return ModelCard(name=engine.model_name, description=description, release_date=release_date)
 
 
-def _request_error_item(error: PcdError, request: DecideRequest) -> dict[str, Any]:
-    """Point an engine error at the part of the body it is about: a question id, or the state."""
+def _request_error(error: PcdError, where: dict[str, str | int], state_field: str) -> ApiError:
+    """An engine error caused by the request, pointed at the part of the body it is about.
+
+    ``where`` maps each engine question id to its place in the body's ``questions``.
+    """
     if isinstance(error, PromptError):
-        loc: list[str | int] = ["body", "state"]
+        loc: list[str | int] = ["body", state_field]
     else:
         field = getattr(error, "field", None)
-        loc = ["body", "questions", field] if field in request.questions else ["body", "questions"]
-    kind = next(name for cls, name in _REQUEST_ERRORS if isinstance(error, cls))
-    return {"loc": loc, "msg": str(error), "type": kind}
+        loc = ["body", "questions", where[field]] if field in where else ["body", "questions"]
+    kind = next((name for cls, name in _REQUEST_ERRORS if isinstance(error, cls)), None)
+    kind = kind or re.sub(r"(?<!^)(?=[A-Z])", "_", type(error).__name__).lower().removesuffix("_error") + "_error"
+    return ApiError(422, kind, str(error), loc=loc)
+
+
+async def _decide(
+    loader: EngineLoader, state: Any, questions: dict[str, Any], state_field: str, where: dict[str, str | int]
+) -> DecideResponse:
+    """The one engine call behind both routes; caller errors become 422s pointed into the body."""
+    engine = _engine(loader)
+    try:
+        return await engine.adecide(state, questions)
+    except PcdError as error:
+        if isinstance(error, BackendError):
+            logger.exception("the engine failed on a valid request")
+            raise ApiError(500, "backend_error", f"{type(error).__name__}: {error}") from error
+        raise _request_error(error, where, state_field) from error
+    except Exception as error:  # a server fault, reported in the error shape, never as bare text
+        logger.exception("the engine failed on a valid request")
+        raise ApiError(500, "internal_error", f"{type(error).__name__}: {error}") from error
+
+
+def _openai_param(loc: Sequence[str | int]) -> str | None:
+    """``["body", "questions", 0, "choices"]`` as OpenAI writes it: ``questions[0].choices``."""
+    param = ""
+    for part in loc[1:] if loc and loc[0] == "body" else loc:
+        if isinstance(part, int):
+            param += f"[{part}]"
+        elif part in FIELD_NAMES:
+            param += f".{part}"
+    return param.lstrip(".") or None
+
+
+def _openai_error(status_code: int, error_type: str, message: str, loc: Sequence[str | int] | None) -> dict[str, Any]:
+    kind = "server_error" if status_code >= 500 else "invalid_request_error"
+    info = OpenAIErrorInfo(message=message, type=kind, param=_openai_param(loc or []), code=error_type)
+    return OpenAIErrorBody(error=info).model_dump()
+
+
+def _speaks_openai(request: "Request") -> bool:
+    route = request.scope.get("route")
+    return getattr(route, "path", None) in OPENAI_ROUTES
 
 
 def create_app(
@@ -201,14 +255,19 @@ def create_app(
     from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
     from starlette.exceptions import HTTPException
 
-    slot = _EngineSlot(engine, engine_factory, model_name)
+    source = engine if engine is not None else engine_factory
+    assert source is not None
+    # started here, not in an ASGI lifespan, which an in-process test client never runs
+    loader = EngineLoader(source, model_name=model_name, thread_name="pcd-http-load")
+    loader.start()
     app = FastAPI(
-        title="pcd-engine System One",
-        summary="Jev-compatible typed questions (noul, choice, score) answered by parallel constrained "
-        "decoding: the answers are read from the model's logits, nothing is generated.",
+        title="pcd-engine",
+        summary="Typed questions (System One noul, choice, score; OpenAI Decisions predicate, choice, "
+        "score) answered by parallel constrained decoding: the answers are read from the model's "
+        "logits, nothing is generated.",
         version=__version__,
     )
-    app.state.engine_slot = slot
+    app.state.engine_slot = loader
 
     bearer = HTTPBearer(auto_error=False, description="Required only when the server has an API key.")
 
@@ -216,6 +275,7 @@ def create_app(
         credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
     ) -> None:
         # compare_digest keeps the comparison time independent of how much of the key matched.
+        assert api_key is not None
         if credentials is None or not hmac.compare_digest(credentials.credentials.encode(), api_key.encode()):
             raise ApiError(
                 401,
@@ -224,56 +284,89 @@ def create_app(
                 headers={"WWW-Authenticate": "Bearer"},
             )
 
+    async def strict_body(request: Request) -> None:
+        # FastAPI's own parse keeps the last of two equal keys and accepts NaN; this one refuses both.
+        try:
+            loads_strict(await request.body())
+        except BodyError as error:
+            raise ApiError(422, error.kind, error.reason, loc=["body", *error.loc]) from None
+
     guarded = [Depends(check_key)] if api_key is not None else []
     errors: dict[int | str, dict[str, Any]] = {
         401: {"model": ErrorBody},
+        404: {"model": ErrorBody},
         422: {"model": ValidationErrorBody},
         503: {"model": ErrorBody},
     }
+    openai_errors: dict[int | str, dict[str, Any]] = {code: {"model": OpenAIErrorBody} for code in (400, 401, 404, 503)}
+
+    def error_response(request: Request, error: ApiError) -> JSONResponse:
+        if _speaks_openai(request):
+            # OpenAI answers every invalid request with 400; other codes keep their meaning
+            status = 400 if error.status_code == 422 else error.status_code
+            body = _openai_error(status, error.error_type, error.message, error.loc)
+            return JSONResponse(body, status_code=status, headers=error.headers)
+        if error.status_code == 422:
+            item = {"loc": error.loc or ["body"], "msg": error.message, "type": error.error_type}
+            return JSONResponse({"detail": [item]}, status_code=422, headers=error.headers)
+        body = {"detail": {"error_type": error.error_type, "message": error.message}}
+        return JSONResponse(body, status_code=error.status_code, headers=error.headers)
 
     @app.exception_handler(ApiError)
     async def on_api_error(request: Request, error: ApiError) -> JSONResponse:
-        body = {"detail": {"error_type": error.error_type, "message": error.message}}
-        return JSONResponse(body, status_code=error.status_code, headers=error.headers)
+        return error_response(request, error)
 
     @app.exception_handler(RequestValidationError)
     async def on_invalid_request(request: Request, error: RequestValidationError) -> JSONResponse:
         # Only loc/msg/type: pydantic's "input" would echo the whole (possibly huge) state back.
         detail = [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in error.errors()]
+        if _speaks_openai(request):
+            first = detail[0]
+            message = str(first["msg"]).removeprefix("Value error, ")
+            param = _openai_param(first["loc"])
+            more = f" (and {len(detail) - 1} more problems)" if len(detail) > 1 else ""
+            shown = f"{param}: {message}{more}" if param else f"{message}{more}"
+            return JSONResponse(_openai_error(400, str(first["type"]), shown, first["loc"]), status_code=400)
         return JSONResponse({"detail": detail}, status_code=422)
 
     @app.exception_handler(HTTPException)
     async def on_http_error(request: Request, error: HTTPException) -> JSONResponse:
         # Unknown routes and methods: the same error shape as every other non-validation error.
         error_type = HTTPStatus(error.status_code).phrase.lower().replace(" ", "_")
-        body = {"detail": {"error_type": error_type, "message": str(error.detail)}}
-        return JSONResponse(body, status_code=error.status_code, headers=error.headers)
+        headers = dict(error.headers) if error.headers is not None else None
+        return error_response(request, ApiError(error.status_code, error_type, str(error.detail), headers))
 
-    answered = {200: {"description": "One answer per question id, in the request's order"}}
+    answered: dict[int | str, dict[str, Any]] = {
+        200: {"description": "One answer per question id, in the request's order"}
+    }
+    checked = [*guarded, Depends(strict_body)]
 
-    @app.post("/v1/systemone", dependencies=guarded, responses={**answered, **errors})
+    @app.post("/v1/systemone", dependencies=checked, responses={**answered, **errors})
     async def systemone(request: DecideRequest) -> JSONResponse:
         """Answer every question about the one shared state; each answer is independent of the others."""
-        engine = slot.get()
-        try:
-            response = await engine.adecide(request.state, request.questions)
-        except (PromptError, TokenizationError, SchemaError) as error:
-            return JSONResponse({"detail": [_request_error_item(error, request)]}, status_code=422)
-        except Exception as error:  # a server fault, reported in the error shape, never as bare text
-            logger.exception("the engine failed on a valid request")
-            error_type = "backend_error" if isinstance(error, PcdError) else "internal_error"
-            raise ApiError(500, error_type, f"{type(error).__name__}: {error}") from error
+        _check_model(request.model, loader, "model")
+        where: dict[str, str | int] = {qid: qid for qid in request.questions}
+        response = await _decide(loader, request.state, request.questions, "state", where)
         return JSONResponse(response.to_wire())
+
+    @app.post("/v1/decisions", dependencies=checked, responses={200: {"model": DecisionResponse}, **openai_errors})
+    async def decisions(request: DecisionRequest) -> JSONResponse:
+        """The OpenAI Decisions API: answers in question order, each independent of the others."""
+        _check_model(request.model, loader, "model")
+        questions = request.engine_questions()
+        where: dict[str, str | int] = {qid: index for index, qid in enumerate(questions)}
+        response = await _decide(loader, request.state(), questions, "input", where)
+        return JSONResponse(decision_response(request, response).model_dump(mode="json"))
 
     @app.get("/v1/models", dependencies=guarded, responses=errors)
     async def models() -> ModelList:
         """The one model this server answers with."""
-        return ModelList(models=[_model_card(slot.get())])
+        return ModelList(models=[_model_card(_engine(loader))])
 
     @app.get("/healthz", responses={503: {"model": HealthBody}})
     async def healthz() -> JSONResponse:
         """200 once the model is ready; 503 while it loads or after its load failed."""
-        health = HealthBody(status=slot.status, model=slot.model_name, error=slot.error)
+        health = HealthBody(status=loader.status, model=loader.model_name, error=loader.error)
         code = 200 if health.status == "ready" else 503
         return JSONResponse(health.model_dump(exclude_none=True), status_code=code)
 

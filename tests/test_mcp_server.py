@@ -91,7 +91,7 @@ def _expected(engine: Engine, name: str) -> dict[str, Any]:
         "score": ScoreQuestion(instructions=SCORE_ARGS["question"], criteria=SCORE_LEVELS),
     }[name]
     answer = engine.decide(STATE, {"q": question}).answers["q"]
-    return answer.model_dump(exclude={"type", "logits"})
+    return answer.model_dump(exclude={"type", "logits"}, by_alias=False)  # field names, as the tools use them
 
 
 def assert_matches(got: Any, want: Any) -> None:
