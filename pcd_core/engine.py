@@ -84,8 +84,12 @@ class Engine:
         max_tokens_per_pass: int | None = None,
         row_layout: str = "auto",
         head_cache_size: int = 8,
+        base_url: str | None = None,
+        api_key: str | None = None,
     ) -> Engine:
-        loaded, tokenizer, name = load_backend(model, backend, device, dtype, max_tokens_per_pass, row_layout)
+        loaded, tokenizer, name = load_backend(
+            model, backend, device, dtype, max_tokens_per_pass, row_layout, base_url=base_url, api_key=api_key
+        )
         return cls(loaded, tokenizer, name, head_cache_size=head_cache_size)
 
     @property

@@ -188,7 +188,8 @@ class VllmBackend(Backend):
         except ValueError:  # an HTTP date: fall back to our own schedule
             return backoff
 
-    def _json(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+    def request_json(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        """One call with this backend's retries and errors, for tools on the same server (the bench)."""
         response = self._request(method, path, body)
         try:
             return response.json()
@@ -197,7 +198,7 @@ class VllmBackend(Backend):
 
     # -- start-up checks ----------------------------------------------------------------------
     def _find_model(self, wanted: str | None) -> tuple[str, int]:
-        cards = self._json("GET", "/v1/models").get("data") or []
+        cards = self.request_json("GET", "/v1/models").get("data") or []
         names = [card.get("id") for card in cards]
         if not cards:
             raise BackendError(f"the vLLM server at {self.base_url} serves no model")
@@ -214,7 +215,7 @@ class VllmBackend(Backend):
         """Refuse a server whose tokenizer differs from the local one: every row is built locally."""
         local = list(self.tokenizer.encode(PROBE_TEXT))
         body = {"model": self.served_model, "prompt": PROBE_TEXT, "add_special_tokens": False}
-        remote = [int(i) for i in self._json("POST", "/tokenize", body).get("tokens", [])]
+        remote = [int(i) for i in self.request_json("POST", "/tokenize", body).get("tokens", [])]
         if remote != local:
             at = next((k for k, (a, b) in enumerate(zip(local, remote)) if a != b), min(len(local), len(remote)))
             local_name = getattr(self.tokenizer.hf, "name_or_path", type(self.tokenizer.hf).__name__)
@@ -354,7 +355,7 @@ class VllmBackend(Backend):
 
     def _choices(self, body: dict[str, Any], n_prompts: int) -> list[dict[str, Any]]:
         self.counter.add_request()
-        choices = self._json("POST", "/v1/completions", body).get("choices") or []
+        choices = self.request_json("POST", "/v1/completions", body).get("choices") or []
         ordered = sorted(choices, key=lambda c: c.get("index", -1))
         if [c.get("index") for c in ordered] != list(range(n_prompts)):
             raise BackendError(f"vLLM answered {len(choices)} choices for {n_prompts} prompts")
