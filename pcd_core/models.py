@@ -153,6 +153,8 @@ def load_backend(
     """Load weights and tokenizer, with a progress bar on stderr. For ``backend="vllm"`` only the
     tokenizer loads here, from the same files as the server's model; ``base_url`` names the server.
     """
+    if backend == "vllm" and not base_url:  # before the tokenizer loads: a missing address costs nothing
+        raise PcdError("the vllm backend needs base_url: the vLLM server's address, e.g. http://127.0.0.1:8000")
     with tqdm(total=3, desc=f"loading {model}", disable=None, leave=False) as progress:
         source = resolve(model)
         progress.update()
@@ -166,7 +168,7 @@ def load_backend(
         elif backend == "mlx":
             loaded = _mlx_backend(source, folder, max_tokens_per_pass)
         elif backend == "vllm":
-            loaded = _vllm_backend(folder, tokenizer, base_url, api_key, max_tokens_per_pass)
+            loaded = _vllm_backend(folder, tokenizer, base_url or "", api_key, max_tokens_per_pass)
         else:
             raise PcdError(f"unknown backend {backend!r}; choose 'torch', 'mlx' or 'vllm'")
         progress.update()
@@ -199,10 +201,8 @@ def _mlx_backend(source: ModelSource, folder: str, max_tokens: int | None):
 
 
 def _vllm_backend(
-    folder: str, tokenizer: TextTokenizer, base_url: str | None, api_key: str | None, max_tokens: int | None
+    folder: str, tokenizer: TextTokenizer, base_url: str, api_key: str | None, max_tokens: int | None
 ) -> Any:
-    if not base_url:
-        raise PcdError("the vllm backend needs base_url: the vLLM server's address, e.g. http://127.0.0.1:8000")
     from transformers import AutoConfig
 
     from .backends.vllm_backend import VllmBackend

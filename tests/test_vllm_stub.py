@@ -344,3 +344,25 @@ def test_threads_sharing_one_backend_get_the_sequential_answers(stub):
     for k, want in enumerate(sequential):
         for have, expected in zip(results[k], want):
             np.testing.assert_array_equal(have, expected)
+
+
+# -- wiring -----------------------------------------------------------------------------------
+def test_engine_load_reaches_the_server_and_refuses_its_other_tokenizer(stub):
+    url, _ = stub
+    with pytest.raises(BackendError, match=r"'stub' tokenizes differently from the local tokenizer '.*SmolLM2"):
+        Engine.load("smollm2-135m", backend="vllm", base_url=url)
+
+
+def test_the_vllm_backend_needs_a_base_url_in_every_entry_point(capsys):
+    from mcp_server.__main__ import parse_args
+    from pcd_core.cli import main
+    from pcd_core.errors import PcdError
+
+    with pytest.raises(PcdError, match="base_url"):
+        Engine.load("smollm2-135m", backend="vllm")
+    assert main(["fill", "--schema", str(DATA_DIR / "support_ticket.json"), "--backend", "vllm"]) == 2
+    assert "--backend vllm needs --base-url" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        parse_args(["--backend", "vllm"])
+    assert exit_info.value.code == 2
+    assert "--backend vllm needs --base-url" in capsys.readouterr().err

@@ -150,7 +150,9 @@ class VllmBackend(Backend):
         self._client.close()
 
     # -- HTTP ---------------------------------------------------------------------------------
-    def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> httpx.Response:
+    def _request(
+        self, method: str, path: str, body: dict[str, Any] | None = None, timeout_s: float | None = None
+    ) -> httpx.Response:
         """One call with retries: exponential backoff on 429/503 and on transport errors (refused,
         reset, timed out). Reads change nothing on the server, so repeating one is always safe.
         """
@@ -160,7 +162,8 @@ class VllmBackend(Backend):
                 time.sleep(self._delay(attempt, busy))
             busy = None
             try:
-                response = self._client.request(method, path, json=body)
+                timeout = httpx.Timeout(timeout_s) if timeout_s is not None else httpx.USE_CLIENT_DEFAULT
+                response = self._client.request(method, path, json=body, timeout=timeout)
             except httpx.TransportError as error:
                 failure = f"{type(error).__name__}: {error}"
                 logger.warning("vLLM %s %s failed (%s), try %d", method, path, failure, attempt + 1)
@@ -188,9 +191,11 @@ class VllmBackend(Backend):
         except ValueError:  # an HTTP date: fall back to our own schedule
             return backoff
 
-    def request_json(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+    def request_json(
+        self, method: str, path: str, body: dict[str, Any] | None = None, timeout_s: float | None = None
+    ) -> Any:
         """One call with this backend's retries and errors, for tools on the same server (the bench)."""
-        response = self._request(method, path, body)
+        response = self._request(method, path, body, timeout_s)
         try:
             return response.json()
         except ValueError as error:

@@ -40,7 +40,8 @@ def generate_json(engine: Any, case: BenchCase, max_tokens: int) -> dict[str, An
         "structured_outputs": {"json": case.schema},
     }
     started = time.perf_counter()
-    data = backend.request_json("POST", "/v1/completions", body)
+    # a whole object one token a step: far longer than one read, so the read timeout does not apply
+    data = backend.request_json("POST", "/v1/completions", body, timeout_s=3600.0)
     ms = (time.perf_counter() - started) * 1000.0
     choice = (data.get("choices") or [{}])[0]
     if "text" not in choice:
