@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 
 TRANSPORTS = ("stdio", "streamable-http")
-BACKENDS = {"torch": "torch", "mlx": "mlx"}  # backend name -> the module it needs
+BACKENDS = {"torch": "torch", "mlx": "mlx", "vllm": "httpx"}  # backend name -> the module it needs
 DTYPES = ("float32", "float16", "bfloat16")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
@@ -71,6 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add("--backend", default=env("PCD_BACKEND", "torch"), help=f"one of {', '.join(BACKENDS)} (PCD_BACKEND)")
     add("--device", default=env("PCD_DEVICE"), help="torch device, such as cpu or cuda (PCD_DEVICE)")
+    add("--base-url", default=env("PCD_VLLM_BASE_URL"), help="the vLLM server for --backend vllm (PCD_VLLM_BASE_URL)")
     add("--dtype", default=env("PCD_DTYPE"), help=f"one of {', '.join(DTYPES)} (PCD_DTYPE; default float32)")
     add(
         "--max-tokens-per-pass",
@@ -121,6 +122,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             f"the {args.backend!r} backend needs {BACKENDS[args.backend]!r}, which is not installed; "
             f"run: pip install 'pcd-engine[{args.backend}]'"
         )
+    if args.backend == "vllm" and not args.base_url:
+        parser.error("--backend vllm needs --base-url (PCD_VLLM_BASE_URL), the vLLM server's address")
     if args.dtype is not None and args.dtype not in DTYPES:
         parser.error(f"--dtype must be one of {', '.join(DTYPES)}, got {args.dtype!r}")
     if args.log_level not in LOG_LEVELS:
@@ -150,6 +153,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         device=args.device,
         dtype=args.dtype,
         max_tokens_per_pass=args.max_tokens_per_pass,
+        base_url=args.base_url,
+        api_key=os.environ.get("PCD_VLLM_API_KEY"),  # an environment variable only: no key in argv
         **({"model": args.model} if args.model else {}),
     )
     serve(

@@ -74,7 +74,11 @@ def _positive(text: str) -> int:
 
 def _add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=DEFAULT_MODEL, help="embedded alias, HF id, local folder or .gguf path")
-    parser.add_argument("--backend", default="torch", choices=("torch", "mlx"))
+    parser.add_argument("--backend", default="torch", choices=("torch", "mlx", "vllm"))
+    parser.add_argument("--base-url", default=None, help="the vLLM server for --backend vllm, e.g. http://host:8000")
+    parser.add_argument(
+        "--vllm-api-key-env", metavar="VAR", default=None, help="send the key in environment variable VAR to vLLM"
+    )
     parser.add_argument("--device", default=None, help="torch device, e.g. cpu or cuda")
     parser.add_argument(
         "--max-tokens-per-pass",
@@ -85,8 +89,15 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _load_engine(args: argparse.Namespace) -> Engine:
+    if args.backend == "vllm" and not args.base_url:
+        raise PcdError("--backend vllm needs --base-url, the vLLM server's address")
     return Engine.load(
-        args.model, backend=args.backend, device=args.device, max_tokens_per_pass=args.max_tokens_per_pass
+        args.model,
+        backend=args.backend,
+        device=args.device,
+        max_tokens_per_pass=args.max_tokens_per_pass,
+        base_url=args.base_url,
+        api_key=os.environ.get(args.vllm_api_key_env) if args.vllm_api_key_env else None,
     )
 
 

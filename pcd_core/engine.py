@@ -18,6 +18,7 @@ four-pass reading this replaced, on the real model.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 import time
@@ -46,20 +47,24 @@ BYPASSED = "the input merged with the cached head's last token; the whole prompt
 
 
 class _Lru(OrderedDict):
+    """A small LRU with its own lock, so that it stays consistent when the model lock is off."""
+
     def __init__(self, size: int) -> None:
         super().__init__()
         self.size = size
+        self._guard = threading.RLock()
 
     def get_or(self, key: Any, make: Callable[[], Any]) -> tuple[Any, bool]:
-        if key in self:
-            self.move_to_end(key)
-            return self[key], True
-        value = make()
-        if self.size > 0:
-            self[key] = value
-            while len(self) > self.size:
-                self.popitem(last=False)
-        return value, False
+        with self._guard:
+            if key in self:
+                self.move_to_end(key)
+                return self[key], True
+            value = make()
+            if self.size > 0:
+                self[key] = value
+                while len(self) > self.size:
+                    self.popitem(last=False)
+            return value, False
 
 
 def schema_key(schema: Any) -> Any:
@@ -83,7 +88,8 @@ class Engine:
         self.backend = backend
         self.tokenizer = tokenizer
         self.model_name = model_name
-        self._lock = threading.RLock()  # model access and the head LRU
+        # model access; a backend that batches concurrent calls itself (vLLM) needs no lock
+        self._lock: Any = threading.RLock() if backend.serialises else contextlib.nullcontext()
         self._compile_lock = threading.Lock()  # the compiled-schema LRU: compiling needs no model
         self._compiled = _Lru(schema_cache_size)
         self._heads = _Lru(head_cache_size)
@@ -101,11 +107,16 @@ class Engine:
         row_layout: str = "auto",
         head_cache_size: int = 8,
         max_pass_bytes: int | None = None,
+        base_url: str | None = None,
+        api_key: str | None = None,
     ) -> Engine:
         """Load a model. ``max_tokens_per_pass`` (default 4096 row tokens) and ``max_pass_bytes``
         (default 2 GiB of estimated KV and masks per pass) bound memory; see ``backends/base.py``.
+        ``backend="vllm"`` reads on a running vLLM server at ``base_url`` (``docs/vllm.md``).
         """
-        loaded, tokenizer, name = load_backend(model, backend, device, dtype, max_tokens_per_pass, row_layout)
+        loaded, tokenizer, name = load_backend(
+            model, backend, device, dtype, max_tokens_per_pass, row_layout, base_url=base_url, api_key=api_key
+        )
         if max_pass_bytes is not None:
             loaded.max_pass_bytes = max_pass_bytes
         return cls(loaded, tokenizer, name, head_cache_size=head_cache_size)

@@ -177,8 +177,14 @@ def load_backend(
     dtype: str | None = None,
     max_tokens_per_pass: int | None = None,
     row_layout: str = "auto",
+    base_url: str | None = None,
+    api_key: str | None = None,
 ) -> tuple[Any, TextTokenizer, str]:
-    """Load weights and tokenizer, with a progress bar on stderr."""
+    """Load weights and tokenizer, with a progress bar on stderr. For ``backend="vllm"`` only the
+    tokenizer loads here, from the same files as the server's model; ``base_url`` names the server.
+    """
+    if backend == "vllm" and not base_url:  # before the tokenizer loads: a missing address costs nothing
+        raise PcdError("the vllm backend needs base_url: the vLLM server's address, e.g. http://127.0.0.1:8000")
     with tqdm(total=3, desc=f"loading {model}", disable=None, leave=False) as progress:
         source = resolve(model)
         progress.update()
@@ -191,8 +197,10 @@ def load_backend(
             loaded = _torch_backend(folder, device, dtype, max_tokens_per_pass, row_layout)
         elif backend == "mlx":
             loaded = _mlx_backend(source, folder, max_tokens_per_pass)
+        elif backend == "vllm":
+            loaded = _vllm_backend(folder, tokenizer, base_url or "", api_key, max_tokens_per_pass)
         else:
-            raise PcdError(f"unknown backend {backend!r}; choose 'torch' or 'mlx'")
+            raise PcdError(f"unknown backend {backend!r}; choose 'torch', 'mlx' or 'vllm'")
         progress.update()
     return loaded, tokenizer, source.name
 
@@ -222,3 +230,15 @@ def _mlx_backend(source: ModelSource, folder: str, max_tokens: int | None):
         except BackendError as error:  # k-quants (Gemma's Q4_K_M): read the dequantized folder
             logger.info("MLX cannot read %s natively (%s); using %s", source.gguf.name, error, folder)
     return MlxBackend.from_hf_dir(folder, max_tokens_per_pass=max_tokens)
+
+
+def _vllm_backend(
+    folder: str, tokenizer: TextTokenizer, base_url: str, api_key: str | None, max_tokens: int | None
+) -> Any:
+    from transformers import AutoConfig
+
+    from .backends.vllm_backend import VllmBackend
+
+    # the output head's size, which a tokenizer's length can undercount (padded vocabularies)
+    vocab = getattr(AutoConfig.from_pretrained(folder).get_text_config(), "vocab_size", None)
+    return VllmBackend(base_url, tokenizer, api_key=api_key, vocab_size=vocab, max_tokens_per_pass=max_tokens)

@@ -199,6 +199,9 @@ class Backend(ABC):
     name: str = "backend"
     #: how rows share the prefix: "packed" (one sequence, tree mask) or "copies" (a KV copy per row)
     row_layout: str = "packed"
+    #: whether model access must be serialised: true for an in-process model; a remote server that
+    #: batches concurrent requests itself (vLLM) sets it false, so the engine takes no lock around it
+    serialises: bool = True
     #: bytes of keys and values per token over all layers; the memory estimate of a pass reads it
     kv_bytes_per_token: int = 0
     #: bytes per (query, key) entry of the attention masks a pass builds

@@ -36,7 +36,8 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
         "bundled case; repeatable (default: every bundled case with a json_schema)",
     )
     bench.add_argument("--input", metavar="FILE", help="the text for a --schema file that carries none")
-    bench.add_argument("--backend", default="torch", choices=("torch", "mlx", "all"))
+    bench.add_argument("--backend", default="torch", choices=("torch", "mlx", "all", "vllm"))
+    bench.add_argument("--base-url", help="the vLLM server for --backend vllm (PCD against vLLM's own JSON)")
     bench.add_argument("--model", default=DEFAULT_MODEL, help="embedded alias, HF id, local folder or .gguf path")
     bench.add_argument("--repeat", type=int, default=3, help="timed repeats per method; medians are reported")
     bench.add_argument(
@@ -132,6 +133,10 @@ def run_bench(args: argparse.Namespace) -> int:
     from ..engine import Engine
 
     cases, baselines = _check(args)
+    if args.backend == "vllm":
+        from .vllm_baselines import run_vllm_bench
+
+        return run_vllm_bench(args, cases)
     backends = ("torch", "mlx") if args.backend == "all" else (args.backend,)
     steps = 1 + args.repeat * (2 + len(baselines))
     total = len(backends) * (1 if args.throughput else len(cases) * steps)
