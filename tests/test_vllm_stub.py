@@ -174,7 +174,7 @@ def test_two_hundred_ids_are_read_in_two_requests_of_at_most_128(stub):
     state.completions.clear()
     prefix = backend.prefill([10, 20, 30])
     ids = tuple(range(200))
-    got = backend.score(prefix, [(40, 50)], [Query(0, 1, ids)])[0]
+    got = backend.score(prefix, [(40, 50)], [Query(0, 1, ids)]).values[0]
     assert [len(body["logprob_token_ids"]) for body in state.completions] == [128, 72]
     assert backend.forward_passes == 2
     np.testing.assert_array_equal(got, state.oracle.logp((10, 20, 30, 40, 50))[list(ids)])
@@ -186,7 +186,7 @@ def test_many_prompts_come_back_in_prompt_order(stub):
     prefix = backend.prefill([1, 2, 3, 4])
     rows = [(5 + k, 7 * k % VOCAB, 11) for k in range(40)]
     queries = [Query(r, p, (0, 9, 99)) for r in range(len(rows)) for p in (0, 2)]
-    got = backend.score(prefix, rows, queries)
+    got = backend.score(prefix, rows, queries).values
     for query, values in zip(queries, got):
         context = prefix.ids + rows[query.row][: query.position + 1]
         np.testing.assert_array_equal(values, state.oracle.logp(context)[[0, 9, 99]])
@@ -208,7 +208,7 @@ def test_a_read_after_the_prefix_itself_joins_the_rows_request(stub):
     url, state = stub
     backend = connect(url)
     prefix = backend.prefill([8, 6, 7])
-    got = backend.score(prefix, [(5, 3)], [Query(0, -1, (1, 2)), Query(0, 1, (1, 2))])
+    got = backend.score(prefix, [(5, 3)], [Query(0, -1, (1, 2)), Query(0, 1, (1, 2))]).values
     assert backend.forward_passes == 2  # the warm-up and the rest, not a vocabulary's worth
     np.testing.assert_array_equal(got[0], state.oracle.logp((8, 6, 7))[[1, 2]])
     np.testing.assert_array_equal(got[1], state.oracle.logp((8, 6, 7, 5, 3))[[1, 2]])
@@ -243,7 +243,7 @@ def test_busy_answers_are_retried_until_the_server_serves(stub):
     url, state = stub
     backend = connect(url)
     state.fail_next = [429, 503, 503]
-    got = backend.score(backend.prefill([1, 2]), [(3,)], [Query(0, 0, (4, 5))])[0]
+    got = backend.score(backend.prefill([1, 2]), [(3,)], [Query(0, 0, (4, 5))]).values[0]
     np.testing.assert_array_equal(got, state.oracle.logp((1, 2, 3))[[4, 5]])
     assert state.fail_next == []
 
@@ -332,7 +332,7 @@ def test_threads_sharing_one_backend_get_the_sequential_answers(stub):
     jobs = [[(k, j) for j in range(5)] for k in range(8)]
 
     def read(rows: list[tuple[int, int]]) -> list[np.ndarray]:
-        return backend.score(prefix, rows, [Query(r, 1, (3, 4)) for r in range(len(rows))])
+        return backend.score(prefix, rows, [Query(r, 1, (3, 4)) for r in range(len(rows))]).values
 
     sequential = [read(rows) for rows in jobs]
     results: dict[int, list[np.ndarray]] = {}

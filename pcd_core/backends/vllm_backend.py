@@ -286,7 +286,10 @@ class VllmBackend(Backend):
         vocabulary / 128 requests here. Moving the prefix's last token into every row is exact. A
         trunk is only more prompt ids for a server, so it joins the prefix before anything is read.
         """
-        whole = Prefix((prefix.ids if prefix is not None else ()) + tuple(int(t) for t in trunk), state=None)
+        if prefix is not None and not trunk:
+            whole = prefix  # no trunk: the prefix handed back is the one given
+        else:
+            whole = Prefix((prefix.ids if prefix is not None else ()) + tuple(int(t) for t in trunk), state=None)
         if whole.n_tokens < 2 or all(q.position >= 0 for q in queries):
             return Scored(super().score(whole, rows, queries).values, whole)
         last = whole.ids[-1:]
