@@ -35,7 +35,8 @@ MIXED_INSTRUCTIONS = (
 class ChatTemplater(Protocol):
     """What prompt rendering needs from a tokenizer: the Hugging Face chat-template call."""
 
-    chat_template: str | None
+    @property
+    def chat_template(self) -> str | None: ...
 
     def apply_chat_template(self, conversation: list[dict[str, str]], **kwargs: Any) -> Any: ...
 

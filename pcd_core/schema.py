@@ -131,7 +131,7 @@ def spellings(value: JsonValue) -> tuple[str, ...]:
     return (canonical,)
 
 
-def make_field(name: str, values: list[Any], description: str = "", depends_on=()) -> Field:
+def make_field(name: str, values: list[Any], description: str = "", depends_on: Any = ()) -> Field:
     if not isinstance(name, str) or not name:
         raise SchemaError("a field name must be a non-empty string", field=str(name))
     if not values:
@@ -398,7 +398,8 @@ def _typed_dict_json_schema(typed_dict: type) -> dict[str, Any]:
     from pydantic import create_model
 
     hints = typing.get_type_hints(typed_dict, include_extras=True)
-    model = create_model(typed_dict.__name__, **{name: (hint, ...) for name, hint in hints.items()})
+    fields: dict[str, Any] = {name: (hint, ...) for name, hint in hints.items()}
+    model = create_model(typed_dict.__name__, **fields)
     return model.model_json_schema()
 
 

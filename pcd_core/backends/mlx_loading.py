@@ -47,6 +47,8 @@ def load_llama_gguf(path: str | Path, dtype: str) -> tuple[nn.Module, int]:
             f"{path}: MLX cannot read this GGUF ({error}); it reads F32/F16/Q4_0/Q4_1/Q8_0 "
             "tensors only, so load an HF directory with MlxBackend.from_hf_dir instead"
         ) from error
+    # return_metadata=True gives (weights, metadata) dicts; the union type covers the other modes
+    assert isinstance(weights, dict) and isinstance(metadata, dict)
     config, context_length = _llama_config_from_gguf(metadata, weights, path)
     compute = getattr(mx, dtype)
     renamed = {
