@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import TokenizationError
-from .prompt import PromptParts, render
+from .prompt import PromptParts, fence, normalise_input, render
 from .questions import Answer, ChoiceAnswer, ChoiceQuestion, NoulAnswer, NoulQuestion, ScoreAnswer, ScoreQuestion
 from .readout import Readout
 from .tokenizer import TextTokenizer
@@ -43,11 +43,20 @@ def render_decide_prompt(tokenizer: TextTokenizer) -> PromptParts:
     return render(tokenizer, DECIDE_INSTRUCTIONS, "State:\n", "")
 
 
-def as_text(value: Any) -> str:
-    """Strings go in as they are; objects and arrays as indented JSON."""
+def as_text(state: Any) -> str:
+    """The state as the model reads it: fenced (``prompt.fence``), a string as it is, JSON compactly.
+
+    JSON is written on one line: indenting grows with depth times size, and an 800-byte nested state
+    took nearly the whole context with ``indent=1`` (``tests/test_hardening.py`` measures both).
+    """
+    return fence("STATE", normalise_input(_plain_text(state)))
+
+
+def _plain_text(value: Any) -> str:
+    """Strings as they are; objects and arrays as one line of JSON."""
     if isinstance(value, str):
         return value.strip()
-    return json.dumps(value, ensure_ascii=False, indent=1)
+    return json.dumps(value, ensure_ascii=False, separators=(", ", ": "))
 
 
 @dataclass(frozen=True)
@@ -104,7 +113,7 @@ def choice_codes(n_options: int, letters: tuple[str, ...]) -> list[str]:
 
 
 def question_block(question: NoulQuestion | ChoiceQuestion | ScoreQuestion, codes: list[str]) -> str:
-    lines = [f"Question: {as_text(question.instructions)}"]
+    lines = [f"Question: {_plain_text(question.instructions)}"]
     if isinstance(question, ChoiceQuestion):
         lines.append("Options:")
         for (name, description), code in zip(question.criteria.items(), codes):

@@ -22,9 +22,10 @@ from .backends.base import Backend, Prefix
 from .compiler import CompiledSchema, compile_schema
 from .decoding import DecisionTask, RoundStats, check_strategy, decode
 from .errors import PromptError
+from .limits import DEFAULT_LIMITS, Limits, check_decide, check_fill
 from .models import DEFAULT_MODEL, load_backend
 from .prompt import PromptParts, normalise_input
-from .questions import DecideRequest, DecideResponse, Usage
+from .questions import DecideResponse, Usage
 from .result import Extraction, FieldResult, Stats, mass_warnings
 from .schema import parse_schema
 from .tokenizer import TextTokenizer
@@ -64,7 +65,9 @@ class Engine:
         *,
         head_cache_size: int = 8,
         schema_cache_size: int = 64,
+        limits: Limits = DEFAULT_LIMITS,
     ) -> None:
+        self.limits = limits  # per-request bounds, checked before any tokenizing (pcd_core/limits.py)
         self.backend = backend
         self.tokenizer = tokenizer
         self.model_name = model_name
@@ -116,6 +119,7 @@ class Engine:
     # -- fill ---------------------------------------------------------------------------------
     def fill(self, schema: Any, text: str, *, strategy: str = "trie", use_head_cache: bool = True) -> Extraction:
         """Decide every field of ``schema`` for ``text``; see the module docstring for the cost."""
+        check_fill(self.limits, parse_schema(schema), text)  # bounds and readable text first
         check_strategy(strategy)
         started = time.perf_counter()
         compiled = self.compile(schema)
@@ -204,7 +208,7 @@ class Engine:
         """Jev-style questions over one state: one state prefill, then every question's row in one
         packed pass. ``usage.input_tokens`` counts every token read: head, state and all rows.
         """
-        request = DecideRequest(state=state, questions=questions)
+        request = check_decide(self.limits, state, questions)  # bounds and readable text first
         # everything that needs no model runs before the lock, so concurrent requests overlap here
         if self._decide_prompt is None:
             self._decide_prompt = render_decide_prompt(self.tokenizer)

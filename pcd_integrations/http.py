@@ -36,7 +36,11 @@ from pcd_core import (
     TokenizationError,
     __version__,
 )
+from pcd_core.errors import LimitError, RequestError, TextError
+from pcd_core.limits import DEFAULT_LIMITS, Limits
 from pcd_core.models import EMBEDDED
+
+from .guards import BodyLimit, warn_if_exposed
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -50,6 +54,9 @@ INSTALL_HINT = "pip install 'pcd-engine[http]'"
 
 # The engine errors that mean "this request cannot be answered": HTTP 422, with these detail types.
 _REQUEST_ERRORS = (
+    (TextError, "text_error"),
+    (LimitError, "limit_error"),
+    (RequestError, "request_error"),
     (PromptError, "prompt_error"),
     (TokenizationError, "tokenization_error"),
     (SchemaError, "schema_error"),
@@ -165,10 +172,35 @@ def _model_card(engine: Engine) -> ModelCard:
     return ModelCard(name=engine.model_name, description=description, release_date=release_date)
 
 
+_CALLER_ERRORS = tuple(cls for cls, _ in _REQUEST_ERRORS)
+
+
+def _request_error_detail(error: PcdError, request: DecideRequest) -> list[dict[str, Any]]:
+    """The 422 ``detail[]`` of an engine error, wire-safe: no text in it can fail to encode."""
+    if isinstance(error, RequestError) and error.errors:
+        return [{**item, "loc": ["body", *item["loc"]]} for item in error.errors]
+    if isinstance(error, TextError):
+        return [{"loc": ["body", *error.loc], "msg": _wire_safe(str(error)), "type": "text_error"}]
+    return [_wire_safe(_request_error_item(error, request))]
+
+
+def _wire_safe(value: Any) -> Any:
+    """Lone surrogates written as escapes, everywhere in a JSON value: a response must always encode."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(value, dict):
+        return {_wire_safe(k): _wire_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_wire_safe(v) for v in value]
+    return value
+
+
 def _request_error_item(error: PcdError, request: DecideRequest) -> dict[str, Any]:
     """Point an engine error at the part of the body it is about: a question id, or the state."""
-    if isinstance(error, PromptError):
-        loc: list[str | int] = ["body", "state"]
+    if isinstance(error, LimitError):
+        loc: list[str | int] = ["body"]
+    elif isinstance(error, PromptError):
+        loc = ["body", "state"]
     else:
         field = getattr(error, "field", None)
         loc = ["body", "questions", field] if field in request.questions else ["body", "questions"]
@@ -182,6 +214,7 @@ def create_app(
     engine_factory: Callable[[], Engine] | None = None,
     model_name: str | None = None,
     api_key: str | None = None,
+    limits: Limits = DEFAULT_LIMITS,
 ) -> "FastAPI":
     """Build the ASGI app for one engine, or for one that ``engine_factory`` loads in the background.
 
@@ -209,6 +242,7 @@ def create_app(
         version=__version__,
     )
     app.state.engine_slot = slot
+    _guard_body(app, limits)
 
     bearer = HTTPBearer(auto_error=False, description="Required only when the server has an API key.")
 
@@ -240,7 +274,7 @@ def create_app(
     async def on_invalid_request(request: Request, error: RequestValidationError) -> JSONResponse:
         # Only loc/msg/type: pydantic's "input" would echo the whole (possibly huge) state back.
         detail = [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in error.errors()]
-        return JSONResponse({"detail": detail}, status_code=422)
+        return JSONResponse({"detail": _wire_safe(detail)}, status_code=422)
 
     @app.exception_handler(HTTPException)
     async def on_http_error(request: Request, error: HTTPException) -> JSONResponse:
@@ -257,8 +291,8 @@ def create_app(
         engine = slot.get()
         try:
             response = await engine.adecide(request.state, request.questions)
-        except (PromptError, TokenizationError, SchemaError) as error:
-            return JSONResponse({"detail": [_request_error_item(error, request)]}, status_code=422)
+        except _CALLER_ERRORS as error:
+            return JSONResponse({"detail": _request_error_detail(error, request)}, status_code=422)
         except Exception as error:  # a server fault, reported in the error shape, never as bare text
             logger.exception("the engine failed on a valid request")
             error_type = "backend_error" if isinstance(error, PcdError) else "internal_error"
@@ -288,6 +322,7 @@ def serve(
     *,
     model_name: str | None = None,
     log_level: str = "info",
+    limits: Limits = DEFAULT_LIMITS,
 ) -> None:
     """Run the server with uvicorn until interrupted.
 
@@ -296,9 +331,15 @@ def serve(
     """
     uvicorn = _import_optional("uvicorn")
     if isinstance(engine_or_factory, Engine):
-        app = create_app(engine_or_factory, api_key=api_key)
+        app = create_app(engine_or_factory, api_key=api_key, limits=limits)
     elif callable(engine_or_factory):
-        app = create_app(engine_factory=engine_or_factory, model_name=model_name, api_key=api_key)
+        app = create_app(engine_factory=engine_or_factory, model_name=model_name, api_key=api_key, limits=limits)
     else:
         raise TypeError(f"serve needs an Engine or a function that loads one, not {engine_or_factory!r}")
+    warn_if_exposed(logger, "pcd serve", host, api_key)
     uvicorn.run(app, host=host, port=port, log_level=log_level)
+
+
+def _guard_body(app: "FastAPI", limits: Limits) -> None:
+    """Bodies over ``limits.max_body_bytes`` get 413 before FastAPI reads them (``pcd serve --max-body-bytes``)."""
+    app.add_middleware(BodyLimit, limits=limits)  # type: ignore[arg-type]
