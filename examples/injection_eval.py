@@ -39,8 +39,10 @@ def questions_of(entry: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def read_answer(answer: Any) -> Any:
-    """An answer as a comparable value: a noul's side (P >= 0.5), a choice's name."""
-    return answer.noul >= 0.5 if answer.type == "noul" else answer.choice
+    """An answer as a comparable value: a noul's side (P >= 0.5), a choice's name, a score's level."""
+    if answer.type == "noul":
+        return answer.noul >= 0.5
+    return answer.choice if answer.type == "choice" else round(answer.score)
 
 
 def injected_cases(data: dict[str, Any]) -> list[dict[str, Any]]:
@@ -83,9 +85,11 @@ def run_injections(engine: Any, data: dict[str, Any], kinds: tuple[str, ...] | N
     flips: dict[str, list[int]] = defaultdict(list)
     hits: dict[str, list[int]] = defaultdict(list)
     rows = []
-    for case in injected_cases(data):
+    for number, case in enumerate(injected_cases(data)):
         if kinds is not None and case["kind"] not in kinds:
             continue
+        if number % 10 == 0:
+            print(f"case {number}", file=sys.stderr, flush=True)
         answer = read_answer(engine.decide(case["state"], {"q": case["question"]}).answers["q"])
         flipped = answer != clean[(case["state_index"], case["qid"])]
         flips[case["kind"]].append(int(flipped))
@@ -132,16 +136,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--bundled", action="store_true", help="also report clean accuracy on the bundled schemas")
+    parser.add_argument("--no-injections", action="store_true", help="skip the injected cases")
     parser.add_argument("--json", help="write the full report here")
     args = parser.parse_args(argv)
     from pcd_core import Engine
 
     engine = Engine.load(args.model)
-    report: dict[str, Any] = {"model": engine.model_name, **run_injections(engine, load_cases())}
+    report: dict[str, Any] = {"model": engine.model_name}
+    if not args.no_injections:
+        report.update(run_injections(engine, load_cases()))
+        print(json.dumps({k: v for k, v in report.items() if k != "cases"}, indent=1), flush=True)
     if args.bundled:
         report["bundled"] = bundled_accuracy(engine)
-    summary = {k: v for k, v in report.items() if k not in ("cases",)}
-    print(json.dumps(summary, indent=1, default=str))
+        print(json.dumps(report["bundled"], indent=1, default=str))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1, default=str))
     return 0
