@@ -75,7 +75,7 @@ class TextError(PromptError):
         super().__init__(f"{'.'.join(map(str, loc))}: {message}" if loc else message)
 
 
-class LimitError(PcdError, ValueError):
+class LimitError(RequestError):
     """A request over one of the bounds in ``pcd_core/limits.py``; the message names the setting."""
 
     def __init__(self, setting: str, value: int, limit: int, what: str) -> None:

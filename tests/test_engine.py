@@ -5,9 +5,10 @@ import threading
 from typing import Literal
 
 import pytest
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field
 
 from pcd_core import ChoiceAnswer, NoulAnswer, PromptError, SchemaError, ScoreAnswer
+from pcd_core.errors import RequestError
 
 TEXT = "I was billed twice for March ($49 each). Refund the duplicate within 12 hours or I cancel."
 
@@ -175,13 +176,13 @@ def test_many_options_use_two_letter_codes_and_names_come_back_byte_for_byte(eng
 )
 def test_invalid_questions_are_rejected_before_the_model(engine, question):
     passes = engine.backend.forward_passes
-    with pytest.raises(ValidationError):
+    with pytest.raises(RequestError):  # a PcdError that keeps pydantic's details
         engine.decide(STATE, {"q": question})
     assert engine.backend.forward_passes == passes
 
 
 def test_an_empty_question_set_is_rejected(engine):
-    with pytest.raises(ValidationError):
+    with pytest.raises(RequestError):  # a PcdError that keeps pydantic's details
         engine.decide(STATE, {})
 
 
