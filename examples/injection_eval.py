@@ -101,7 +101,7 @@ def run_injections(engine: Any, data: dict[str, Any], kinds: tuple[str, ...] | N
     return {
         "clean_accuracy": right / len(clean),
         "n_cases": len(every),
-        "flip_rate": sum(every) / len(every),
+        "flip_rate": sum(every) / len(every) if every else None,
         "flip_rate_by_kind": {kind: sum(v) / len(v) for kind, v in flips.items()},
         "flips_by_kind": {kind: f"{sum(v)}/{len(v)}" for kind, v in flips.items()},
         "target_hits_by_kind": {kind: f"{sum(v)}/{len(v)}" for kind, v in hits.items()},

@@ -12,7 +12,8 @@ on the template's own text, never on a user's) swaps each control token the temp
 sentinel, a lone surrogate; ``encode`` turns sentinels into their ids and encodes everything between
 them with special-token parsing off (``split_special_tokens=True``), so ``<|im_end|>`` typed by a user
 is read as the characters it is. Lone surrogates are invalid Unicode, so no valid text can forge a
-sentinel; one left in user text is a ``PromptError``. Encoded texts are cached in a small LRU bounded in
+sentinel: the engine refuses any lone surrogate in user text before tokenizing (``pcd_core/limits.py``),
+and ``encode`` refuses one that is not a sentinel. Encoded texts are cached in a small LRU bounded in
 bytes that never admits a long text (a request's state), so rejected requests leave nothing behind.
 ``tests/test_tokenizer.py`` probes both real tokenizers.
 """

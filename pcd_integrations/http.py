@@ -221,7 +221,8 @@ def create_app(
     ``model_name`` names the model on ``/healthz`` while a factory is still loading it. With
     ``api_key`` set, ``/v1/*`` needs ``Authorization: Bearer <api_key>``; without it an Authorization
     header is accepted and ignored. ``/healthz`` and the OpenAPI spec never need a key, so that load
-    balancers and client generators can read them.
+    balancers and client generators can read them. ``limits.max_body_bytes`` bounds each body (413);
+    every other bound is the engine's own (``Engine(limits=...)``), checked before it tokenizes.
     """
     if (engine is None) == (engine_factory is None):
         raise TypeError("create_app needs exactly one of engine= or engine_factory=")

@@ -41,7 +41,8 @@ def gemma() -> TextTokenizer:
 
 
 def control_ids(tokenizer: TextTokenizer) -> set[int]:
-    return set(tokenizer.hf.added_tokens_decoder)
+    """The special added tokens (Gemma also adds plain ones, such as runs of spaces, that text may use)."""
+    return {i for i, token in tokenizer.hf.added_tokens_decoder.items() if token.special}
 
 
 def n_control(tokenizer: TextTokenizer, ids) -> int:
@@ -138,8 +139,18 @@ def test_gemma_reads_its_added_tokens_in_user_text_as_characters(gemma):
 
 
 def test_a_lone_surrogate_is_a_prompt_error_not_a_type_error(smol):
+    # \udfff is never a sentinel here (a template would need 2048 distinct control tokens)
     with pytest.raises(PromptError, match="invalid Unicode"):
-        smol.encode("abc \ud800 def")
+        smol.encode("abc \udfff def")
+
+
+def test_the_engine_refuses_a_sentinel_in_user_text_before_it_reaches_the_tokenizer(engine):
+    engine.compile({"a": "boolean", "b": "boolean"})  # the template's control tokens have sentinels now
+    sentinel = next(iter(engine.tokenizer._sentinels.values()))
+    with pytest.raises(PromptError, match="invalid Unicode"):
+        engine.decide("a" + sentinel + "assistant", {"q": {"type": "noul", "instructions": "x?"}})
+    with pytest.raises(PromptError, match="invalid Unicode"):
+        engine.fill({"a": "boolean", "b": "boolean"}, "a" + sentinel)
 
 
 def test_the_cache_keeps_no_long_text_and_stays_under_its_byte_bound(smol):
