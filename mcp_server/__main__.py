@@ -93,6 +93,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="streamable HTTP answers as one application/json body instead of an SSE stream (PCD_MCP_JSON_RESPONSE=1)",
     )
     add(
+        "--api-key-env",
+        metavar="VAR",
+        default=env("PCD_MCP_API_KEY_ENV"),
+        help="streamable-http only: require 'Authorization: Bearer <key>', the key read from environment "
+        "variable VAR (PCD_MCP_API_KEY_ENV)",
+    )
+    add(
+        "--max-body-bytes",
+        type=_positive_int,
+        default=env("PCD_MCP_MAX_BODY_BYTES", str(1 << 20)),
+        help="streamable-http only: refuse request bodies over this many bytes with 413 "
+        "(PCD_MCP_MAX_BODY_BYTES; default 1048576)",
+    )
+    add(
         "--log-level",
         default=env("PCD_LOG_LEVEL", "INFO"),
         help=f"one of {', '.join(LOG_LEVELS)} (PCD_LOG_LEVEL; default INFO)",
@@ -128,6 +142,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error(f"--dtype must be one of {', '.join(DTYPES)}, got {args.dtype!r}")
     if args.log_level not in LOG_LEVELS:
         parser.error(f"--log-level must be one of {', '.join(LOG_LEVELS)}, got {args.log_level!r}")
+    args.api_key = None
+    if args.api_key_env is not None:
+        if args.transport != "streamable-http":
+            parser.error("--api-key-env needs --transport streamable-http; stdio has no one to authenticate")
+        args.api_key = os.environ.get(args.api_key_env)
+        if not args.api_key:
+            parser.error(f"--api-key-env {args.api_key_env}: that environment variable is unset or empty")
     if args.model is not None:
         from pcd_core import PcdError
         from pcd_core.models import resolve
@@ -146,6 +167,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     # Imported after the checks: pulling in the engine and the SDK takes a while.
     from mcp_server.server import serve
     from pcd_core import Engine
+    from pcd_core.limits import Limits
 
     load = functools.partial(
         Engine.load,
@@ -165,6 +187,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         log_level=args.log_level,
         stateless=args.stateless,
         json_response=args.json_response,
+        api_key=args.api_key,
+        limits=Limits(max_body_bytes=args.max_body_bytes),
     )
 
 

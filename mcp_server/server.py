@@ -43,7 +43,9 @@ from pcd_core import (
     __version__,
     parse_schema,
 )
-from pcd_core.questions import DecideRequest, DecideResponse
+from pcd_core.errors import LimitError, RequestError
+from pcd_core.limits import DEFAULT_LIMITS, Limits, check_decide, check_fill
+from pcd_core.questions import DecideResponse
 
 from .loading import EngineFactory, EngineLoader, engine_for
 from .results import (
@@ -69,7 +71,7 @@ QuestionText = Annotated[
     Field(description="The question to answer about the state: plain words, or a JSON object or array."),
 ]
 _TOOL_ANNOTATIONS = ToolAnnotations(read_only_hint=True, open_world_hint=False, idempotent_hint=True)
-_CALLER_ERRORS = (SchemaError, PromptError, TokenizationError, ValidationError)
+_CALLER_ERRORS = (SchemaError, PromptError, TokenizationError, LimitError, RequestError, ValidationError)
 # the wire names of question fields, as the single-question tools call them
 _NAMES = {"instructions": "question"}
 _CHOICE_NAMES = {**_NAMES, "criteria": "options"}
@@ -82,14 +84,20 @@ def _caller_error(exc: Exception, names: dict[str, str] | None = None) -> ToolEr
     `names` maps wire field names to this tool's argument names (`criteria` is `options` in `choice`),
     so that the message names what the caller actually sent.
     """
-    if isinstance(exc, ValidationError):
+    items = exc.errors() if isinstance(exc, ValidationError) else exc.errors if isinstance(exc, RequestError) else ()
+    if items:
         names = names or {}
         problems = "; ".join(
             f"{'.'.join(names.get(str(part), str(part)) for part in err['loc']) or 'value'}: {err['msg']}"
-            for err in exc.errors()
+            for err in items
         )
-        return ToolError(f"invalid arguments: {problems}")
-    return ToolError(str(exc))
+        return ToolError(_wire_safe(f"invalid arguments: {problems}"))
+    return ToolError(_wire_safe(str(exc)))
+
+
+def _wire_safe(text: str) -> str:
+    """Lone surrogates as escapes, so that the error message itself always encodes."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _checked(build: Callable[[], Any], names: dict[str, str] | None = None) -> Any:
@@ -101,12 +109,17 @@ def _checked(build: Callable[[], Any], names: dict[str, str] | None = None) -> A
 
 
 def build_server(
-    engine_or_factory: Engine | EngineFactory, *, name: str = "pcd", log_level: LogLevel = "INFO"
+    engine_or_factory: Engine | EngineFactory,
+    *,
+    name: str = "pcd",
+    log_level: LogLevel = "INFO",
+    limits: Limits = DEFAULT_LIMITS,
 ) -> MCPServer:
     """An MCP server whose tools answer on `engine_or_factory`.
 
     Pass an `Engine` to serve it as is, or a zero-argument factory (such as a `functools.partial` of
-    `Engine.load`) to load it in the background when the server starts.
+    `Engine.load`) to load it in the background when the server starts. ``limits`` bounds each call
+    before the model is waited for (the engine applies its own as well).
     """
     loader = EngineLoader(engine_or_factory, thread_name="pcd-mcp-load")
 
@@ -254,7 +267,7 @@ def build_server(
         ],
         ctx: Context,
     ) -> DecideResult:
-        _checked(lambda: DecideRequest(state=state, questions=questions))
+        _checked(lambda: check_decide(limits, state, questions))
         resp = await decide_on(ctx, state, questions)
         return DecideResult(model=resp.model, answers=resp.answers, usage=resp.usage)
 
@@ -273,7 +286,7 @@ def build_server(
         schema: Annotated[dict[str, Any], Field(description="A JSON Schema object with closed properties.")],
         ctx: Context,
     ) -> FillResult:
-        _checked(lambda: parse_schema(schema))
+        _checked(lambda: check_fill(limits, parse_schema(schema), state))
         engine = await engine_for(loader, ctx)
         try:
             ex = await engine.afill(schema, state)
@@ -311,20 +324,47 @@ def serve(
     log_level: LogLevel = "INFO",
     stateless: bool = False,
     json_response: bool = False,
+    api_key: str | None = None,
+    limits: Limits = DEFAULT_LIMITS,
 ) -> None:
     """Serve the tools until the client goes away (stdio) or the process is stopped (HTTP, at /mcp).
 
     ``stateless`` and ``json_response`` are the SDK's streamable-HTTP settings: no session ids, and one
-    JSON body per request instead of an SSE stream. Either way the model loads once per process.
+    JSON body per request instead of an SSE stream. Either way the model loads once per process. Over
+    HTTP, ``api_key`` requires ``Authorization: Bearer <key>`` on every request, and bodies over
+    ``limits.max_body_bytes`` get 413 before the SDK parses them.
     """
-    server = build_server(engine_or_factory, log_level=log_level)
+    server = build_server(engine_or_factory, log_level=log_level, limits=limits)
     if transport == "stdio":
         server.run()
-    else:
-        server.run(
-            transport="streamable-http",
-            host=host,
-            port=port,
-            stateless_http=stateless,
-            json_response=json_response,
-        )
+        return
+    import uvicorn
+
+    app = http_app(server, host, api_key, limits, stateless=stateless, json_response=json_response)
+    uvicorn.run(app, host=host, port=port, log_level=log_level.lower())
+
+
+def http_app(
+    server: MCPServer,
+    host: str,
+    api_key: str | None,
+    limits: Limits = DEFAULT_LIMITS,
+    *,
+    stateless: bool = False,
+    json_response: bool = False,
+) -> Any:
+    """The streamable-HTTP ASGI app at /mcp, behind the body-size bound and, with a key, the bearer check."""
+    import logging
+
+    from pcd_integrations.guards import BearerAuth, BodyLimit, warn_if_exposed
+
+    app: Any = server.streamable_http_app(
+        max_request_body_size=limits.max_body_bytes,
+        host=host,
+        stateless_http=stateless,
+        json_response=json_response,
+    )
+    if api_key:
+        app = BearerAuth(app, api_key)
+    warn_if_exposed(logging.getLogger(__name__), "pcd-mcp", host, api_key)
+    return BodyLimit(app, limits)

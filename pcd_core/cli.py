@@ -115,7 +115,10 @@ def cmd_fill(args: argparse.Namespace) -> int:
     if args.jsonl:
         return _fill_jsonl(args, schema, _read_jsonl(args.jsonl))
     if args.input:
-        text = Path(args.input).read_text(encoding="utf-8")
+        try:
+            text = Path(args.input).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as error:
+            raise PcdError(f"cannot read input {args.input!r}: {error}") from error
     elif case_input is not None:
         text = case_input
     else:
@@ -238,7 +241,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from pcd_integrations.http import serve
     except ImportError as error:
         raise PcdError(f"{error}; run: pip install 'pcd-engine[http]'") from error
-    serve(lambda: _load_engine(args), host=args.host, port=args.port, api_key=api_key, model_name=args.model)
+    from .limits import Limits
+
+    limits = Limits(max_body_bytes=args.max_body_bytes)
+    serve(
+        lambda: _load_engine(args),
+        host=args.host,
+        port=args.port,
+        api_key=api_key,
+        model_name=args.model,
+        limits=limits,
+    )
     return 0
 
 
@@ -250,6 +263,12 @@ def add_serve(commands: Any) -> None:
         "--api-key-env",
         metavar="VAR",
         help="require 'Authorization: Bearer <key>', the key read from environment variable VAR",
+    )
+    serve.add_argument(
+        "--max-body-bytes",
+        type=_positive,
+        default=1 << 20,
+        help="refuse request bodies over this many bytes with 413 (default 1048576)",
     )
     _add_model_options(serve)
     serve.set_defaults(run=cmd_serve)

@@ -1,8 +1,8 @@
 """Jev-style questions over one state: what ``Engine.decide`` does before and after its one pass.
 
-``plan_decide`` needs no model, so the engine runs it before taking the model lock: it validates the
-request, renders each question's row after the state and checks that the longest one fits the
-context. The state is then read as the trunk that every question's row hangs from, in the same
+``plan_decide`` needs no model, so the engine runs it before taking the model lock, on a request
+already validated and bounded (``limits.check_decide``): it renders each question's row after the
+state and checks that the longest one fits the context. The state is then read as the trunk that every question's row hangs from, in the same
 pass (``Engine._read``, the path ``fill`` reads its request with): a warm request is one forward
 pass, a cold one two, for one question or sixty-four. ``DecidePlan.respond`` turns the readouts into
 typed answers.
@@ -11,7 +11,6 @@ typed answers.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from .asking import AskedQuestion, as_text, ask
 from .decoding import DecisionTask
@@ -48,10 +47,9 @@ class DecidePlan:
 
 
 def plan_decide(
-    tokenizer: TextTokenizer, prompt: PromptParts, state: Any, questions: dict[str, Any], context_length: int
+    tokenizer: TextTokenizer, prompt: PromptParts, request: DecideRequest, context_length: int
 ) -> DecidePlan:
-    """Validate and render a request; a bad one raises here, before any pass."""
-    request = DecideRequest(state=state, questions=questions)
+    """Render a validated request (``limits.check_decide``); a state too long raises here, before any pass."""
     head_ids = tokenizer.encode_head(prompt.head)
     state_text = prompt.head + normalise_input(as_text(request.state))
     whole = tokenizer.encode_head(state_text)

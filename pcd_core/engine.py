@@ -35,6 +35,7 @@ from .decoding import DecisionTask, Decoded, DecodeOptions, RoundStats, decode
 from .errors import PromptError
 from .generation import GeneratedField, GenerationStats, generate_open_fields
 from .grammar import GrammarTokenizer
+from .limits import DEFAULT_LIMITS, Limits, check_decide, check_fill
 from .models import DEFAULT_MODEL, load_backend
 from .prompt import PromptParts
 from .questions import DecideResponse
@@ -84,7 +85,9 @@ class Engine:
         *,
         head_cache_size: int = 8,
         schema_cache_size: int = 64,
+        limits: Limits = DEFAULT_LIMITS,
     ) -> None:
+        self.limits = limits  # per-request bounds, checked before any tokenizing (pcd_core/limits.py)
         self.backend = backend
         self.tokenizer = tokenizer
         self.model_name = model_name
@@ -218,6 +221,7 @@ class Engine:
         the given options' strategy). ``task`` is an instruction put into the prompt after the
         generic ones ("Triage the following support ticket."); each task text gets its own head.
         """
+        check_fill(self.limits, parse_schema(schema), text)  # bounds and readable text first
         options = _options(options, strategy)
         started = time.perf_counter()
         compiled = self.compile(schema, task)
@@ -386,7 +390,8 @@ class Engine:
         # everything that needs no model runs before the lock, so concurrent requests overlap here
         if self._decide_prompt is None:
             self._decide_prompt = render_decide_prompt(self.tokenizer)
-        plan = plan_decide(self.tokenizer, self._decide_prompt, state, questions, self.context_length)
+        request = check_decide(self.limits, state, questions)  # bounds and readable text first
+        plan = plan_decide(self.tokenizer, self._decide_prompt, request, self.context_length)
         stats = Stats(compile_ms=_ms(started))
         rounds = RoundStats()
         with self._lock:

@@ -59,3 +59,35 @@ class BackendUnavailableError(BackendError, ImportError):
         super().__init__(
             f"the {extra!r} backend needs {module!r}, which is not installed; run: pip install 'pcd-engine[{extra}]'"
         )
+
+
+# -- bad requests: a malformed call, text the tokenizer must not read, a request over a bound ---------
+class RequestError(PcdError, ValueError):
+    """A call whose arguments do not form a request (``state=5``, ``questions=None``, an unknown type).
+
+    ``errors`` keeps pydantic's details as ``{"loc", "msg", "type"}`` items, so that HTTP can answer them
+    in its own ``detail[]`` shape.
+    """
+
+    def __init__(self, message: str, *, errors: tuple[dict, ...] = ()) -> None:
+        self.errors = errors
+        super().__init__(message)
+
+
+class TextError(PromptError):
+    """User text that cannot be read as written: invalid Unicode, or a number JSON cannot hold.
+
+    ``loc`` names where it is, as a path into the request (``("questions", "q1", "criteria", "A")``).
+    """
+
+    def __init__(self, message: str, *, loc: tuple[str | int, ...]) -> None:
+        self.loc = loc
+        super().__init__(f"{'.'.join(map(str, loc))}: {message}" if loc else message)
+
+
+class LimitError(RequestError):
+    """A request over one of the bounds in ``pcd_core/limits.py``; the message names the setting."""
+
+    def __init__(self, setting: str, value: int, limit: int, what: str) -> None:
+        self.setting, self.value, self.limit = setting, value, limit
+        super().__init__(f"{what}: {value} is over the limit of {limit} ({setting})")

@@ -6,11 +6,18 @@ key with every allowed value, the start of the user turn) is the same for every 
 and is prefilled once; the *tail* closes the user turn and opens the assistant turn. A template that
 drops or repeats the marker is a ``PromptError``. Models without a template get a plain layout, and a
 template that rejects the system role gets the system text merged into the user turn.
-``tests/test_prompt.py`` renders all three.
+
+The template is rendered around placeholders for the system text and the input, never around user
+text, and only that rendering is handed to ``TextTokenizer.mark_control_tokens``: the template's own
+control tokens stay control tokens, while the catalog (field names, descriptions, labels) and the
+input are read as plain characters, whatever they contain (``tests/test_tokenizer.py``). The input is
+fenced by ``fence``, whose nonce hashes the text, so the text cannot close its own fence.
+``tests/test_prompt.py`` renders all three layouts.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -19,6 +26,7 @@ from .errors import PromptError
 from .schema import Field, OpenField, Schema
 
 MARKER = "\u27e6pcd:input\u27e7"
+SYSTEM_MARKER = "\u27e6pcd:system\u27e7"
 
 INSTRUCTIONS = (
     "You are a careful classifier. Read the input, then write one JSON object that has exactly the "
@@ -30,6 +38,7 @@ MIXED_INSTRUCTIONS = (
     "below, in this order. Where a key lists allowed values, copy one of them exactly; otherwise write "
     "the value the key describes, taken from the input."
 )
+FENCE_NONCE_CHARS = 16  # 64 bits: finding a text that contains its own closing line takes ~2**64 hashes
 
 
 class ChatTemplater(Protocol):
@@ -41,6 +50,10 @@ class ChatTemplater(Protocol):
     def apply_chat_template(self, conversation: list[dict[str, str]], **kwargs: Any) -> Any: ...
 
 
+def _keep(text: str) -> str:
+    return text
+
+
 @dataclass(frozen=True)
 class PromptParts:
     head: str
@@ -48,7 +61,7 @@ class PromptParts:
     layout: str  # "chat", "chat-merged-system" or "plain"
 
     def request_text(self, text: str) -> str:
-        return normalise_input(text) + self.tail
+        return fence("INPUT", normalise_input(text)) + self.tail
 
 
 def normalise_input(text: str) -> str:
@@ -59,6 +72,17 @@ def normalise_input(text: str) -> str:
     if not stripped:
         raise PromptError("the input is empty")
     return stripped
+
+
+def fence(kind: str, text: str) -> str:
+    """``text`` between an opening and a closing line that carry a nonce hashed from ``text`` itself.
+
+    Text that writes a closing line of its own cannot know the nonce its own hash gives, so the data
+    cannot end its block and speak as the prompt; the same text always gets the same fence, so results
+    stay deterministic and the head, which holds no nonce, stays cached.
+    """
+    nonce = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:FENCE_NONCE_CHARS]
+    return f"<<<{kind} {nonce}>>>\n{text}\n<<<END {nonce}>>>"
 
 
 def catalog_line(field: Field) -> str:
@@ -128,23 +152,32 @@ def system_text(schema: Schema, task: str = "") -> str:
 
 
 def render(tokenizer: ChatTemplater, system: str, user_prefix: str, opener: str) -> PromptParts:
-    """Render ``system`` and ``user_prefix + <input>`` through the template and split at the input."""
+    """Render ``system`` and ``user_prefix + <input>`` through the template and split at the input.
+
+    ``system`` may hold user text (the catalog), so it is put in after the control tokens are marked.
+    """
     user = user_prefix + MARKER
     if not getattr(tokenizer, "chat_template", None):
-        text, layout = f"{system}\n\n{user}\n\nOutput:\n", "plain"
+        text, layout = f"{SYSTEM_MARKER}\n\n{user}\n\nOutput:\n", "plain"
     else:
         try:
-            text = _apply(tokenizer, [{"role": "system", "content": system}, {"role": "user", "content": user}])
-            layout = "chat"
+            messages = [{"role": "system", "content": SYSTEM_MARKER}, {"role": "user", "content": user}]
+            text, layout = _apply(tokenizer, messages), "chat"
         except Exception as error:  # templates signal a rejected system role by raising
             if "system" not in str(error).lower():
                 raise PromptError(f"the chat template failed: {error}") from error
-            text = _apply(tokenizer, [{"role": "user", "content": f"{system}\n\n{user}"}])
+            text = _apply(tokenizer, [{"role": "user", "content": f"{SYSTEM_MARKER}\n\n{user}"}])
             layout = "chat-merged-system"
-    if text.count(MARKER) != 1:
-        raise PromptError(f"the chat template kept {text.count(MARKER)} copies of the input slot instead of one")
-    head, tail = text.split(MARKER)
-    return PromptParts(head=head, tail=tail + opener, layout=layout)
+    for marker, slot in ((MARKER, "input"), (SYSTEM_MARKER, "system")):
+        if text.count(marker) != 1:
+            raise PromptError(f"the chat template kept {text.count(marker)} copies of the {slot} slot instead of one")
+    if text.index(SYSTEM_MARKER) > text.index(MARKER):
+        raise PromptError("the chat template put the system text after the input")
+    mark = getattr(tokenizer, "mark_control_tokens", _keep)
+    before_system, rest = text.split(SYSTEM_MARKER)
+    between, tail = rest.split(MARKER)
+    head = mark(before_system) + system + mark(between)
+    return PromptParts(head=head, tail=mark(tail) + opener, layout=layout)
 
 
 def _apply(tokenizer: ChatTemplater, messages: list[dict[str, str]]) -> str:

@@ -152,6 +152,10 @@ def make_field(name: str, values: list[Any], description: str = "", depends_on: 
         raise SchemaError(f"only one allowed value ({values[0]!r}); a decision needs two", field=name)
     if isinstance(depends_on, str):
         depends_on = (depends_on,)
+    if not isinstance(depends_on, list | tuple) or not all(isinstance(d, str) for d in depends_on):
+        raise SchemaError(f"depends_on must be a field name or a list of them, not {depends_on!r}", field=name)
+    if not isinstance(description, str | None):
+        raise SchemaError(f"the description must be a string, not {description!r}", field=name)
     return Field(name, str(description or ""), tuple(labels), tuple(depends_on))
 
 
@@ -164,6 +168,8 @@ def _closed_values(name: str, spec: Mapping[str, Any], defs: Mapping[str, Any]) 
             raise SchemaError(f"cannot resolve $ref {ref!r}", field=name)
         return _closed_values(name, {**defs[key], **{k: v for k, v in spec.items() if k != "$ref"}}, defs)
     if "enum" in spec:
+        if not isinstance(spec["enum"], list | tuple):
+            raise SchemaError(f"enum must be a list of values, not {spec['enum']!r}", field=name)
         return list(spec["enum"])
     if "const" in spec:
         return [spec["const"]]
@@ -404,7 +410,18 @@ def _typed_dict_json_schema(typed_dict: type) -> dict[str, Any]:
 
 
 def parse_schema(schema: Any) -> Schema:
-    """Any accepted schema form to a ``Schema``; a ``SchemaError`` for anything else."""
+    """Any accepted schema form to a ``Schema``; a ``SchemaError`` for anything else.
+
+    A spec of the wrong shape deep inside (``"enum": 5``, ``"anyOf": "x"``) would fail as a generic
+    ``TypeError`` where it is first used; it is reported as the ``SchemaError`` it is.
+    """
+    try:
+        return _parse_schema(schema)
+    except (TypeError, AttributeError, KeyError, RecursionError) as error:
+        raise SchemaError(f"the schema is malformed ({type(error).__name__}: {error})") from None
+
+
+def _parse_schema(schema: Any) -> Schema:
     if isinstance(schema, Schema):
         return schema
     if isinstance(schema, type) and hasattr(schema, "model_json_schema"):

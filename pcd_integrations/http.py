@@ -43,11 +43,15 @@ from pcd_core import (
     TokenizationError,
     __version__,
 )
+from pcd_core.errors import LimitError, RequestError, TextError
+from pcd_core.limits import DEFAULT_LIMITS, Limits
 from pcd_core.loading import EngineLoader
 from pcd_core.models import EMBEDDED
 from pcd_core.wire import accepts_model
 from pcd_core.wire.body import BodyError, loads_strict
 from pcd_core.wire.decisions import FIELD_NAMES, DecisionRequest, DecisionResponse, decision_response
+
+from .guards import BodyLimit, warn_if_exposed
 
 if TYPE_CHECKING:
     from fastapi import FastAPI, Request
@@ -62,6 +66,9 @@ INSTALL_HINT = "pip install 'pcd-engine[http]'"
 # Engine errors that mean "this request cannot be answered", by their System One detail type; any
 # other PcdError that is not a BackendError is the caller's too, typed by its class name.
 _REQUEST_ERRORS = (
+    (TextError, "text_error"),
+    (LimitError, "limit_error"),
+    (RequestError, "request_error"),
     (PromptError, "prompt_error"),
     (TokenizationError, "tokenization_error"),
     (SchemaError, "schema_error"),
@@ -176,13 +183,34 @@ def _model_card(engine: Engine) -> ModelCard:
     return ModelCard(name=engine.model_name, description=description, release_date=release_date)
 
 
+def _wire_safe(value: Any) -> Any:
+    """Lone surrogates written as escapes, everywhere in a JSON value: a response must always encode."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(value, dict):
+        return {_wire_safe(k): _wire_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_wire_safe(v) for v in value]
+    return value
+
+
 def _request_error(error: PcdError, where: dict[str, str | int], state_field: str) -> ApiError:
     """An engine error caused by the request, pointed at the part of the body it is about.
 
-    ``where`` maps each engine question id to its place in the body's ``questions``.
+    ``where`` maps each engine question id to its place in the body's ``questions``. A request the
+    question models refused keeps pydantic's first location; bad text names where it is.
     """
-    if isinstance(error, PromptError):
-        loc: list[str | int] = ["body", state_field]
+    if isinstance(error, RequestError) and error.errors:
+        first = error.errors[0]
+        return ApiError(
+            422, str(first.get("type", "request_error")), str(first.get("msg", error)), loc=["body", *first["loc"]]
+        )
+    if isinstance(error, TextError):
+        return ApiError(422, "text_error", str(error), loc=["body", *error.loc])
+    if isinstance(error, LimitError):
+        loc: list[str | int] = ["body"]
+    elif isinstance(error, PromptError):
+        loc = ["body", state_field]
     else:
         field = getattr(error, "field", None)
         loc = ["body", "questions", where[field]] if field in where else ["body", "questions"]
@@ -236,13 +264,15 @@ def create_app(
     engine_factory: Callable[[], Engine] | None = None,
     model_name: str | None = None,
     api_key: str | None = None,
+    limits: Limits = DEFAULT_LIMITS,
 ) -> "FastAPI":
     """Build the ASGI app for one engine, or for one that ``engine_factory`` loads in the background.
 
     ``model_name`` names the model on ``/healthz`` while a factory is still loading it. With
     ``api_key`` set, ``/v1/*`` needs ``Authorization: Bearer <api_key>``; without it an Authorization
     header is accepted and ignored. ``/healthz`` and the OpenAPI spec never need a key, so that load
-    balancers and client generators can read them.
+    balancers and client generators can read them. ``limits.max_body_bytes`` bounds each body (413);
+    every other bound is the engine's own (``Engine(limits=...)``), checked before it tokenizes.
     """
     if (engine is None) == (engine_factory is None):
         raise TypeError("create_app needs exactly one of engine= or engine_factory=")
@@ -268,6 +298,7 @@ def create_app(
         version=__version__,
     )
     app.state.engine_slot = loader
+    _guard_body(app, limits)
 
     bearer = HTTPBearer(auto_error=False, description="Required only when the server has an API key.")
 
@@ -301,16 +332,17 @@ def create_app(
     openai_errors: dict[int | str, dict[str, Any]] = {code: {"model": OpenAIErrorBody} for code in (400, 401, 404, 503)}
 
     def error_response(request: Request, error: ApiError) -> JSONResponse:
+        # every text in an error may come from the request: written so that it always encodes
         if _speaks_openai(request):
             # OpenAI answers every invalid request with 400; other codes keep their meaning
             status = 400 if error.status_code == 422 else error.status_code
             body = _openai_error(status, error.error_type, error.message, error.loc)
-            return JSONResponse(body, status_code=status, headers=error.headers)
+            return JSONResponse(_wire_safe(body), status_code=status, headers=error.headers)
         if error.status_code == 422:
             item = {"loc": error.loc or ["body"], "msg": error.message, "type": error.error_type}
-            return JSONResponse({"detail": [item]}, status_code=422, headers=error.headers)
+            return JSONResponse({"detail": [_wire_safe(item)]}, status_code=422, headers=error.headers)
         body = {"detail": {"error_type": error.error_type, "message": error.message}}
-        return JSONResponse(body, status_code=error.status_code, headers=error.headers)
+        return JSONResponse(_wire_safe(body), status_code=error.status_code, headers=error.headers)
 
     @app.exception_handler(ApiError)
     async def on_api_error(request: Request, error: ApiError) -> JSONResponse:
@@ -327,7 +359,7 @@ def create_app(
             more = f" (and {len(detail) - 1} more problems)" if len(detail) > 1 else ""
             shown = f"{param}: {message}{more}" if param else f"{message}{more}"
             return JSONResponse(_openai_error(400, str(first["type"]), shown, first["loc"]), status_code=400)
-        return JSONResponse({"detail": detail}, status_code=422)
+        return JSONResponse({"detail": _wire_safe(detail)}, status_code=422)
 
     @app.exception_handler(HTTPException)
     async def on_http_error(request: Request, error: HTTPException) -> JSONResponse:
@@ -381,6 +413,7 @@ def serve(
     *,
     model_name: str | None = None,
     log_level: str = "info",
+    limits: Limits = DEFAULT_LIMITS,
 ) -> None:
     """Run the server with uvicorn until interrupted.
 
@@ -389,9 +422,15 @@ def serve(
     """
     uvicorn = _import_optional("uvicorn")
     if isinstance(engine_or_factory, Engine):
-        app = create_app(engine_or_factory, api_key=api_key)
+        app = create_app(engine_or_factory, api_key=api_key, limits=limits)
     elif callable(engine_or_factory):
-        app = create_app(engine_factory=engine_or_factory, model_name=model_name, api_key=api_key)
+        app = create_app(engine_factory=engine_or_factory, model_name=model_name, api_key=api_key, limits=limits)
     else:
         raise TypeError(f"serve needs an Engine or a function that loads one, not {engine_or_factory!r}")
+    warn_if_exposed(logger, "pcd serve", host, api_key)
     uvicorn.run(app, host=host, port=port, log_level=log_level)
+
+
+def _guard_body(app: "FastAPI", limits: Limits) -> None:
+    """Bodies over ``limits.max_body_bytes`` get 413 before FastAPI reads them (``pcd serve --max-body-bytes``)."""
+    app.add_middleware(BodyLimit, limits=limits)  # type: ignore[arg-type]

@@ -9,7 +9,7 @@ from typing import Literal
 import numpy as np
 import pytest
 from conftest import load_case, schema_cases
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field
 
 from pcd_core import ChoiceAnswer, DecodeOptions, Engine, NoulAnswer, OptionError, PromptError, SchemaError, ScoreAnswer
 from pcd_core.asking import render_decide_prompt
@@ -17,6 +17,8 @@ from pcd_core.backends.base import pack_tree
 from pcd_core.deciding import plan_decide
 from pcd_core.decoding import DecisionTask, RoundStats, decode, plan_rows
 from pcd_core.engine import BYPASSED, after_head
+from pcd_core.errors import RequestError
+from pcd_core.questions import DecideRequest
 from pcd_core.tokenizer import TextTokenizer
 
 TEXT = "I was billed twice for March ($49 each). Refund the duplicate within 12 hours or I cancel."
@@ -207,13 +209,13 @@ def test_many_options_use_two_letter_codes_and_names_come_back_byte_for_byte(eng
 )
 def test_invalid_questions_are_rejected_before_the_model(engine, question):
     passes = engine.backend.forward_passes
-    with pytest.raises(ValidationError):
+    with pytest.raises(RequestError):  # a PcdError that keeps pydantic's details
         engine.decide(STATE, {"q": question})
     assert engine.backend.forward_passes == passes
 
 
 def test_an_empty_question_set_is_rejected(engine):
-    with pytest.raises(ValidationError):
+    with pytest.raises(RequestError):  # a PcdError that keeps pydantic's details
         engine.decide(STATE, {})
 
 
@@ -317,7 +319,10 @@ def test_decide_stats_are_exact_cold_warm_and_bypassed(engine, merging, case):
         target.decide(state, {"q": QUESTIONS["refund"]})
     response, read = _measured(target, lambda: target.decide(state, QUESTIONS))
     plan = plan_decide(
-        target.tokenizer, render_decide_prompt(target.tokenizer), state, QUESTIONS, target.context_length
+        target.tokenizer,
+        render_decide_prompt(target.tokenizer),
+        DecideRequest(state=state, questions=QUESTIONS),
+        target.context_length,
     )
     n_head = len(plan.head_ids)
     assert (after_head(plan.whole, plan.head_ids) is None) == (case == "bypassed")
@@ -395,8 +400,7 @@ def test_one_pass_decide_equals_a_state_prefill_then_the_rows(engine):
     plan = plan_decide(
         engine.tokenizer,
         render_decide_prompt(engine.tokenizer),
-        case["state"],
-        case["questions"],
+        DecideRequest(state=case["state"], questions=case["questions"]),
         engine.context_length,
     )
     head = backend.prefill(plan.head_ids)

@@ -1,0 +1,215 @@
+"""Issue 15 on the servers: what a hostile but fair client sends gets a 4xx in the protocol's shape.
+
+HTTP runs in process through httpx's ASGI transport (middleware included); MCP through the SDK's
+in-process client and, for the bearer key, over real streamable HTTP on loopback. The error paths
+need no model, so they run on the oracle engine (``pcd_core/testing.py``).
+"""
+
+import contextlib
+import json
+import logging
+import socket
+import threading
+import time
+
+import anyio
+import pytest
+
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("fastapi")
+mcp = pytest.importorskip("mcp")
+
+from mcp import Client  # noqa: E402
+from mcp.client.streamable_http import streamable_http_client  # noqa: E402
+from mcp.shared._httpx_utils import create_mcp_http_client  # noqa: E402
+
+from mcp_server import build_server  # noqa: E402
+from mcp_server.server import http_app  # noqa: E402
+from pcd_core.limits import Limits  # noqa: E402
+from pcd_core.testing import oracle_engine  # noqa: E402
+from pcd_integrations.guards import is_loopback, warn_if_exposed  # noqa: E402
+from pcd_integrations.http import create_app  # noqa: E402
+
+NOUL = {"type": "noul", "instructions": "Is it broken?"}
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@contextlib.contextmanager
+def serving(app, port: int | None = None):
+    """Run an ASGI app with uvicorn on a loopback port, in a thread; yields the base URL."""
+    import uvicorn
+
+    port = port or free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "the server never started"
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def oracle():
+    return oracle_engine()
+
+
+def post(app, body: bytes | str, **headers: str):
+    """POST raw bytes, so that a body may hold what json.dumps would never write (NaN, lone surrogates)."""
+
+    async def go():
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            content = body.encode() if isinstance(body, str) else body
+            return await client.post(
+                "/v1/systemone", content=content, headers={"content-type": "application/json", **headers}
+            )
+
+    return anyio.run(go)
+
+
+def assert_detail_422(response, *loc_part):
+    assert response.status_code == 422, response.text
+    detail = response.json()["detail"]
+    assert isinstance(detail, list) and detail
+    assert all({"loc", "msg", "type"} <= set(item) for item in detail)
+    assert any(all(part in item["loc"] for part in loc_part) for item in detail), detail
+    return detail
+
+
+# -- invalid Unicode, NaN, bounds: 422 in the detail[] shape, never a 5xx or plain text ------------
+@pytest.mark.parametrize(
+    ("body", "loc"),
+    [
+        ('{"state": "abc \\ud800 def", "questions": {"q": {"type": "noul", "instructions": "x?"}}}', ("state",)),
+        ('{"state": "abc", "questions": {"q": {"type": "noul", "instructions": "x\\ud800?"}}}', ("q", "instructions")),
+        (
+            '{"state": "abc", "questions": {"q": {"type": "choice", "instructions": "x", '
+            '"criteria": {"a\\ud800": null, "b": null}}}}',
+            ("q", "criteria"),
+        ),
+        (
+            '{"state": "abc", "questions": {"\\ud800": {"type": "noul", "instructions": "x?"}}}',
+            ("questions", "\\ud800"),
+        ),
+        # pydantic itself writes the surrogate of a key it rejects as U+FFFD; what matters is the 422
+        ('{"state": "abc", "questions": {"\\ud800": {"type": "essay"}}}', ("questions",)),
+        ('{"state": {"a": NaN}, "questions": {"q": {"type": "noul", "instructions": "x?"}}}', ("state", "a")),
+        ('{"state": [1, Infinity], "questions": {"q": {"type": "noul", "instructions": "x?"}}}', ("state", 1)),
+        ('{"state": 5, "questions": {"q": {"type": "noul", "instructions": "x?"}}}', ("state",)),
+    ],
+)
+def test_bad_text_and_numbers_get_422_in_the_detail_shape(oracle, body, loc):
+    assert_detail_422(post(create_app(oracle), body), *loc)
+
+
+def test_too_many_questions_get_422_naming_the_limit(oracle):
+    questions = {f"q{i}": NOUL for i in range(2000)}
+    detail = assert_detail_422(post(create_app(oracle), json.dumps({"state": "s", "questions": questions})))
+    assert "max_questions" in detail[0]["msg"] and "200" in detail[0]["msg"]
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_a_body_over_the_bound_gets_413_in_the_error_shape(oracle, chunked):
+    app = create_app(oracle, limits=Limits(max_body_bytes=2000))
+    body = json.dumps({"state": "x" * 5000, "questions": {"q": NOUL}}).encode()
+
+    async def go():
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+
+            async def stream():
+                for start in range(0, len(body), 1000):
+                    yield body[start : start + 1000]
+
+            return await client.post("/v1/systemone", content=stream() if chunked else body)
+
+    response = anyio.run(go)
+    assert response.status_code == 413
+    assert response.json()["detail"]["error_type"] == "payload_too_large"
+    assert "max_body_bytes" in response.json()["detail"]["message"]
+    assert post(app, json.dumps({"state": "small", "questions": {"q": NOUL}})).status_code == 200
+
+
+# -- MCP: tool errors carry the message -----------------------------------------------------------
+@pytest.mark.parametrize(
+    ("tool", "arguments", "words"),
+    [
+        ("decide", {"state": "s", "questions": {f"q{i}": NOUL for i in range(2000)}}, "max_questions"),
+        ("noul", {"state": "abc \ud800", "question": "x?"}, "invalid Unicode"),
+        # the SDK's client cannot send a surrogate in a key, so the values carry them here
+        ("score", {"state": "s", "question": "how?", "levels": ["low", "hi\ud800"]}, "invalid Unicode"),
+        ("fill", {"state": "text", "schema": {"a": {"type": "boolean", "depends_on": 5}}}, "depends_on"),
+        (
+            "fill",
+            {"state": "a\ud800", "schema": {"a": {"type": "boolean"}, "b": {"type": "boolean"}}},
+            "invalid Unicode",
+        ),
+    ],
+)
+async def test_mcp_tool_errors_carry_the_real_message(oracle, tool, arguments, words):
+    async with Client(build_server(oracle), raise_exceptions=True) as client:
+        result = await client.call_tool(tool, arguments)
+        assert result.is_error and words in result.content[0].text, result.content
+        assert not (await client.call_tool("noul", {"state": "fine", "question": "ok?"})).is_error
+
+
+# -- bearer key on MCP over HTTP, and the loud warning ---------------------------------------------
+async def test_mcp_over_http_requires_the_bearer_key(oracle):
+    app = http_app(build_server(oracle), "127.0.0.1", "s3cret")
+    with serving(app) as url:
+        async with httpx.AsyncClient() as plain:
+            refused = await plain.post(f"{url}/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "ping"})
+        assert refused.status_code == 401 and refused.json()["detail"]["error_type"] == "unauthorized"
+        keyed = create_mcp_http_client(headers={"Authorization": "Bearer s3cret"})
+        async with Client(streamable_http_client(f"{url}/mcp", http_client=keyed)) as client:
+            result = await client.call_tool("noul", {"state": "fine", "question": "ok?"})
+            assert not result.is_error
+
+
+async def test_mcp_over_http_refuses_a_body_over_the_bound(oracle):
+    app = http_app(build_server(oracle), "127.0.0.1", None, Limits(max_body_bytes=500))
+    with serving(app) as url:
+        async with httpx.AsyncClient() as plain:
+            response = await plain.post(f"{url}/mcp", content=b"{" + b" " * 1000 + b"}")
+    assert response.status_code == 413 and response.json()["detail"]["error_type"] == "payload_too_large"
+
+
+def test_both_servers_warn_when_exposed_without_a_key(oracle, caplog, monkeypatch):
+    import uvicorn
+
+    from mcp_server.server import serve as serve_mcp
+    from pcd_integrations.http import serve as serve_http
+
+    monkeypatch.setattr(uvicorn, "run", lambda *args, **kwargs: None)
+    with caplog.at_level(logging.WARNING):
+        serve_http(oracle, host="0.0.0.0")
+        serve_mcp(oracle, transport="streamable-http", host="0.0.0.0")
+        serve_http(oracle, host="127.0.0.1")
+        serve_http(oracle, host="0.0.0.0", api_key="k")
+    loud = [r.getMessage() for r in caplog.records if "WITHOUT an API key" in r.getMessage()]
+    assert len(loud) == 2 and "pcd serve" in loud[0] and "pcd-mcp" in loud[1]
+    assert is_loopback("::1") and is_loopback("localhost") and not is_loopback("10.0.0.1")
+    assert not warn_if_exposed(logging.getLogger("t"), "x", "127.0.0.1", None)
+
+
+def test_pcd_mcp_reads_the_key_from_the_named_variable(monkeypatch, capsys):
+    from mcp_server.__main__ import parse_args
+
+    monkeypatch.setenv("MY_KEY", "abc")
+    args = parse_args(["--transport", "streamable-http", "--api-key-env", "MY_KEY"])
+    assert args.api_key == "abc"
+    monkeypatch.delenv("MY_KEY")
+    with pytest.raises(SystemExit) as exited:
+        parse_args(["--transport", "streamable-http", "--api-key-env", "MY_KEY"])
+    assert exited.value.code == 2 and "unset or empty" in capsys.readouterr().err
