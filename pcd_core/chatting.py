@@ -20,7 +20,7 @@ import numpy as np
 
 from .backends.base import Backend, Prefix, Rows
 from .errors import PromptError
-from .prompt import MARKER
+from .limits import check_text
 from .tokenizer import TextTokenizer
 
 Message = dict[str, Any]
@@ -58,18 +58,30 @@ def as_messages(messages: str | Sequence[Message]) -> list[Message]:
 
 
 def render_chat(tokenizer: TextTokenizer, messages: list[Message]) -> tuple[str, str]:
-    """The prompt split into (head, rest): the head ends where the last message's content starts."""
-    marked = [*messages[:-1], {**messages[-1], "content": MARKER + messages[-1]["content"]}]
+    """The prompt split into (head, rest): the head ends where the last message's content starts.
+
+    Each content goes into the template as a placeholder; only the template's own text is marked for
+    control tokens (``TextTokenizer.mark_control_tokens``), so a typed ``<|im_end|>`` in a message is
+    read as the characters it is, never as the end of a turn.
+    """
+    for index, message in enumerate(messages):
+        check_text(message["content"], ("messages", index, "content"))
+    slots = [f"\u27e6pcd:message{index}\u27e7" for index in range(len(messages))]
+    marked = [{**message, "content": slot} for message, slot in zip(messages, slots)]
     if tokenizer.chat_template:
         text = str(
             tokenizer.apply_chat_template(marked, tokenize=False, add_generation_prompt=True, enable_thinking=False)
         )
     else:  # a base model: plain role-tagged turns, then the assistant's turn opened
         text = "".join(f"{m['role'].capitalize()}: {m['content']}\n\n" for m in marked) + "Assistant:"
-    if text.count(MARKER) != 1:
-        raise PromptError("the chat template dropped or repeated the last message")
-    head, rest = text.split(MARKER)
-    return head, rest
+    pieces: list[str] = []
+    for slot, message in zip(slots, messages):
+        if text.count(slot) != 1:
+            raise PromptError("the chat template dropped or repeated a message")
+        before, text = text.split(slot)
+        pieces += [tokenizer.mark_control_tokens(before), message["content"]]
+    head = "".join(pieces[:-1])
+    return head, pieces[-1] + tokenizer.mark_control_tokens(text)
 
 
 def stream_tokens(

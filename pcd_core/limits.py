@@ -90,8 +90,14 @@ def check_decide(limits: Limits, state: Any, questions: Any) -> DecideRequest:
 
 def check_fill(limits: Limits, schema: Schema, text: Any) -> None:
     """Bounds and readable text for one fill: the schema's fields and labels, then the input."""
-    _at_most(limits, "max_fields", len(schema.fields), "the number of fields")
+    _at_most(limits, "max_fields", len(schema.fields) + len(schema.open_fields), "the number of fields")
     row_tokens = 0
+    for item in schema.open_fields:  # generated fields: their key, description and schema are user text
+        loc = ("schema", item.name)
+        check_text(item.name, loc)
+        check_text(item.description, (*loc, "description"))
+        check_text(item.value_schema_json, (*loc, "schema"))
+        row_tokens += _utf8(item.name) + item.max_new_tokens
     for field in schema.fields:
         loc = ("schema", field.name)
         check_text(field.name, loc)
