@@ -433,4 +433,4 @@ def serve(
 
 def _guard_body(app: "FastAPI", limits: Limits) -> None:
     """Bodies over ``limits.max_body_bytes`` get 413 before FastAPI reads them (``pcd serve --max-body-bytes``)."""
-    app.add_middleware(BodyLimit, limits=limits)  # type: ignore[arg-type]
+    app.add_middleware(BodyLimit, limits=limits)

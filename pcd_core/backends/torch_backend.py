@@ -92,7 +92,9 @@ class _ArenaLayer(DynamicLayer):
         self.device = self.keys.device
         self.is_initialized = True
 
-    def update(self, key_states, value_states, *args, **kwargs):  # type: ignore[no-untyped-def]
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         start, n = self.arena.used, key_states.shape[-2]
         self.arena.keys[self.index][..., start : start + n, :] = key_states
         self.arena.values[self.index][..., start : start + n, :] = value_states
@@ -113,9 +115,12 @@ class _PrefixLayer(DynamicLayer):
             self.device = keys.device
             self.is_initialized = True
 
-    def update(self, key_states, value_states, *args, **kwargs):
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
+        assert self.keys is not None and self.values is not None
         keys = torch.cat([self.keys, key_states], dim=-2)
         values = torch.cat([self.values, value_states], dim=-2)
         if self.keep is None:
@@ -164,12 +169,11 @@ class TorchBackend(Backend):
 
     @staticmethod
     def _kept(cache: Cache, last_hidden: torch.Tensor) -> TorchState:
-        layers = cache.layers
-        return TorchState(
-            keys=tuple(layer.keys for layer in layers),
-            values=tuple(layer.values for layer in layers),
-            last_hidden=last_hidden.detach(),
-        )
+        layers = [layer for layer in cache.layers if isinstance(layer, _PrefixLayer)]
+        assert len(layers) == len(cache.layers), "every layer of the engine's caches is a _PrefixLayer"
+        keys = tuple(layer.keys for layer in layers if layer.keys is not None)
+        values = tuple(layer.values for layer in layers if layer.values is not None)
+        return TorchState(keys=keys, values=values, last_hidden=last_hidden.detach())
 
     @torch.inference_mode()
     def _prefill(self, ids: tuple[int, ...], parent: Prefix | None) -> TorchState:
@@ -217,10 +221,13 @@ class TorchBackend(Backend):
 
         if "sliding_attention" not in self.layer_types:
             return additive(allowed)
+        assert self.window is not None, "a model with sliding-window layers names its window"
         in_window = (q_pos[..., :, None] - k_pos[..., None, :]) < self.window
         return {"full_attention": additive(allowed), "sliding_attention": additive(allowed & in_window)}
 
-    def _packed_hidden(self, prefix: Prefix | None, trunk: tuple[int, ...], tree: TokenTree, queries):
+    def _packed_hidden(
+        self, prefix: Prefix | None, trunk: tuple[int, ...], tree: TokenTree, queries: list[Query]
+    ) -> tuple[torch.Tensor, list[int], TorchState | None]:
         n_prefix, n_trunk = (prefix.n_tokens if prefix is not None else 0), len(trunk)
         depth = torch.tensor(tree.depth, device=self.device, dtype=torch.long)
         q_pos = torch.cat([torch.arange(n_trunk, device=self.device), n_trunk + depth]) + n_prefix
@@ -244,7 +251,9 @@ class TorchBackend(Backend):
         index = [n_trunk + tree.node_of[q.row][q.position] for q in queries]
         return hidden, index, (self._kept(cache, hidden[n_trunk - 1]) if trunk else None)
 
-    def _copied_hidden(self, prefix: Prefix, rows, queries):
+    def _copied_hidden(
+        self, prefix: Prefix, rows: list[tuple[int, ...]], queries: list[Query]
+    ) -> tuple[torch.Tensor, list[int]]:
         """The fallback: rows batched and padded, each on its own broadcast copy of the prefix KV."""
         n_prefix, width, batch = prefix.n_tokens, max(len(row) for row in rows), len(rows)
         pad = self.model.config.pad_token_id or 0
