@@ -14,17 +14,21 @@ import json
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from .asking import as_text, ask, render_decide_prompt
 from .backends.base import Backend, Prefix
+from .calibration import Calibration
 from .compiler import CompiledSchema, compile_schema
+from .debias import CONTENT_FREE, content_free_prior, debiased
 from .decoding import DecisionTask, RoundStats, check_strategy, decode
 from .errors import PromptError
 from .models import DEFAULT_MODEL, load_backend
 from .prompt import PromptParts, normalise_input
 from .questions import DecideRequest, DecideResponse, Usage
+from .readout import Readout
 from .result import Extraction, FieldResult, Stats, mass_warnings
 from .schema import parse_schema
 from .tokenizer import TextTokenizer
@@ -64,6 +68,7 @@ class Engine:
         *,
         head_cache_size: int = 8,
         schema_cache_size: int = 64,
+        calibration: Calibration | None = None,
     ) -> None:
         self.backend = backend
         self.tokenizer = tokenizer
@@ -73,6 +78,9 @@ class Engine:
         self._compiled = _Lru(schema_cache_size)
         self._heads = _Lru(head_cache_size)
         self._decide_prompt: PromptParts | None = None
+        # trust (pcd_core/debias.py, pcd_core/calibration.py): per-schema content-free priors, fitted calibration
+        self.calibration = calibration
+        self._priors = _Lru(schema_cache_size)
 
     @classmethod
     def load(
@@ -84,9 +92,14 @@ class Engine:
         max_tokens_per_pass: int | None = None,
         row_layout: str = "auto",
         head_cache_size: int = 8,
+        calibration: str | Path | Calibration | None = None,
     ) -> Engine:
+        """``calibration``: a file written by ``pcd calibrate`` (or a ``Calibration``), applied to the
+        fields it was fitted on; read before the model loads, so a bad file costs no load.
+        """
+        fitted = Calibration.load(calibration) if isinstance(calibration, (str, Path)) else calibration
         loaded, tokenizer, name = load_backend(model, backend, device, dtype, max_tokens_per_pass, row_layout)
-        return cls(loaded, tokenizer, name, head_cache_size=head_cache_size)
+        return cls(loaded, tokenizer, name, head_cache_size=head_cache_size, calibration=fitted)
 
     @property
     def context_length(self) -> int:
@@ -114,12 +127,25 @@ class Engine:
             return head
 
     # -- fill ---------------------------------------------------------------------------------
-    def fill(self, schema: Any, text: str, *, strategy: str = "trie", use_head_cache: bool = True) -> Extraction:
-        """Decide every field of ``schema`` for ``text``; see the module docstring for the cost."""
+    def fill(
+        self,
+        schema: Any,
+        text: str,
+        *,
+        strategy: str = "trie",
+        use_head_cache: bool = True,
+        debias: bool = False,
+        calibrate: bool = True,
+    ) -> Extraction:
+        """Decide every field of ``schema`` for ``text``; see the module docstring for the cost.
+        ``debias`` divides out the content-free prior (pcd_core/debias.py; measured once per schema, a
+        few fills); ``calibrate`` applies the engine's fitted calibration where it covers a field.
+        """
         check_strategy(strategy)
         started = time.perf_counter()
         compiled = self.compile(schema)
         whole = self.request_ids(compiled, text)  # before the lock: no model needed, and a bad input costs none
+        adjust = self._adjuster(schema, compiled, debias, calibrate)  # trust: before the passes are counted
         stats = Stats(compile_ms=_ms(started))
         with self._lock:
             stats.row_layout = self.backend.row_layout
@@ -131,7 +157,7 @@ class Engine:
             prefix, warnings = self._request_prefix(compiled, head, whole, stats)
             stats.prefill_ms = _ms(clock)
             clock = time.perf_counter()
-            results = self._decide_waves(compiled, prefix, strategy, stats)
+            results = self._decide_waves(compiled, prefix, strategy, stats, adjust)
             stats.decode_ms = _ms(clock)
             stats.forward_passes = self.backend.forward_passes - passes_before
         # a bypassed head was read as part of the prompt, so it is in prompt_tokens already
@@ -169,7 +195,7 @@ class Engine:
         return self.backend.prefill(whole), ["the input merged with the cached head; the head was re-read"]
 
     def _decide_waves(
-        self, compiled: CompiledSchema, prefix: Prefix, strategy: str, stats: Stats
+        self, compiled: CompiledSchema, prefix: Prefix, strategy: str, stats: Stats, adjust: _Adjust | None = None
     ) -> dict[str, FieldResult]:
         results: dict[str, FieldResult] = {}
         chosen: dict[str, int] = {}
@@ -183,10 +209,56 @@ class Engine:
                 stats.prompt_tokens += len(ids)
             tasks = [DecisionTask(compiled.field(name).trie, strategy) for name in wave]
             for name, readout in zip(wave, decode(self.backend, prefix, tasks, rounds)):
+                flags: dict[str, bool] = {}
+                if adjust is not None:  # trust: debiased / calibrated before the choice feeds a later wave
+                    readout, flags = adjust(name, readout)
                 chosen[name] = readout.best
-                results[name] = FieldResult.from_readout(compiled.schema.field(name), readout, strategy, wave_index)
+                results[name] = FieldResult.from_readout(
+                    compiled.schema.field(name), readout, strategy, wave_index, **flags
+                )
         stats.n_rows, stats.row_tokens, stats.rounds = rounds.n_rows, rounds.row_tokens, rounds.rounds
         return results
+
+    # -- trust: debiasing and fitted calibration (the math is in pcd_core/debias.py and calibration.py)
+    def content_free_priors(self, schema: Any) -> dict[str, tuple[float, ...]]:
+        """Per field, the mean label distribution over the ``CONTENT_FREE`` inputs, read raw through
+        the same prompt; measured once per schema and cached beside the compiled schema.
+        """
+
+        def measure() -> dict[str, tuple[float, ...]]:
+            readings = [self.fill(schema, text, calibrate=False) for text in CONTENT_FREE]
+            return {
+                name: content_free_prior([list(r.fields[name].probabilities.values()) for r in readings])
+                for name in readings[0].fields
+            }
+
+        with self._lock:
+            priors, _ = self._priors.get_or(schema_key(schema), measure)
+            return priors
+
+    def _adjuster(self, schema: Any, compiled: CompiledSchema, debias: bool, calibrate: bool) -> _Adjust | None:
+        """The per-field readout transform of one fill, or None when it leaves every field raw. A field
+        the calibration covers is debiased exactly when the calibration was fitted on debiased answers.
+        """
+        fitted = self.calibration if calibrate else None
+        covered = {
+            f.name: fitted.for_field(f.name, [label.text for label in f.labels]) if fitted else None
+            for f in compiled.schema.fields
+        }
+        use_prior = {name: (fitted.debias if fitted and found else debias) for name, found in covered.items()}
+        if not any(use_prior.values()) and not any(covered.values()):
+            return None
+        priors = self.content_free_priors(schema) if any(use_prior.values()) else {}
+
+        def adjust(name: str, readout: Readout) -> tuple[Readout, dict[str, bool]]:
+            if use_prior[name]:
+                readout = debiased(readout, priors[name])
+            calibration = covered[name]
+            if calibration is not None:
+                readout = calibration.apply(readout)
+            return readout, {"debiased": use_prior[name], "calibrated": calibration is not None}
+
+        return adjust
 
     def fill_many(self, schema: Any, texts: list[str], **options: Any) -> list[Extraction]:
         """Many inputs against one schema: the head is compiled and prefilled once for all of them."""
@@ -242,6 +314,9 @@ class Engine:
 
     async def adecide(self, state: Any, questions: dict[str, Any]) -> DecideResponse:
         return await asyncio.to_thread(self.decide, state, questions)
+
+
+_Adjust = Callable[[str, Readout], tuple[Readout, dict[str, bool]]]
 
 
 def after_head(whole: Sequence[int], head_ids: Sequence[int]) -> tuple[int, ...] | None:
