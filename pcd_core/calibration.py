@@ -38,9 +38,12 @@ class FieldCalibration:
     temperature: float
     bias: tuple[float, ...]  # per label, the first fixed at 0
 
+    def scores(self, logp: np.ndarray) -> np.ndarray:
+        """Calibrated log-scores (unnormalised) of log-probabilities, one row per answer or one answer."""
+        return np.maximum(logp, LOG_FLOOR) / self.temperature + np.array(self.bias)
+
     def apply(self, readout: Readout) -> Readout:
-        logp = np.maximum(np.array(log_probabilities(readout), dtype=np.float64), LOG_FLOOR)
-        return with_probabilities(readout, list(logp / self.temperature + np.array(self.bias)))
+        return with_probabilities(readout, list(self.scores(np.array(log_probabilities(readout)))))
 
 
 @dataclass(frozen=True)

@@ -123,6 +123,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_bench_parser(commands)
 
+    from .evaluation.command import add_eval_parsers  # light: the model loads only when it runs
+
+    add_eval_parsers(commands)
+
     serve = commands.add_parser("serve", help="serve Jev-style questions over HTTP (POST /v1/systemone)")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
