@@ -52,7 +52,11 @@ def _load_engine(args: argparse.Namespace):
     from .engine import Engine
 
     return Engine.load(
-        args.model, backend=args.backend, device=args.device, max_tokens_per_pass=args.max_tokens_per_pass
+        args.model,
+        backend=args.backend,
+        device=args.device,
+        max_tokens_per_pass=args.max_tokens_per_pass,
+        calibration=getattr(args, "calibration", None),  # pcd fill --calibration (pcd_core/calibration.py)
     )
 
 
@@ -68,7 +72,7 @@ def cmd_fill(args: argparse.Namespace) -> int:
     else:
         raise PcdError("give --input FILE (the schema file carries no input)")
     engine = _load_engine(args)
-    result = engine.fill(schema, text, strategy=args.strategy)
+    result = engine.fill(schema, text, strategy=args.strategy, debias=args.debias)
     output = result.to_dict()
     output["model"] = engine.model_name
     json.dump(output, sys.stdout, indent=2, ensure_ascii=False)
@@ -114,6 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
     fill.add_argument("--input", help="text file to decide about")
     fill.add_argument("--strategy", default="trie", choices=("trie", "greedy", "exact"))
     _add_model_options(fill)
+    from .evaluation.command import add_eval_parsers, add_trust_options  # light: no model, no matplotlib
+
+    add_trust_options(fill)
     fill.set_defaults(run=cmd_fill)
 
     models = commands.add_parser("models", help="list the embedded models")
@@ -122,8 +129,6 @@ def build_parser() -> argparse.ArgumentParser:
     from .bench import add_bench_parser  # light: torch and matplotlib load only when it runs
 
     add_bench_parser(commands)
-
-    from .evaluation.command import add_eval_parsers  # light: the model loads only when it runs
 
     add_eval_parsers(commands)
 

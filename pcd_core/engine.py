@@ -27,7 +27,7 @@ from .decoding import DecisionTask, RoundStats, check_strategy, decode
 from .errors import PromptError
 from .models import DEFAULT_MODEL, load_backend
 from .prompt import PromptParts, normalise_input
-from .questions import DecideRequest, DecideResponse, Usage
+from .questions import DecideRequest, DecideResponse, NoulAnswer, Usage
 from .readout import Readout
 from .result import Extraction, FieldResult, Stats, mass_warnings
 from .schema import parse_schema
@@ -272,11 +272,13 @@ class Engine:
         return await asyncio.to_thread(self.fill_many, schema, texts, **options)
 
     # -- questions ----------------------------------------------------------------------------
-    def decide(self, state: Any, questions: dict[str, Any]) -> DecideResponse:
+    def decide(self, state: Any, questions: dict[str, Any], *, debias: bool = False) -> DecideResponse:
         """Jev-style questions over one state: one state prefill, then every question's row in one
         packed pass. ``usage.input_tokens`` counts every token read: head, state and all rows.
+        ``debias`` divides out each question's content-free prior (measured once per question set).
         """
         request = DecideRequest(state=state, questions=questions)
+        priors = self._decide_priors(request) if debias else None  # trust: before the passes are counted
         # everything that needs no model runs before the lock, so concurrent requests overlap here
         if self._decide_prompt is None:
             self._decide_prompt = render_decide_prompt(self.tokenizer)
@@ -307,16 +309,39 @@ class Engine:
             stats.forward_passes = self.backend.forward_passes - passes_before
         stats.n_rows, stats.row_tokens, stats.rounds = rounds.n_rows, rounds.row_tokens, rounds.rounds
         stats.prompt_tokens, stats.cached_tokens = len(whole) - len(head_ids), len(head_ids) if hit else 0
+        if priors is not None:  # trust: candidate mass stays raw
+            readouts = [debiased(r, priors[qid]) for qid, r in zip(request.questions, readouts)]
         answers = {qid: a.answer(r) for qid, a, r in zip(request.questions, asked, readouts)}
         stats.input_tokens = len(whole) + rounds.row_tokens
         usage = Usage(input_tokens=stats.input_tokens)
         return DecideResponse(model=self.model_name, answers=answers, usage=usage, stats=stats)
 
-    async def adecide(self, state: Any, questions: dict[str, Any]) -> DecideResponse:
-        return await asyncio.to_thread(self.decide, state, questions)
+    async def adecide(self, state: Any, questions: dict[str, Any], *, debias: bool = False) -> DecideResponse:
+        return await asyncio.to_thread(self.decide, state, questions, debias=debias)
+
+    def _decide_priors(self, request: DecideRequest) -> dict[str, tuple[float, ...]]:
+        """Per question, the mean answer distribution over the ``CONTENT_FREE`` states, cached by the
+        question set; a noul's distribution is (true, false), the order its readout uses.
+        """
+        questions = dict(request.questions)
+
+        def measure() -> dict[str, tuple[float, ...]]:
+            readings = [self.decide(text, questions).answers for text in CONTENT_FREE]
+            return {qid: content_free_prior([_distribution(r[qid]) for r in readings]) for qid in questions}
+
+        key = json.dumps({qid: q.model_dump() for qid, q in questions.items()}, sort_keys=True, default=repr)
+        with self._lock:
+            priors, _ = self._priors.get_or(("decide", key), measure)
+            return priors
 
 
 _Adjust = Callable[[str, Readout], tuple[Readout, dict[str, bool]]]
+
+
+def _distribution(answer: Any) -> list[float]:
+    if isinstance(answer, NoulAnswer):
+        return [answer.noul, 1.0 - answer.noul]
+    return list(answer.probabilities.values())
 
 
 def after_head(whole: Sequence[int], head_ids: Sequence[int]) -> tuple[int, ...] | None:

@@ -68,3 +68,21 @@ def test_the_prior_is_measured_once_per_schema_on_the_content_free_inputs():
     readings = [engine.fill(SCHEMA, text) for text in CONTENT_FREE]
     want = [sum(r.fields["colour"].probabilities[c] for r in readings) / 3 for c in ("red", "green", "blue")]
     assert first["colour"] == pytest.approx(want)
+
+
+def test_decide_debiases_each_question_by_its_own_content_free_prior():
+    engine = oracle_engine(window=3)
+    questions = {
+        "mood": {
+            "type": "choice",
+            "instructions": "The mood?",
+            "criteria": {"calm": "calm", "angry": "angry", "sad": "sad"},
+        },
+        "spam": {"type": "noul", "instructions": "Is it spam?", "criteria": {"true": "spam", "false": "not spam"}},
+    }
+    raw = engine.decide("the sky is clear today", questions)
+    fixed = engine.decide("the sky is clear today", questions, debias=True)
+    assert list(fixed.answers["mood"].probabilities.values()) == pytest.approx([1 / 3] * 3, abs=1e-12)
+    assert fixed.answers["spam"].noul == pytest.approx(0.5, abs=1e-12)
+    assert fixed.answers["mood"].candidate_mass == raw.answers["mood"].candidate_mass
+    assert max(raw.answers["mood"].probabilities.values()) > 1 / 3 + 0.05

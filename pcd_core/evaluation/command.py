@@ -58,6 +58,14 @@ def _add_data_options(parser: argparse.ArgumentParser, split: str) -> None:
     _add_model_options(parser)
 
 
+def add_trust_options(parser: argparse.ArgumentParser) -> None:
+    """``--debias`` and ``--calibration`` for commands that answer (``pcd fill``)."""
+    parser.add_argument(
+        "--debias", action="store_true", help="divide out the model's content-free label prior (contextual calibration)"
+    )
+    parser.add_argument("--calibration", metavar="FILE", help="a calibration file written by pcd calibrate")
+
+
 def add_eval_parsers(subparsers: Any) -> None:
     """Register ``eval`` and ``calibrate`` on the ``pcd`` subparsers."""
     evaluate = subparsers.add_parser("eval", help="measure accuracy and calibration on labelled data")
