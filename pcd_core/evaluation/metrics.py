@@ -22,10 +22,12 @@ EPSILON = 1e-16
 
 ECE_BINS = 15
 
+Rows = Sequence[Sequence[float]] | np.ndarray  # (n, k) probabilities
+Indices = Sequence[int] | np.ndarray  # n label indices
+Scores = Sequence[float] | Sequence[bool] | np.ndarray
 
-def _arrays(
-    probabilities: Sequence[Sequence[float]] | np.ndarray, gold: Sequence[int]
-) -> tuple[np.ndarray, np.ndarray]:
+
+def _arrays(probabilities: Rows, gold: Indices) -> tuple[np.ndarray, np.ndarray]:
     p = np.asarray(probabilities, dtype=np.float64)
     g = np.asarray(gold, dtype=np.int64)
     if p.ndim != 2 or g.shape != (p.shape[0],):
@@ -33,17 +35,17 @@ def _arrays(
     return p, g
 
 
-def predictions(probabilities: Sequence[Sequence[float]] | np.ndarray) -> np.ndarray:
+def predictions(probabilities: Rows) -> np.ndarray:
     """The arg-max label per row; ties go to the lower index, as the engine breaks them."""
     return np.argmax(np.asarray(probabilities, dtype=np.float64), axis=1)
 
 
-def accuracy(predicted: Sequence[int], gold: Sequence[int]) -> float:
+def accuracy(predicted: Indices, gold: Indices) -> float:
     pred, g = np.asarray(predicted), np.asarray(gold)
     return float(np.mean(pred == g)) if len(g) else math.nan
 
 
-def macro_f1(predicted: Sequence[int], gold: Sequence[int], n_labels: int | None = None) -> float:
+def macro_f1(predicted: Indices, gold: Indices, n_labels: int | None = None) -> float:
     """The unweighted mean of per-label F1. Labels that are neither gold nor predicted anywhere are
     left out (they have no F1); a label that is one but never the other scores 0.
     """
@@ -60,13 +62,13 @@ def macro_f1(predicted: Sequence[int], gold: Sequence[int], n_labels: int | None
     return float(np.mean(scores)) if scores else math.nan
 
 
-def nll(probabilities: Sequence[Sequence[float]] | np.ndarray, gold: Sequence[int]) -> float:
+def nll(probabilities: Rows, gold: Indices) -> float:
     """Mean negative log-likelihood of the gold label, in nats."""
     p, g = _arrays(probabilities, gold)
     return float(np.mean(-np.log(np.maximum(p[np.arange(len(g)), g], EPSILON))))
 
 
-def brier(probabilities: Sequence[Sequence[float]] | np.ndarray, gold: Sequence[int]) -> float:
+def brier(probabilities: Rows, gold: Indices) -> float:
     """Multi-class Brier score: the mean over examples of the squared distance to the one-hot gold
     vector, summed over labels (0 is perfect, 2 is certain and wrong).
     """
@@ -76,9 +78,7 @@ def brier(probabilities: Sequence[Sequence[float]] | np.ndarray, gold: Sequence[
     return float(np.mean(np.sum((p - onehot) ** 2, axis=1)))
 
 
-def reliability(
-    probabilities: Sequence[Sequence[float]] | np.ndarray, gold: Sequence[int], n_bins: int = ECE_BINS
-) -> list[dict[str, float]]:
+def reliability(probabilities: Rows, gold: Indices, n_bins: int = ECE_BINS) -> list[dict[str, float]]:
     """Per confidence bin: its edges, how many answers fall in it, their mean confidence and accuracy."""
     p, g = _arrays(probabilities, gold)
     confidence = p.max(axis=1)
@@ -101,7 +101,7 @@ def reliability(
     return bins
 
 
-def ece(probabilities: Sequence[Sequence[float]] | np.ndarray, gold: Sequence[int], n_bins: int = ECE_BINS) -> float:
+def ece(probabilities: Rows, gold: Indices, n_bins: int = ECE_BINS) -> float:
     """Expected calibration error: the count-weighted mean gap between accuracy and confidence per bin."""
     bins = reliability(probabilities, gold, n_bins)
     total = sum(b["count"] for b in bins)
@@ -110,7 +110,7 @@ def ece(probabilities: Sequence[Sequence[float]] | np.ndarray, gold: Sequence[in
     return float(sum(b["count"] * abs(b["accuracy"] - b["confidence"]) for b in bins if b["count"]) / total)
 
 
-def auroc(scores: Sequence[float], positive: Sequence[bool]) -> float:
+def auroc(scores: Scores, positive: Scores) -> float:
     """Area under the ROC curve of ``scores`` for telling ``positive`` (e.g. right answers) from the
     rest, with tied scores counted half. NaN when either class is empty: there is nothing to tell apart.
     """
@@ -135,9 +135,9 @@ def auroc(scores: Sequence[float], positive: Sequence[bool]) -> float:
 
 
 def summarise(
-    probabilities: Sequence[Sequence[float]] | np.ndarray,
-    gold: Sequence[int],
-    candidate_mass: Sequence[float] | None = None,
+    probabilities: Rows,
+    gold: Indices,
+    candidate_mass: Scores | None = None,
 ) -> dict[str, float]:
     """Every metric of one set of answers, as the report prints them."""
     p, g = _arrays(probabilities, gold)
