@@ -99,3 +99,21 @@ def test_the_eval_command_writes_a_report_and_a_reliability_plot(engine, tmp_pat
     assert set(report["fields"]["sentiment"]) >= {"raw", "debiased", "constrained_ar", "prior"}
     assert plot_path.read_bytes()[:4] == b"\x89PNG"
     assert "| raw |" in capsys.readouterr().out
+
+
+def test_the_readme_quality_table_is_the_recorded_runs():
+    """Every docs/eval report is a row of the README's decision-quality table, as quality_row renders it."""
+    from pathlib import Path
+
+    from pcd_core.evaluation.command import quality_row
+
+    root = Path(__file__).resolve().parents[1]
+    readme = (root / "README.md").read_text()
+    reports = [
+        json.loads(p.read_text())
+        for p in sorted((root / "docs" / "eval").glob("*.json"))
+        if not p.name.endswith((".calibration.json", ".ticket.json"))
+    ]
+    assert reports
+    for report in reports:
+        assert quality_row(report) in readme, quality_row(report)

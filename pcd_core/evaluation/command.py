@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import platform
 import sys
 from pathlib import Path
@@ -227,3 +228,24 @@ def write_plot(answers: Any, calibration: Calibration | None, path: str, title: 
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)
+
+
+QUALITY_HEAD = (
+    "| model | data | n | accuracy raw | debiased | AR-constrained (n; PCD on those) | ECE raw | ECE calibrated "
+    "| Brier raw | Brier calibrated | AUROC of candidate mass |\n|---|---|---|---|---|---|---|---|---|---|---|"
+)
+
+
+def quality_row(report: dict[str, Any]) -> str:
+    """The README's decision-quality row of one ``pcd calibrate --json`` report (tests/test_eval.py
+    checks that every row there is one of docs/eval/*.json).
+    """
+    meta, overall = report["meta"], report["overall"]
+    raw, debiased, calibrated = overall["raw"], overall["debiased"], overall.get("calibrated", {})
+    ar = overall.get("constrained_ar")
+    ar_cell = f"{ar['accuracy']:.3f} ({ar['n']:.0f}; {ar['pcd_accuracy_same_examples']:.3f})" if ar else "–"
+    return (
+        f"| {meta['model']} | {meta['data']} | {meta['n']} | {raw['accuracy']:.3f} | {debiased['accuracy']:.3f} "
+        f"| {ar_cell} | {raw['ece']:.3f} | {calibrated.get('ece', math.nan):.3f} | {raw['brier']:.3f} "
+        f"| {calibrated.get('brier', math.nan):.3f} | {raw['auroc_candidate_mass']:.3f} |"
+    )
