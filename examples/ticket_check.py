@@ -1,4 +1,8 @@
-"""The seven-field double-billing ticket, raw and debiased, on one model: JSON on stdout."""
+"""The seven-field double-billing ticket, raw and debiased, on one model: JSON on stdout.
+
+python examples/ticket_check.py MODEL > docs/eval/MODEL.ticket.json
+The right answers are examples/ticket_answers.json (the same as tests/test_double_billing.py's).
+"""
 
 import json
 import sys
@@ -6,23 +10,15 @@ from pathlib import Path
 
 from pcd_core import Engine
 
-right = {
-    "sentiment": "NEGATIVE",
-    "topic": "BILLING",
-    "wants_refund": True,
-    "is_spam": False,
-    "deadline": "12_HOURS",
-    "plan": "PREMIUM",
-    "route_to": "BILLING_TEAM",
-}
-schema = json.loads(Path("examples/ticket_schema.json").read_text())
-text = Path("examples/ticket.txt").read_text()
-engine = Engine.load(sys.argv[1])
+EXAMPLES = Path(__file__).resolve().parent
+right = json.loads((EXAMPLES / "ticket_answers.json").read_text())
+schema = json.loads((EXAMPLES / "ticket_schema.json").read_text())
+text = (EXAMPLES / "ticket.txt").read_text()
+engine = Engine.load(sys.argv[1] if len(sys.argv) > 1 else "smollm2-135m")
 out = {"model": engine.model_name, "right": right}
 for debias in (False, True):
     result = engine.fill(schema, text, debias=debias)
-    key = "debiased" if debias else "raw"
-    out[key] = {
+    out["debiased" if debias else "raw"] = {
         "values": result.values,
         "n_right": sum(result.values[k] == v for k, v in right.items()),
         "probability": {k: round(f.probability, 3) for k, f in result.fields.items()},
