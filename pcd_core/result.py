@@ -50,9 +50,13 @@ class FieldResult:
     top: list[tuple[JsonValue, float]]
     method: str
     wave: int
+    debiased: bool = False  # the content-free prior was divided out (pcd_core/debias.py)
+    calibrated: bool = False  # a fitted calibration was applied (pcd_core/calibration.py)
 
     @classmethod
-    def from_readout(cls, spec: Field, readout: Readout, method: str, wave: int) -> FieldResult:
+    def from_readout(
+        cls, spec: Field, readout: Readout, method: str, wave: int, debiased: bool = False, calibrated: bool = False
+    ) -> FieldResult:
         ranked = readout.ranked()
         return cls(
             name=spec.name,
@@ -64,6 +68,8 @@ class FieldResult:
             top=[(spec.labels[i].value, readout.probabilities[i]) for i in ranked[:5]],
             method=method,
             wave=wave,
+            debiased=debiased,
+            calibrated=calibrated,
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -1,0 +1,251 @@
+"""``pcd eval`` and ``pcd calibrate``: arguments, data selection, the printed table, JSON and plot.
+
+Arguments, the data file and the schema are checked before the model loads. ``pcd calibrate`` reads
+the train split, fits per field, saves the file, then reports on the test split with it applied, so
+one command gives raw, debiased and calibrated numbers on held-out data.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import sys
+from pathlib import Path
+from typing import Any, TextIO
+
+from ..calibration import Calibration
+from ..errors import PcdError
+from ..schema import parse_schema
+from . import datasets
+from .metrics import reliability
+from .runner import build_report, fit_calibration, read_answers, variants
+
+COLUMNS = (
+    "n",
+    "accuracy",
+    "macro_f1",
+    "nll",
+    "brier",
+    "ece",
+    "auroc_probability",
+    "auroc_candidate_mass",
+    "pcd_accuracy_same_examples",
+)
+
+
+def _add_data_options(parser: argparse.ArgumentParser, split: str) -> None:
+    from ..cli import _add_model_options  # registered from cli.build_parser, so cli is loaded
+
+    parser.add_argument(
+        "--data",
+        required=True,
+        help=f"a bundled set ({', '.join(datasets.NAMES)}; built on first use) or a JSONL file of "
+        '{"text", "labels": {field: value}}',
+    )
+    parser.add_argument("--schema", help="JSON Schema or case file (needed with a JSONL --data)")
+    parser.add_argument("--split", default=split, choices=("train", "test"))
+    parser.add_argument("--seed", type=int, default=0, help="shuffles the examples and splits sets without one")
+    parser.add_argument("--json", metavar="PATH", help="write the report as JSON")
+    parser.add_argument("--plot", metavar="PNG", help="write a reliability diagram")
+    parser.add_argument(
+        "--constrained-limit",
+        type=int,
+        default=None,
+        metavar="N",
+        help="run the AR-constrained baseline on the first N examples only (default all; 0 skips it)",
+    )
+    _add_model_options(parser)
+
+
+def add_trust_options(parser: argparse.ArgumentParser) -> None:
+    """``--debias`` and ``--calibration`` for commands that answer (``pcd fill``)."""
+    parser.add_argument(
+        "--debias", action="store_true", help="divide out the model's content-free label prior (contextual calibration)"
+    )
+    parser.add_argument("--calibration", metavar="FILE", help="a calibration file written by pcd calibrate")
+
+
+def add_eval_parsers(subparsers: Any) -> None:
+    """Register ``eval`` and ``calibrate`` on the ``pcd`` subparsers."""
+    evaluate = subparsers.add_parser("eval", help="measure accuracy and calibration on labelled data")
+    _add_data_options(evaluate, "test")
+    evaluate.add_argument("--limit", type=int, default=500, help="examples to read (default 500)")
+    evaluate.add_argument("--calibration", metavar="FILE", help="also report with this calibration applied")
+    evaluate.add_argument("--fetch", action="store_true", help="only build the bundled --data set and exit")
+    evaluate.set_defaults(run=run_eval)
+
+    calibrate = subparsers.add_parser("calibrate", help="fit a temperature per field on a train split")
+    _add_data_options(calibrate, "train")
+    calibrate.add_argument("--out", required=True, metavar="FILE", help="where the calibration JSON goes")
+    calibrate.add_argument("--train-limit", type=int, default=300, help="train examples to fit on (default 300)")
+    calibrate.add_argument("--limit", type=int, default=500, help="held-out test examples to report on")
+    calibrate.add_argument("--debias", action="store_true", help="fit on debiased probabilities")
+    calibrate.add_argument("--bias", action="store_true", help="also fit a per-label bias")
+    calibrate.set_defaults(run=run_calibrate)
+
+
+def _load_data(args: argparse.Namespace) -> tuple[Any, list[dict[str, Any]]]:
+    if args.data in datasets.NAMES:
+        folder = datasets.fetch(args.data)
+        schema_path = args.schema or str(folder / "schema.json")
+        records = datasets.read_jsonl(folder / "data.jsonl")
+    else:
+        if not args.schema:
+            raise PcdError("a JSONL --data needs --schema")
+        schema_path, records = args.schema, datasets.read_jsonl(args.data)
+    from ..cli import _read_schema
+
+    schema, _ = _read_schema(schema_path)
+    parse_schema(schema)
+    return schema, records
+
+
+def _selected(args: argparse.Namespace, records: list[dict[str, Any]], split: str, limit: int) -> list[dict[str, Any]]:
+    if limit < 1:
+        raise PcdError(f"--limit {limit} must be at least 1")
+    chosen = datasets.select(records, split, args.seed, limit)
+    if not chosen:
+        raise PcdError(f"no {split} examples in {args.data}")
+    return chosen
+
+
+def _meta(args: argparse.Namespace, engine: Any, split: str, n: int) -> dict[str, Any]:
+    meta = {
+        "model": engine.model_name,
+        "data": args.data,
+        "split": split,
+        "seed": args.seed,
+        "n": n,
+        "command": "pcd " + " ".join(sys.argv[1:]),
+        "machine": f"{platform.machine()} {platform.system()}",
+    }
+    if args.data.startswith("20ng"):
+        meta["words_per_document"] = datasets.NEWSGROUPS_WORDS
+    return meta
+
+
+def _finish(args: argparse.Namespace, report: dict[str, Any], answers: Any, calibration: Calibration | None) -> None:
+    write_table(report, sys.stdout)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    if args.plot:
+        write_plot(answers, calibration, args.plot, f"{report['meta']['model']} on {args.data}")
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    if args.fetch:
+        if args.data not in datasets.NAMES:
+            raise PcdError(f"--fetch builds a bundled set: {', '.join(datasets.NAMES)}")
+        print(datasets.fetch(args.data))
+        return 0
+    calibration = Calibration.load(args.calibration) if args.calibration else None
+    schema, records = _load_data(args)
+    chosen = _selected(args, records, args.split, args.limit)
+    from ..cli import _load_engine
+
+    engine = _load_engine(args)
+    answers = read_answers(engine, schema, chosen, constrained=args.constrained_limit)
+    report = {"meta": _meta(args, engine, args.split, len(chosen)), **build_report(answers, calibration)}
+    _finish(args, report, answers, calibration)
+    return 0
+
+
+def run_calibrate(args: argparse.Namespace) -> int:
+    schema, records = _load_data(args)
+    train = _selected(args, records, "train", args.train_limit)
+    test = _selected(args, records, "test", args.limit)
+    from ..cli import _load_engine
+
+    engine = _load_engine(args)
+    fitted_on = {"data": args.data, "split": "train", "seed": args.seed, "n": len(train)}
+    train_answers = read_answers(engine, schema, train, constrained=0)
+    calibration = fit_calibration(
+        train_answers, debias=args.debias, bias=args.bias, model=engine.model_name, fitted_on=fitted_on
+    )
+    calibration.save(args.out)
+    for name, found in calibration.fields.items():
+        print(f"{name}: temperature {found.temperature:.3f} (fitted on {len(train)} train examples)", file=sys.stderr)
+    answers = read_answers(engine, schema, test, constrained=args.constrained_limit)
+    report = {"meta": _meta(args, engine, "test", len(test)), **build_report(answers, calibration)}
+    report["meta"]["calibration"] = calibration.to_dict()
+    # the other choice, fitted on the same train answers: whether debiasing first helps calibration
+    other = fit_calibration(
+        train_answers, debias=not args.debias, bias=args.bias, model=engine.model_name, fitted_on=fitted_on
+    )
+    report["overall"]["calibrated_debiased" if other.debias else "calibrated_raw"] = build_report(answers, other)[
+        "overall"
+    ]["calibrated"]
+    report["meta"]["train_seconds"] = round(train_answers.seconds, 1)
+    _finish(args, report, answers, calibration)
+    return 0
+
+
+def write_table(report: dict[str, Any], out: TextIO) -> None:
+    """One Markdown table per field and overall: a row per variant, a column per metric."""
+    sections = [("overall", report["overall"])] + list(report["fields"].items())
+    for title, entry in sections:
+        out.write(f"\n{title}\n| variant | {' | '.join(COLUMNS)} |\n|{'---|' * (len(COLUMNS) + 1)}\n")
+        for variant in ("raw", "debiased", "calibrated", "calibrated_raw", "calibrated_debiased", "constrained_ar"):
+            if variant in entry:
+                values = entry[variant]
+                cells = [_cell(values.get(c)) for c in COLUMNS]
+                out.write(f"| {variant} | {' | '.join(cells)} |\n")
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float) and value.is_integer() and value > 1:
+        return str(int(value))
+    return f"{value:.3f}"
+
+
+def write_plot(answers: Any, calibration: Calibration | None, path: str, title: str) -> None:
+    """Accuracy against confidence per bin, one line per variant, pooled over fields, with the diagonal."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    figure, axes = plt.subplots(figsize=(5, 5))
+    axes.plot([0, 1], [0, 1], color="grey", linestyle=":", label="perfect calibration")
+    pooled: dict[str, list[Any]] = {}
+    for name, out in answers.fields.items():
+        for variant, rows in variants(answers, name, calibration).items():
+            pooled.setdefault(variant, []).append((rows, out.gold))
+    for variant, parts in pooled.items():
+        width = max(rows.shape[1] for rows, _ in parts)
+        rows = np.concatenate([np.pad(r, ((0, 0), (0, width - r.shape[1]))) for r, _ in parts])
+        gold = np.concatenate([g for _, g in parts])
+        bins = [b for b in reliability(rows, gold) if b["count"]]
+        axes.plot([b["confidence"] for b in bins], [b["accuracy"] for b in bins], marker="o", label=variant)
+    axes.set(xlabel="confidence (top probability)", ylabel="accuracy", title=title, xlim=(0, 1), ylim=(0, 1))
+    axes.legend(loc="upper left")
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+QUALITY_HEAD = (
+    "| model | data | n | accuracy raw | debiased | AR-constrained (n; PCD on those) | ECE raw | ECE calibrated "
+    "| Brier raw | Brier calibrated | AUROC of candidate mass |\n|---|---|---|---|---|---|---|---|---|---|---|"
+)
+
+
+def quality_row(report: dict[str, Any]) -> str:
+    """The README's decision-quality row of one ``pcd calibrate --json`` report (tests/test_eval.py
+    checks that every row there is one of docs/eval/*.json).
+    """
+    meta, overall = report["meta"], report["overall"]
+    raw, debiased, calibrated = overall["raw"], overall["debiased"], overall.get("calibrated", {})
+    ar = overall.get("constrained_ar")
+    ar_cell = f"{ar['accuracy']:.3f} ({ar['n']:.0f}; {ar['pcd_accuracy_same_examples']:.3f})" if ar else "–"
+    return (
+        f"| {meta['model']} | {meta['data']} | {meta['n']} | {raw['accuracy']:.3f} | {debiased['accuracy']:.3f} "
+        f"| {ar_cell} | {raw['ece']:.3f} | {calibrated.get('ece', math.nan):.3f} | {raw['brier']:.3f} "
+        f"| {calibrated.get('brier', math.nan):.3f} | {raw['auroc_candidate_mass']:.3f} |"
+    )

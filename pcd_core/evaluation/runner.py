@@ -1,0 +1,197 @@
+"""One model's answers on labelled examples, and the quality report built from them.
+
+``read_answers`` fills each example raw (no debiasing, no calibration) and keeps, per field, the
+probability row, the candidate mass and the gold index; it also runs the bench's AR-constrained
+baseline (``pcd_core/bench/baselines.py``) on the same prompt, head and model. Every variant the report
+compares (raw, debiased, calibrated) is computed from those same rows, so they differ only in the
+post-processing: ``p / prior`` for debiasing (pcd_core/debias.py), ``softmax(log p / T + b)`` for
+calibration (pcd_core/calibration.py). ``tests/test_eval.py`` runs it on the oracle engine.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from ..calibration import Calibration, FieldCalibration, fit
+from ..debias import PRIOR_FLOOR
+from ..errors import PcdError
+from ..schema import Schema, parse_schema
+from . import metrics
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class FieldAnswers:
+    labels: tuple[str, ...]
+    probabilities: list[list[float]] = field(default_factory=list)
+    candidate_mass: list[float] = field(default_factory=list)
+    gold: list[int] = field(default_factory=list)
+    constrained_ar: list[int] = field(default_factory=list)  # the AR-constrained baseline's label index
+
+    def array(self) -> np.ndarray:
+        return np.asarray(self.probabilities, dtype=np.float64).reshape(-1, len(self.labels))
+
+
+@dataclass
+class Answers:
+    schema: Schema
+    fields: dict[str, FieldAnswers]
+    priors: dict[str, tuple[float, ...]]
+    seconds: float = 0.0
+
+
+def gold_index(schema: Schema, name: str, value: Any) -> int:
+    spec = schema.field(name)
+    for index, label in enumerate(spec.labels):
+        if label.value == value or label.text == value:
+            return index
+    raise PcdError(f"field {name!r}: gold value {value!r} is not one of {[label.text for label in spec.labels]}")
+
+
+def read_answers(
+    engine: Any,
+    schema: Any,
+    records: list[dict[str, Any]],
+    *,
+    constrained: int | None = None,
+    progress: bool = True,
+) -> Answers:
+    """Fill every record raw; the first ``constrained`` records (all when None) are also decided by AR
+    constrained by the schema's grammar, which costs a forward pass per written token.
+    """
+    from ..bench.baselines import ar_cap, generate_grammar
+    from ..bench.checks import label_of, parse_lenient
+
+    parsed = parse_schema(schema)
+    names = [f.name for f in parsed.fields]
+    answers = {f.name: FieldAnswers(tuple(label.text for label in f.labels)) for f in parsed.fields}
+    started = time.perf_counter()
+    head = engine.warmup(schema)
+    priors = engine.content_free_priors(schema)
+    compiled = engine.compile(schema)
+    for number, record in enumerate(tqdm(records, desc="eval", unit="ex", disable=not progress, mininterval=2.0)):
+        gold = {name: gold_index(parsed, name, record["labels"][name]) for name in names if name in record["labels"]}
+        result = engine.fill(schema, record["text"], calibrate=False)
+        with_ar = constrained is None or number < constrained
+        # AR under llguidance's mask over the whole object, as pcd bench runs it; its written values are
+        # read back leniently, and a value it never wrote counts as wrong
+        run = generate_grammar(engine, compiled, head, record["text"], 4 * ar_cap(len(names))) if with_ar else None
+        written = parse_lenient(compiled.schema, run.text) if run is not None else {}
+        for name, index in gold.items():
+            found, out = result.fields[name], answers[name]
+            out.probabilities.append(list(found.probabilities.values()))
+            out.candidate_mass.append(found.candidate_mass)
+            out.gold.append(index)
+            if run is not None:
+                picked = label_of(parsed.field(name), written[name]) if name in written else None
+                out.constrained_ar.append(-1 if picked is None else picked)
+    return Answers(parsed, answers, priors, time.perf_counter() - started)
+
+
+def debias_rows(probabilities: np.ndarray, prior: tuple[float, ...]) -> np.ndarray:
+    scaled = probabilities / np.maximum(np.asarray(prior), PRIOR_FLOOR)
+    return scaled / scaled.sum(axis=1, keepdims=True)
+
+
+def calibrate_rows(probabilities: np.ndarray, calibration: FieldCalibration) -> np.ndarray:
+    scores = calibration.scores(np.log(np.maximum(probabilities, 1e-300)))
+    scores -= scores.max(axis=1, keepdims=True)
+    exp = np.exp(scores)
+    return exp / exp.sum(axis=1, keepdims=True)
+
+
+def variants(answers: Answers, name: str, calibration: Calibration | None) -> dict[str, np.ndarray]:
+    """The probability rows of one field in each variant the report compares."""
+    out = answers.fields[name]
+    raw = out.array()
+    rows = {"raw": raw, "debiased": debias_rows(raw, answers.priors[name])}
+    found = calibration.for_field(name, out.labels) if calibration is not None else None
+    if calibration is not None and found is not None:
+        rows["calibrated"] = calibrate_rows(rows["debiased" if calibration.debias else "raw"], found)
+    return rows
+
+
+def fit_calibration(
+    answers: Answers, *, debias: bool, bias: bool, model: str, fitted_on: Mapping[str, Any]
+) -> Calibration:
+    fields = {}
+    for name, out in answers.fields.items():
+        if not out.gold:
+            continue
+        rows = variants(answers, name, None)["debiased" if debias else "raw"]
+        temperature, biases = fit(np.log(np.maximum(rows, 1e-300)), out.gold, bias=bias)
+        fields[name] = FieldCalibration(out.labels, temperature, biases)
+    return Calibration(model, debias, fields, dict(fitted_on))
+
+
+def _pooled(per_field: dict[str, dict[str, np.ndarray]], answers: Answers, variant: str) -> dict[str, float]:
+    """Every decision of every field as one set: rows padded with zero columns to the widest field,
+    which changes no metric; macro-F1 is the mean of the fields' own.
+    """
+    names = [n for n in per_field if variant in per_field[n] and len(answers.fields[n].gold)]
+    width = max(len(answers.fields[n].labels) for n in names)
+    rows = np.concatenate(
+        [np.pad(per_field[n][variant], ((0, 0), (0, width - per_field[n][variant].shape[1]))) for n in names]
+    )
+    gold = np.concatenate([answers.fields[n].gold for n in names])
+    mass = np.concatenate([answers.fields[n].candidate_mass for n in names])
+    pooled = metrics.summarise(rows, gold, mass)
+    pooled["macro_f1"] = float(
+        np.mean(
+            [
+                metrics.macro_f1(
+                    metrics.predictions(per_field[n][variant]), answers.fields[n].gold, per_field[n][variant].shape[1]
+                )
+                for n in names
+            ]
+        )
+    )
+    return pooled
+
+
+def build_report(answers: Answers, calibration: Calibration | None = None) -> dict[str, Any]:
+    """Per field and overall: the metrics of every variant, and the AR-constrained accuracy."""
+    per_field = {name: variants(answers, name, calibration) for name in answers.fields}
+    report: dict[str, Any] = {"fields": {}, "overall": {}}
+    for name, rows in per_field.items():
+        out = answers.fields[name]
+        if not out.gold:
+            continue
+        entry: dict[str, Any] = {v: metrics.summarise(r, out.gold, out.candidate_mass) for v, r in rows.items()}
+        if out.constrained_ar:
+            n_ar = len(out.constrained_ar)
+            entry["constrained_ar"] = {
+                "n": float(n_ar),
+                "accuracy": metrics.accuracy(out.constrained_ar, out.gold[:n_ar]),
+                "pcd_accuracy_same_examples": metrics.accuracy(
+                    metrics.predictions(rows["raw"][:n_ar]), out.gold[:n_ar]
+                ),
+            }
+        entry["prior"] = dict(zip(out.labels, answers.priors[name]))
+        report["fields"][name] = entry
+    for variant in ("raw", "debiased", "calibrated"):
+        if any(variant in rows for rows in per_field.values()):
+            report["overall"][variant] = _pooled(per_field, answers, variant)
+    ar = [(a, g) for out in answers.fields.values() for a, g in zip(out.constrained_ar, out.gold)]
+    if ar:
+        # the baseline may have read only the first examples: PCD's accuracy on those same ones beside it
+        pcd = [
+            int(np.argmax(row)) == g
+            for out in answers.fields.values()
+            for row, g in zip(out.probabilities[: len(out.constrained_ar)], out.gold)
+        ]
+        report["overall"]["constrained_ar"] = {
+            "n": float(len(ar)),
+            "accuracy": float(np.mean([a == g for a, g in ar])),
+            "pcd_accuracy_same_examples": float(np.mean(pcd)),
+        }
+    report["seconds"] = round(answers.seconds, 1)
+    return report

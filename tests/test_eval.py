@@ -1,0 +1,119 @@
+"""``pcd eval`` / ``pcd calibrate``: the report agrees with the engine's own answers, calibration never
+worsens the NLL it was fitted on, splits are disjoint, and the CLI writes JSON and a plot.
+"""
+
+import json
+
+import numpy as np
+import pytest
+
+from pcd_core.cli import main
+from pcd_core.evaluation import datasets
+from pcd_core.evaluation.runner import build_report, fit_calibration, read_answers
+from pcd_core.testing import oracle_engine
+
+SCHEMA = {"colour": ["red", "green", "blue"], "size": ["small", "large"]}
+RECORDS = [
+    {"text": f"item {i}: a {size} {colour} thing", "labels": {"colour": colour, "size": size}}
+    for i, (colour, size) in enumerate(
+        [
+            ("red", "small"),
+            ("green", "large"),
+            ("blue", "small"),
+            ("red", "large"),
+            ("blue", "large"),
+            ("green", "small"),
+        ]
+    )
+]
+
+
+@pytest.fixture(scope="module")
+def oracle_answers():
+    engine = oracle_engine(window=6)  # a window that reaches into the input, so answers vary by example
+    return engine, read_answers(engine, SCHEMA, RECORDS, progress=False)
+
+
+def test_the_reported_accuracy_is_the_share_of_fills_that_match_gold(oracle_answers):
+    engine, answers = oracle_answers
+    report = build_report(answers)
+    for name in SCHEMA:
+        right = [engine.fill(SCHEMA, r["text"]).values[name] == r["labels"][name] for r in RECORDS]
+        assert report["fields"][name]["raw"]["accuracy"] == pytest.approx(np.mean(right))
+    pooled = [report["fields"][n]["raw"]["accuracy"] for n in SCHEMA]
+    assert report["overall"]["raw"]["accuracy"] == pytest.approx(np.mean(pooled))  # equal counts per field
+
+
+def test_the_constrained_baseline_is_reported_beside_pcd_on_the_same_examples(oracle_answers):
+    _, answers = oracle_answers
+    ar = build_report(answers)["overall"]["constrained_ar"]
+    assert ar["n"] == 2 * len(RECORDS)
+    assert 0.0 <= ar["accuracy"] <= 1.0
+
+
+def test_a_fitted_calibration_never_raises_the_nll_it_was_fitted_on(oracle_answers):
+    _, answers = oracle_answers
+    calibration = fit_calibration(answers, debias=False, bias=False, model="oracle", fitted_on={})
+    report = build_report(answers, calibration)
+    for name in SCHEMA:
+        entry = report["fields"][name]
+        assert entry["calibrated"]["nll"] <= entry["raw"]["nll"] + 1e-9
+        # a temperature never changes which label wins
+        assert entry["calibrated"]["accuracy"] == entry["raw"]["accuracy"]
+
+
+def test_splits_are_disjoint_seeded_and_keep_a_records_own_split():
+    records = [{"text": str(i), "labels": {}} for i in range(10)] + [{"text": "x", "labels": {}, "split": "test"}]
+    train = datasets.select(records, "train", 0, None)
+    test = datasets.select(records, "test", 0, None)
+    assert {r["text"] for r in train}.isdisjoint(r["text"] for r in test)
+    assert len(train) + len(test) == 11 and any(r["text"] == "x" for r in test)
+    assert datasets.select(records, "test", 0, 3) == test[:3]
+    assert datasets.select(records, "test", 1, None) != test
+
+
+def test_a_gold_value_outside_the_schema_fails_before_the_model_reads(tmp_path, capsys):
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"text": "hi", "labels": {"colour": "purple"}}) + "\n")
+    schema = tmp_path / "s.json"
+    schema.write_text(json.dumps(SCHEMA))
+    engine = oracle_engine()
+    with pytest.raises(Exception, match="purple"):
+        read_answers(engine, SCHEMA, datasets.read_jsonl(data), progress=False)
+    assert main(["eval", "--data", str(data)]) == 2
+    assert "needs --schema" in capsys.readouterr().err
+
+
+def test_the_eval_command_writes_a_report_and_a_reliability_plot(engine, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr("pcd_core.cli._load_engine", lambda args: engine)
+    data = tmp_path / "reviews.jsonl"
+    texts = [("a wonderful, moving film", "positive"), ("dull and far too long", "negative")] * 2
+    data.write_text("".join(json.dumps({"text": t, "labels": {"sentiment": s}}) + "\n" for t, s in texts))
+    schema = tmp_path / "schema.json"
+    schema.write_text(json.dumps(datasets.SCHEMAS["polarity"]))
+    report_path, plot_path = tmp_path / "r.json", tmp_path / "r.png"
+    argv = ["eval", "--data", str(data), "--schema", str(schema), "--json", str(report_path), "--plot", str(plot_path)]
+    assert main([*argv, "--split", "test", "--limit", "2"]) == 0
+    report = json.loads(report_path.read_text())
+    assert report["meta"]["n"] == 2 and report["meta"]["model"] == "smollm2-135m"
+    assert set(report["fields"]["sentiment"]) >= {"raw", "debiased", "constrained_ar", "prior"}
+    assert plot_path.read_bytes()[:4] == b"\x89PNG"
+    assert "| raw |" in capsys.readouterr().out
+
+
+def test_the_readme_quality_table_is_the_recorded_runs():
+    """Every docs/eval report is a row of the README's decision-quality table, as quality_row renders it."""
+    from pathlib import Path
+
+    from pcd_core.evaluation.command import quality_row
+
+    root = Path(__file__).resolve().parents[1]
+    readme = (root / "README.md").read_text()
+    reports = [
+        json.loads(p.read_text())
+        for p in sorted((root / "docs" / "eval").glob("*.json"))
+        if not p.name.endswith((".calibration.json", ".ticket.json"))
+    ]
+    assert reports
+    for report in reports:
+        assert quality_row(report) in readme, quality_row(report)
