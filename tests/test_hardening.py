@@ -12,7 +12,7 @@ import time
 import pytest
 
 from pcd_core import PcdError, PromptError, SchemaError, parse_schema
-from pcd_core.asking import _plain_text, as_text
+from pcd_core.asking import as_text, inline_text
 from pcd_core.errors import LimitError, RequestError, TextError
 from pcd_core.limits import DEFAULT_LIMITS, Limits, check_decide
 from pcd_core.testing import oracle_engine
@@ -202,11 +202,11 @@ def test_a_nested_json_state_renders_compactly(engine):
     state = _nested(30)
     size = len(json.dumps(state, separators=(",", ":")))
     indented = len(engine.tokenizer.encode(json.dumps(state, ensure_ascii=False, indent=1)))
-    compact = len(engine.tokenizer.encode(_plain_text(state)))
+    compact = len(engine.tokenizer.encode(inline_text(state)))
     print(f"{size}-byte state: {indented} tokens with indent=1, {compact} compact")
     assert compact * 3 < indented
     assert compact < size  # linear and smaller than its own bytes
-    assert _plain_text(state) in as_text(state)
+    assert inline_text(state) in as_text(state)
 
 
 def test_too_deep_a_state_is_refused(oracle):
