@@ -19,11 +19,14 @@ import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tqdm.auto import tqdm
 
 from .errors import BackendError, BackendUnavailableError, PcdError
+
+if TYPE_CHECKING:
+    from .backends.base import Backend
 from .tokenizer import TextTokenizer
 
 logger = logging.getLogger(__name__)
@@ -231,7 +234,7 @@ def _convert_gguf(gguf: Path, target: Path) -> None:
     # the weights are plain float32 now; drop the GGUF marker so that transformers will save them
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    model.hf_quantizer = None
+    model.hf_quantizer = None  # type: ignore[assignment]
     # write beside the target and rename, so that a concurrent load never sees half a folder
     partial = target.with_name(f"{target.name}.partial-{os.getpid()}")
     model.save_pretrained(partial)
@@ -289,7 +292,7 @@ def load_backend(
     return loaded, tokenizer, source.name
 
 
-def _torch_backend(folder: str, device: str | None, dtype: str | None, max_tokens: int | None, layout: str):
+def _torch_backend(folder: str, device: str | None, dtype: str | None, max_tokens: int | None, layout: str) -> Backend:
     try:
         import torch
         from transformers import AutoModelForCausalLM
@@ -302,10 +305,11 @@ def _torch_backend(folder: str, device: str | None, dtype: str | None, max_token
     model = AutoModelForCausalLM.from_pretrained(
         folder, dtype=torch_dtype, attn_implementation="sdpa", local_files_only=True
     )
-    return TorchBackend(model.to(device), max_tokens_per_pass=max_tokens, row_layout=layout)
+    model = model.to(device)  # type: ignore[arg-type]
+    return TorchBackend(model, max_tokens_per_pass=max_tokens, row_layout=layout)
 
 
-def _mlx_backend(source: ModelSource, folder: str, max_tokens: int | None):
+def _mlx_backend(source: ModelSource, folder: str, max_tokens: int | None) -> Backend:
     from .backends.mlx_backend import MlxBackend
 
     if source.gguf is not None:
