@@ -46,30 +46,32 @@ class TorchState:
 
 
 class _Arena:
-    """One KV buffer per layer for a generation: the prefix copied in once, then every row token
-    written in place, so a step copies nothing. ``used`` says how far the buffer is written; a state
-    that does not own the buffer's end (an older ``Rows`` grown a second time) gets a fresh copy.
+    """One buffer per layer for the row tokens of a generation, written in place step by step.
+
+    Only the rows' own keys and values live here; the prefix KV stays in its ``Prefix`` and is
+    joined with the rows inside each layer for one attention call, then dropped, so a generation
+    holds no copy of the prefix. ``used`` says how far the buffer is written; a state that does not
+    own the buffer's end (an older ``Rows`` grown a second time) gets a fresh buffer.
     """
 
-    def __init__(self, keys: tuple[torch.Tensor, ...], values: tuple[torch.Tensor, ...], capacity: int) -> None:
-        used = keys[0].shape[-2]
-        self.keys = [self._buffer(k, capacity) for k in keys]
-        self.values = [self._buffer(v, capacity) for v in values]
-        self.used = used
-
-    @staticmethod
-    def _buffer(tensor: torch.Tensor, capacity: int) -> torch.Tensor:
-        shape = (*tensor.shape[:-2], max(capacity, tensor.shape[-2]), tensor.shape[-1])
-        buffer = torch.empty(shape, dtype=tensor.dtype, device=tensor.device)
-        buffer[..., : tensor.shape[-2], :] = tensor
-        return buffer
+    def __init__(self, like: torch.Tensor, n_layers: int, capacity: int) -> None:
+        shape = (*like.shape[:-2], capacity, like.shape[-1])
+        self.keys = [torch.empty(shape, dtype=like.dtype, device=like.device) for _ in range(n_layers)]
+        self.values = [torch.empty(shape, dtype=like.dtype, device=like.device) for _ in range(n_layers)]
+        self.used = 0
 
     def reserve(self, n_new: int) -> None:
         needed = self.used + n_new
         if needed > self.keys[0].shape[-2]:
             size = max(needed, 2 * self.keys[0].shape[-2])
-            self.keys = [self._buffer(k[..., : self.used, :], size) for k in self.keys]
-            self.values = [self._buffer(v[..., : self.used, :], size) for v in self.values]
+            self.keys = [_grown(k, self.used, size) for k in self.keys]
+            self.values = [_grown(v, self.used, size) for v in self.values]
+
+
+def _grown(buffer: torch.Tensor, used: int, size: int) -> torch.Tensor:
+    bigger = torch.empty((*buffer.shape[:-2], size, buffer.shape[-1]), dtype=buffer.dtype, device=buffer.device)
+    bigger[..., :used, :] = buffer[..., :used, :]
+    return bigger
 
 
 @dataclass(frozen=True)
@@ -83,22 +85,28 @@ class _GrownRows:
 
 
 class _ArenaLayer(DynamicLayer):
-    """A cache layer that appends the step's keys and values to an arena layer in place."""
+    """A cache layer that appends the step's keys and values to the rows' arena in place and attends
+    over the prefix and the rows written so far (joined for this call only).
+    """
 
-    def __init__(self, arena: _Arena, index: int) -> None:
+    def __init__(self, arena: _Arena, index: int, prefix_keys: torch.Tensor, prefix_values: torch.Tensor) -> None:
         super().__init__()
         self.arena, self.index = arena, index
-        self.keys, self.values = arena.keys[index], arena.values[index]
-        self.device = self.keys.device
+        self.keys, self.values = prefix_keys, prefix_values
+        self.device = prefix_keys.device
         self.is_initialized = True
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
         start, n = self.arena.used, key_states.shape[-2]
-        self.arena.keys[self.index][..., start : start + n, :] = key_states
-        self.arena.values[self.index][..., start : start + n, :] = value_states
-        return self.arena.keys[self.index][..., : start + n, :], self.arena.values[self.index][..., : start + n, :]
+        rows_k, rows_v = self.arena.keys[self.index], self.arena.values[self.index]
+        rows_k[..., start : start + n, :] = key_states
+        rows_v[..., start : start + n, :] = value_states
+        assert self.keys is not None and self.values is not None
+        keys = torch.cat([self.keys, rows_k[..., : start + n, :]], dim=-2)
+        values = torch.cat([self.values, rows_v[..., : start + n, :]], dim=-2)
+        return keys, values
 
 
 class _PrefixLayer(DynamicLayer):
@@ -283,9 +291,9 @@ class TorchBackend(Backend):
     def _grow(self, prefix: Prefix, rows: Rows | None, extended: tuple[tuple[int, ...], ...], n_new: list[int]) -> Rows:
         """Read only each row's new tokens, after the prefix and the rows' kept KV, in one pass.
 
-        The rows' tokens live packed after the prefix in one buffer per layer (``_Arena``): the
-        prefix KV is copied in once per generation, not once per row or per step, and every step
-        writes its tokens' keys and values in place. New tokens attend to the whole prefix, to the
+        The rows' tokens live packed after the prefix in one buffer per layer (``_Arena``) that
+        every step writes its tokens' keys and values into in place; the prefix KV is joined with
+        them inside each layer for that layer's attention only, so no copy of it is ever held. New tokens attend to the whole prefix, to the
         kept tokens of their own row and to their own row's earlier new tokens; positions continue
         each row's own length. The ``Prefix`` itself is never modified.
         """
@@ -312,11 +320,12 @@ class TorchBackend(Backend):
             [torch.ones(len(tokens), n_prefix, dtype=torch.bool, device=self.device), to_kept, to_new], 1
         )
         arena = self._arena_for(prefix, kept, len(tokens), extended)
+        state: TorchState = prefix.state
         out = self.decoder(
             input_ids=torch.tensor([tokens], device=self.device),
             position_ids=q_pos[None],
             attention_mask=self._masks(q_pos[None], k_pos[None], allowed[None]),
-            cache=Cache(layers=[_ArenaLayer(arena, i) for i in range(self.n_layers)]),
+            cache=Cache(layers=[_ArenaLayer(arena, i, k, v) for i, (k, v) in enumerate(zip(state.keys, state.values))]),
             use_cache=True,
         )
         arena.used += len(tokens)
@@ -338,22 +347,21 @@ class TorchBackend(Backend):
     def _arena_for(
         self, prefix: Prefix, kept: _GrownRows | None, n_new: int, extended: tuple[tuple[int, ...], ...]
     ) -> _Arena:
-        """The arena this step writes into: the rows' own, or a fresh one with the prefix copied in
-        (the first step, or a state that is not the arena's latest).
+        """The arena this step writes into: the rows' own, or a fresh one (the first step, or a state
+        that is not the arena's latest, whose own row tokens are copied over).
         """
         if kept is not None and kept.used == kept.arena.used:
             kept.arena.reserve(n_new)
             return kept.arena
         state: TorchState = prefix.state
         # room for every row to grow to twice its present length before the buffer must grow
-        capacity = prefix.n_tokens + 2 * sum(len(row) for row in extended) + n_new
-        arena = _Arena(state.keys, state.values, capacity)
-        if kept is not None:  # a stale state: its own tokens come along, then it writes after them
+        capacity = max(64, 2 * sum(len(row) for row in extended) + n_new)
+        arena = _Arena(state.keys[0], self.n_layers, capacity)
+        if kept is not None:
+            arena.reserve(kept.used + n_new)
             for i in range(self.n_layers):
-                stale_k = kept.arena.keys[i][..., prefix.n_tokens : kept.used, :]
-                stale_v = kept.arena.values[i][..., prefix.n_tokens : kept.used, :]
-                arena.keys[i][..., arena.used : arena.used + stale_k.shape[-2], :] = stale_k
-                arena.values[i][..., arena.used : arena.used + stale_v.shape[-2], :] = stale_v
+                arena.keys[i][..., : kept.used, :] = kept.arena.keys[i][..., : kept.used, :]
+                arena.values[i][..., : kept.used, :] = kept.arena.values[i][..., : kept.used, :]
             arena.used = kept.used
         return arena
 
