@@ -197,7 +197,8 @@ class Engine:
             warnings.append(BYPASSED)
         else:
             head, hit = self._head(head_ids, use_cache)
-            stats.head_cache, stats.cached_tokens, trunk = ("hit", len(head_ids), rest) if hit else ("miss", 0, rest)
+            stats.head_cache, stats.cached_tokens = ("hit", len(head_ids)) if hit else ("miss", 0)
+            trunk = rest
         stats.head_ms = _ms(clock)
         clock = time.perf_counter()
         decoded = decode(self.backend, head, tasks, rounds, trunk=trunk)

@@ -261,7 +261,14 @@ def expected_rows(rounds):
     return n_rows, n_tokens
 
 
-def check_stats(stats, warnings, tokens_read, *, head_cache, n_head, n_prompt, rounds, passes, later_waves):
+HEAD_CACHE = {"cold": "miss", "warm": "hit", "bypassed": "bypassed"}
+
+
+def check_stats(stats, warnings, tokens_read, case, *, head_ids, whole, answer_lines, rounds, passes):
+    """Every field of ``stats`` for a request whose prompt up to the rows is ``whole``."""
+    head_cache, n_head = HEAD_CACHE[case], len(head_ids)
+    assert (after_head(whole, head_ids) is None) == (case == "bypassed")
+    n_prompt = len(whole) - (0 if case == "bypassed" else n_head) + answer_lines
     n_rows, row_tokens = expected_rows(rounds)
     assert (stats.head_cache, stats.forward_passes) == (head_cache, passes)
     assert stats.cached_tokens == (n_head if head_cache == "hit" else 0)
@@ -272,70 +279,67 @@ def check_stats(stats, warnings, tokens_read, *, head_cache, n_head, n_prompt, r
     assert stats.row_layout == "packed"
     assert stats.compile_ms > 0 and stats.prefill_ms > 0
     assert stats.head_ms > 1.0 if head_cache == "miss" else stats.head_ms < 50.0  # a prefill, or a lookup
-    assert stats.decode_ms > 0 if later_waves else stats.decode_ms == 0
+    assert stats.decode_ms > 0 if len(rounds) > 1 else stats.decode_ms == 0
     parts = stats.compile_ms + stats.head_ms + stats.prefill_ms + stats.decode_ms
     assert stats.total_ms >= parts
     assert (BYPASSED in warnings) == (head_cache == "bypassed")
 
 
-def _measured(engine, call):
+def scenario(engine, merging, case, text):
+    """The engine and text of a case: a fresh engine (cold, warm), or the merging one with ``#``."""
+    return (merging, "#1042 " + text) if case == "bypassed" else (fresh(engine), text)
+
+
+def measured(engine, call):
     before = engine.backend.counter.tokens_read
     result = call()
     return result, engine.backend.counter.tokens_read - before
 
 
-@pytest.mark.parametrize("case", ["cold", "warm", "bypassed"])
+@pytest.mark.parametrize("case", list(HEAD_CACHE))
 def test_fill_stats_are_exact_cold_warm_and_bypassed(engine, merging, case):
-    target = merging if case == "bypassed" else fresh(engine)
-    text = "#1042 " + TEXT if case == "bypassed" else TEXT
+    target, text = scenario(engine, merging, case, TEXT)
     if case == "warm":
         target.warmup(Ticket)
-    result, read = _measured(target, lambda: target.fill(Ticket, text))
+    result, read = measured(target, lambda: target.fill(Ticket, text))
     compiled = target.compile(Ticket)
-    whole = target.request_ids(compiled, text)
-    n_head = len(compiled.head_ids)
-    assert (after_head(whole, compiled.head_ids) is None) == (case == "bypassed")
     first = compiled.field("topic")
     line = first.answer_ids[[label.value for label in first.field.labels].index(result.value.topic)]
-    n_request = len(whole) if case == "bypassed" else len(whole) - n_head
+    rounds = [[first.trie], [compiled.field("wants_refund").trie, compiled.field("urgent").trie]]
+    whole = target.request_ids(compiled, text)
+    passes = {"cold": 3, "warm": 2, "bypassed": 2}[case]
     check_stats(
         result.stats,
         result.warnings,
         read,
-        head_cache={"cold": "miss", "warm": "hit", "bypassed": "bypassed"}[case],
-        n_head=n_head,
-        n_prompt=n_request + len(line),
-        rounds=[[first.trie], [compiled.field("wants_refund").trie, compiled.field("urgent").trie]],
-        passes={"cold": 3, "warm": 2, "bypassed": 2}[case],
-        later_waves=True,
+        case,
+        head_ids=compiled.head_ids,
+        whole=whole,
+        answer_lines=len(line),
+        rounds=rounds,
+        passes=passes,
     )
 
 
-@pytest.mark.parametrize("case", ["cold", "warm", "bypassed"])
+@pytest.mark.parametrize("case", list(HEAD_CACHE))
 def test_decide_stats_are_exact_cold_warm_and_bypassed(engine, merging, case):
-    target = merging if case == "bypassed" else fresh(engine)
-    state = "#1042 " + STATE if case == "bypassed" else STATE
+    target, state = scenario(engine, merging, case, STATE)
     if case == "warm":
         target.decide(state, {"q": QUESTIONS["refund"]})
-    response, read = _measured(target, lambda: target.decide(state, QUESTIONS))
-    plan = plan_decide(
-        target.tokenizer,
-        render_decide_prompt(target.tokenizer),
-        DecideRequest(state=state, questions=QUESTIONS),
-        target.context_length,
-    )
-    n_head = len(plan.head_ids)
-    assert (after_head(plan.whole, plan.head_ids) is None) == (case == "bypassed")
+    response, read = measured(target, lambda: target.decide(state, QUESTIONS))
+    prompt = render_decide_prompt(target.tokenizer)
+    plan = plan_decide(target.tokenizer, prompt, DecideRequest(state=state, questions=QUESTIONS), target.context_length)
+    passes = {"cold": 2, "warm": 1, "bypassed": 1}[case]
     check_stats(
         response.stats,
         response.warnings,
         read,
-        head_cache={"cold": "miss", "warm": "hit", "bypassed": "bypassed"}[case],
-        n_head=n_head,
-        n_prompt=len(plan.whole) - (0 if case == "bypassed" else n_head),
+        case,
+        head_ids=plan.head_ids,
+        whole=plan.whole,
+        answer_lines=0,
         rounds=[[a.trie for a in plan.asked]],
-        passes={"cold": 2, "warm": 1, "bypassed": 1}[case],
-        later_waves=False,
+        passes=passes,
     )
     assert response.usage.input_tokens == response.stats.input_tokens
 
@@ -364,7 +368,7 @@ def four_pass_fill(backend, compiled, whole, strategy="trie"):
             previous = set(compiled.waves[index - 1])
             lines = [t for f in compiled.fields if f.name in previous for t in f.answer_ids[chosen[f.name]]]
             prefix = backend.prefill(lines, parent=prefix)
-        tasks = [DecisionTask(compiled.field(name).trie, strategy) for name in wave]
+        tasks = [DecisionTask(compiled.field(name).trie) for name in wave]
         for name, readout in zip(wave, decode(backend, prefix, tasks, RoundStats()).readouts):
             readouts[name], chosen[name] = readout, readout.best
     return readouts
@@ -384,11 +388,12 @@ def assert_same_fields(result, reference, compiled):
 def test_two_pass_fill_equals_the_four_pass_reading_on_every_bundled_schema(engine, name):
     case = load_case(name)
     schema, text = case["json_schema"], case["input"]
-    engine.warmup(schema)
+    head = engine.warmup(schema)
     result = engine.fill(schema, text)
     assert result.stats.forward_passes == 2
     compiled = engine.compile(schema)
-    assert_same_fields(result, four_pass_fill(engine.backend, compiled, engine.request_ids(compiled, text)), compiled)
+    reference = four_pass_fill(engine.backend, compiled, engine.request_ids(compiled, text), head)
+    assert_same_fields(result, reference, compiled)
 
 
 def test_one_pass_decide_equals_a_state_prefill_then_the_rows(engine):

@@ -15,8 +15,8 @@ A backend knows nothing about schemas, labels or JSON. It offers:
     returns the full-vocabulary log-softmax after token ``rows[row][position]`` (``position == -1``
     means after the trunk's last token, or the prefix's when there is no trunk), gathered at
     ``ids``, as float64: ``Scored.values``, one array per query. ``Scored.prefix`` is the prefix
-    extended by the trunk, its KV kept exactly as ``prefill(trunk, parent=prefix)`` would return
-    it, so that the next pass continues from it; with no trunk it is ``prefix`` itself. Neither the
+    extended by the trunk, its KV kept as ``prefill(trunk, parent=prefix)`` would return it (to
+    float rounding), so that the next pass continues from it; with no trunk it is ``prefix`` itself. Neither the
     given prefix nor any row is kept.
 
 ``grow(prefix, rows, new) -> Rows``
