@@ -1,77 +1,97 @@
-"""LlamaIndex on the PCD engine: a pydantic program and an LLM whose structured calls are engine calls.
+"""LlamaIndex on the PCD engine: a function-calling LLM and a pydantic program, both engine calls.
 
-`PCDProgram` is a `BasePydanticProgram`: it formats its prompt into the input text and asks
-`Engine.fill` for the whole object, so every field is one of its allowed values by construction and
-its per-field decisions stay reachable (`extract`, `last_decisions`). `PCDLLM` is a `CustomLLM` whose
-`structured_predict` family runs the same program, so `llm.as_structured_llm(Schema)` works too.
+`PCDLLM` is a `FunctionCallingLLM` built like LlamaIndex's other LLM classes: ``PCDLLM()`` or
+``PCDLLM(model="smollm2-135m")`` loads the weights on first use (`LazyEngine`), ``PCDLLM(engine=engine)``
+shares a loaded engine. What each call does with the model:
 
-PCD reads the model's distribution over closed values; it never samples text. So `PCDLLM.complete`,
-`stream_complete` and the chat calls built on them raise `PlainCompletionError` (a
-`FreeTextNotSupportedError`, so a `PcdError` and a `NotImplementedError`) that points to the structured
-calls, as the LangChain chat model does, rather than return text the engine did not decide. For the same reason sampling options (`llm_kwargs`) have
-nothing to act on and are ignored.
+- ``chat``/``complete`` and their stream and async forms *generate* text with `Engine.generate` /
+  `Engine.stream` (greedy, token by token); the token counts are in ``additional_kwargs`` and ``raw``.
+- ``chat_with_tools`` (and so a `FunctionAgent`) *decides* which tool to call: one PCD choice question
+  (`Engine.decide`) over the tool names and descriptions, plus an "answer directly" option unless a
+  tool is required; its probabilities are in ``additional_kwargs["pcd_tool_choice"]``. The chosen
+  tool's arguments are an `Engine.fill` of its argument schema (closed fields decided, open ones
+  generated) and come back as `ToolSelection`s from ``get_tool_calls_from_response``.
+- ``structured_predict`` and its async and stream forms run a `PCDProgram` (one `Engine.fill`),
+  inside the same ``dispatcher.span`` and events as `LLM.structured_predict`.
 
-This module is a translation layer only: it turns LlamaIndex prompts into input text and `Extraction`
-results into LlamaIndex outputs; prompts for the model, tokens and backends stay in `pcd_core`.
-`tests/test_llama_index.py` proves it on the embedded model. `PCDSelector`, the router slot, lives in
+This module is a translation layer only: it turns LlamaIndex messages and prompts into the engine's
+messages and input text, and engine results into LlamaIndex responses; prompts for the model, tokens
+and backends stay in `pcd_core`. `tests/test_llama_index.py` and `tests/test_llama_index_llm.py`
+prove it on the embedded model. `PCDSelector`, the router slot, lives in
 `pcd_integrations/llama_index_selector.py` and is re-exported here.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Generator, Mapping
-from typing import Any
+import asyncio
+import json
+import uuid
+from collections.abc import AsyncGenerator, Generator, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pcd_core import BackendUnavailableError
 
 try:
     from llama_index.core.base.llms.types import (
         ChatMessage,
+        ChatResponse,
+        ChatResponseAsyncGen,
+        ChatResponseGen,
         CompletionResponse,
+        CompletionResponseAsyncGen,
         CompletionResponseGen,
         LLMMetadata,
         MessageRole,
         TextBlock,
     )
-    from llama_index.core.bridge.pydantic import BaseModel, Field, PrivateAttr
+    from llama_index.core.bridge.pydantic import BaseModel, Field
     from llama_index.core.instrumentation import get_dispatcher
     from llama_index.core.instrumentation.events.llm import (
         LLMStructuredPredictEndEvent,
         LLMStructuredPredictInProgressEvent,
         LLMStructuredPredictStartEvent,
     )
-    from llama_index.core.llms import CustomLLM
+    from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
+    from llama_index.core.llms.function_calling import FunctionCallingLLM
+    from llama_index.core.llms.llm import ToolSelection
+    from llama_index.core.program.utils import FlexibleModel, create_flexible_model
     from llama_index.core.prompts import BasePromptTemplate, PromptTemplate
     from llama_index.core.types import BasePydanticProgram, Model
 except ImportError as error:  # pragma: no cover - exercised by a subprocess test without the extra
     raise BackendUnavailableError("llama-index", "llama-index-core") from error
 
-from pcd_core import (
-    Engine,
-    Extraction,
-    FieldResult,
-    FreeTextNotSupportedError,
-    PromptError,
-    SchemaError,
-    parse_schema,
-)
+from pcd_core import ChoiceAnswer, Engine, Extraction, PromptError, SchemaError, parse_schema
+from pcd_core.chatting import Generation
 
+from .lazy_engine import LazyEngine
 from .llama_index_selector import PCDSelector
 
-__all__ = ["PCDLLM", "PCDProgram", "PCDSelector", "PlainCompletionError", "prompt_to_text"]
+if TYPE_CHECKING:
+    from llama_index.core.tools.types import BaseTool
+
+__all__ = ["ANSWER_DIRECTLY", "PCDLLM", "PCDProgram", "PCDSelector", "prompt_to_text"]
 
 dispatcher = get_dispatcher(__name__)
 
+ANSWER_DIRECTLY = "answer_directly"
+"""The option of the tool choice that means "no tool: write the reply"."""
 
-class PlainCompletionError(FreeTextNotSupportedError):
-    """A completion or chat call without a schema: PCD decides closed fields, it writes no text."""
+_TOOL_QUESTION = (
+    "Which tool should the assistant call next to serve the user's last request? "
+    f"Choose {ANSWER_DIRECTLY} when no tool is needed or the tool results already answer it."
+)
+_T = TypeVar("_T")
 
-    def __init__(self) -> None:
-        super().__init__(
-            "PCDLLM decides closed fields and does not write free text. Ask for a schema whose fields "
-            "are booleans or enums: llm.structured_predict(Schema, prompt, **args), "
-            "llm.as_structured_llm(Schema), or PCDProgram.from_defaults(output_cls=Schema, ...)."
-        )
+
+def _text_of(message: ChatMessage) -> str:
+    """A message's text; non-text blocks raise `PromptError` (dropping them would answer on less)."""
+    for block in message.blocks:
+        if not isinstance(block, TextBlock):
+            raise PromptError(
+                f"a {message.role.value} message holds a {type(block).__name__}; the PCD engine "
+                "reads text only, so pass the text (for example a document's .text) instead"
+            )
+    return message.content or ""
 
 
 def prompt_to_text(prompt: BasePromptTemplate, prompt_args: Mapping[str, Any], system_prompt: str | None = None) -> str:
@@ -80,26 +100,86 @@ def prompt_to_text(prompt: BasePromptTemplate, prompt_args: Mapping[str, Any], s
     The engine writes its own instructions and value catalog around this text, so the prompt is the
     input, not the model's whole prompt. One message is passed as it is; several keep their roles as
     ``role: text`` paragraphs, so that a system instruction is still told apart from the document.
-    Images and other non-text blocks raise `PromptError`: dropping them would decide on less than
-    the caller sent.
+    Images and other non-text blocks raise `PromptError`.
     """
     messages = prompt.format_messages(**prompt_args)
     if system_prompt:
         messages = [ChatMessage(role=MessageRole.SYSTEM, content=system_prompt), *messages]
-    for message in messages:
-        for block in message.blocks:
-            if not isinstance(block, TextBlock):
-                raise PromptError(
-                    f"a {message.role.value} message holds a {type(block).__name__}; the PCD engine "
-                    "reads text only, so pass the text (for example a document's .text) instead"
-                )
-    texts = [(message.role, message.content) for message in messages if message.content]
+    return messages_to_text(messages)
+
+
+def messages_to_text(messages: Sequence[ChatMessage]) -> str:
+    """Messages as the input text of a fill or a decision: one alone as it is, else ``role: text``."""
+    texts = [(message.role.value, text) for message in messages if (text := _engine_content(message))]
     if len(texts) == 1:
         return texts[0][1]
-    return "\n\n".join(f"{role.value}: {content}" for role, content in texts)
+    return "\n\n".join(f"{role}: {content}" for role, content in texts)
 
 
-def _checked_output_cls(output_cls: Any) -> type[BaseModel]:
+def _engine_content(message: ChatMessage) -> str:
+    """The message's text; an assistant turn that only called tools is shown as its calls, so that
+    the next turn reads what was done rather than an empty reply.
+    """
+    text = _text_of(message)
+    calls = message.additional_kwargs.get("tool_calls") if message.role == MessageRole.ASSISTANT else None
+    if not text and calls:
+        return json.dumps([{"name": c["name"], "arguments": c["arguments"]} for c in calls])
+    return text
+
+
+def _usage(generation: Generation) -> dict[str, int]:
+    # the names LlamaIndex's token counting reads from a response's additional_kwargs
+    return {
+        "prompt_tokens": generation.input_tokens,
+        "completion_tokens": generation.output_tokens,
+        "total_tokens": generation.input_tokens + generation.output_tokens,
+    }
+
+
+def _raw(generation: Generation) -> dict[str, Any]:
+    return {
+        "text": generation.text,
+        "finish_reason": generation.finish_reason,
+        "usage": _usage(generation),
+        "cached_tokens": generation.cached_tokens,
+        "forward_passes": generation.forward_passes,
+        "method": "generated",
+    }
+
+
+async def _in_thread(items: Iterator[_T]) -> AsyncGenerator[_T, None]:
+    """A blocking iterator as an async generator: each step runs in a worker thread."""
+    done = object()
+    while (item := await asyncio.to_thread(next, items, done)) is not done:
+        yield item  # type: ignore[misc]
+
+
+def _tool_name(tool: BaseTool) -> str:
+    return tool.metadata.get_name()
+
+
+def _called_this_turn(messages: Sequence[ChatMessage]) -> set[str]:
+    """The tools already called since the last user message (from our own tool-call turns)."""
+    called: set[str] = set()
+    for message in reversed(messages):
+        if message.role == MessageRole.USER:
+            break
+        for call in message.additional_kwargs.get("tool_calls") or ():
+            called.add(call["name"])
+    return called
+
+
+def _forced_name(tool_choice: Any) -> str | None:
+    """A tool named by ``tool_choice`` (a name, or OpenAI's ``{"type": "function", ...}`` dict)."""
+    if isinstance(tool_choice, dict):
+        name = (tool_choice.get("function") or {}).get("name") or tool_choice.get("name")
+        return str(name) if name else None
+    if isinstance(tool_choice, str) and tool_choice not in {"auto", "none", "required", "any"}:
+        return tool_choice
+    return None
+
+
+def _checked_output_cls(output_cls: type[Model]) -> type[Model]:
     """Reject what the engine cannot fill before any model call, with the field named."""
     if not (isinstance(output_cls, type) and issubclass(output_cls, BaseModel)):
         raise SchemaError(
@@ -113,12 +193,13 @@ def _checked_output_cls(output_cls: Any) -> type[BaseModel]:
 class PCDProgram(BasePydanticProgram[Model]):
     """A pydantic program whose every call is one `Engine.fill` over the formatted prompt.
 
-    ``program(**prompt_args)`` returns an ``output_cls`` instance; ``acall`` awaits
-    `Engine.afill`, which runs in a worker thread, so an event loop (a Workflow step) keeps running.
-    The decisions behind an answer come from ``extract``/``aextract``, which return the whole
-    `Extraction` (per-field probability, candidate mass, confidence, stats, warnings); after a plain
-    call ``last_decisions`` holds the same per-field results. That attribute is per program, so
-    concurrent callers should use ``aextract`` instead. ``system_prompt``, if given, is sent as a
+    ``output_cls`` may mix closed fields (booleans, enums, small ints: decided, each with its
+    probability) and open ones (strings, numbers, nested objects, lists: generated under a grammar).
+    ``program(**prompt_args)`` returns an ``output_cls`` instance; ``acall`` awaits `Engine.afill`,
+    which runs in a worker thread, so an event loop (a Workflow step) keeps running. The decisions
+    behind an answer come from ``extract``/``aextract``, which return the whole `Extraction`; after
+    a plain call ``last_decisions`` holds the same per-field results. That attribute is per program,
+    so concurrent callers should use ``aextract`` instead. ``system_prompt``, if given, is sent as a
     system message ahead of the prompt (see `prompt_to_text`).
     """
 
@@ -126,12 +207,13 @@ class PCDProgram(BasePydanticProgram[Model]):
         self,
         output_cls: type[Model],
         prompt: BasePromptTemplate,
-        engine: Engine,
+        engine: Engine | LazyEngine,
         system_prompt: str | None = None,
     ) -> None:
         self._output_cls = _checked_output_cls(output_cls)
         self._prompt = prompt
-        self._engine = engine
+        # a PCDLLM is a LazyEngine: the program then loads the weights only when it first runs
+        self._source = engine
         self._system_prompt = system_prompt
         self._last_extraction: Extraction | None = None
 
@@ -141,26 +223,38 @@ class PCDProgram(BasePydanticProgram[Model]):
         output_cls: type[Model],
         prompt_template_str: str | None = None,
         prompt: BasePromptTemplate | None = None,
+        llm: Any = None,
         engine: Engine | None = None,
         model: str | None = None,
+        verbose: bool = False,
         **load_kwargs: Any,
     ) -> PCDProgram[Model]:
-        """Build a program from a template string or prompt, and an engine or a model to load.
+        """Build a program like LlamaIndex's own: an output class, a template string or prompt, and
+        ``llm=PCDLLM(...)``, ``engine=`` or ``model=`` (loaded now; ``load_kwargs`` go to `Engine.load`).
 
-        With neither ``engine`` nor ``model`` the embedded default model is loaded;
-        ``load_kwargs`` (``backend``, ``device``, ...) go to `Engine.load`.
+        With none of the three, the embedded default model is loaded. ``verbose`` is accepted for
+        LlamaIndex's signature and has nothing to print.
         """
         if (prompt is None) == (prompt_template_str is None):
             raise ValueError("pass exactly one of prompt= or prompt_template_str=")
-        if engine is not None and (model is not None or load_kwargs):
+        given = [name for name, value in (("llm", llm), ("engine", engine), ("model", model)) if value is not None]
+        if len(given) > 1 or (load_kwargs and (llm is not None or engine is not None)):
             raise ValueError(
-                f"pass either engine= or model=/load options, not both (model={model!r}, "
+                f"pass either llm=, engine= or model=/load options, not several (got {given!r}, "
                 f"options={sorted(load_kwargs)!r})"
             )
+        if llm is not None and not isinstance(llm, PCDLLM):
+            raise ValueError(f"llm= takes a PCDLLM; got {type(llm).__name__}")
         checked_cls = _checked_output_cls(output_cls)
-        if engine is None:
-            engine = Engine.load(model, **load_kwargs) if model else Engine.load(**load_kwargs)
-        return cls(checked_cls, prompt or PromptTemplate(prompt_template_str), engine)
+        source: Engine | LazyEngine
+        if llm is not None:
+            source = llm
+        elif engine is not None:
+            source = engine
+        else:
+            source = Engine.load(model, **load_kwargs) if model else Engine.load(**load_kwargs)
+        system_prompt = llm.system_prompt if llm is not None else None
+        return cls(checked_cls, prompt or PromptTemplate(str(prompt_template_str)), source, system_prompt=system_prompt)
 
     @property
     def output_cls(self) -> type[Model]:
@@ -176,7 +270,8 @@ class PCDProgram(BasePydanticProgram[Model]):
 
     @property
     def engine(self) -> Engine:
-        return self._engine
+        """The engine, loaded now if the program was built on a lazy `PCDLLM`."""
+        return self._source if isinstance(self._source, Engine) else self._source.load_engine()
 
     @property
     def last_extraction(self) -> Extraction | None:
@@ -184,104 +279,342 @@ class PCDProgram(BasePydanticProgram[Model]):
         return self._last_extraction
 
     @property
-    def last_decisions(self) -> Mapping[str, FieldResult]:
-        """Per-field decisions of the latest call in schema order; empty before the first call."""
+    def last_decisions(self) -> Mapping[str, Any]:
+        """Per-field results of the latest call in schema order (a `FieldResult` per decided field,
+        a ``GeneratedField`` per generated one); empty before the first call.
+        """
         return {} if self._last_extraction is None else self._last_extraction.fields
 
     def extract(self, **prompt_args: Any) -> Extraction:
         """Fill the object and return every decision behind it, not just the value."""
         text = prompt_to_text(self._prompt, prompt_args, self._system_prompt)
-        extraction = self._engine.fill(self._output_cls, text)
+        extraction = self.engine.fill(self._output_cls, text)
         self._last_extraction = extraction
         return extraction
 
     async def aextract(self, **prompt_args: Any) -> Extraction:
-        """`extract` without blocking the event loop."""
+        """`extract` without blocking the event loop (the first load runs in a thread too)."""
         text = prompt_to_text(self._prompt, prompt_args, self._system_prompt)
-        extraction = await self._engine.afill(self._output_cls, text)
+        engine = self._source if isinstance(self._source, Engine) else await self._source.aload_engine()
+        extraction = await engine.afill(self._output_cls, text)
         self._last_extraction = extraction
         return extraction
 
     def __call__(self, llm_kwargs: dict[str, Any] | None = None, **prompt_args: Any) -> Model:
-        """Return the filled ``output_cls``; ``llm_kwargs`` is accepted for LlamaIndex and ignored."""
+        """Return the filled ``output_cls``; ``llm_kwargs`` is accepted for LlamaIndex and ignored
+        (the engine decides and generates greedily, so sampling options have nothing to act on).
+        """
         return self.extract(**prompt_args).value
 
     async def acall(self, llm_kwargs: dict[str, Any] | None = None, **prompt_args: Any) -> Model:
         return (await self.aextract(**prompt_args)).value
 
-    def stream_call(self, llm_kwargs: dict[str, Any] | None = None, **prompt_args: Any) -> Generator[Model, None, None]:
-        """Yield the object once, complete.
+    def stream_call(
+        self, llm_kwargs: dict[str, Any] | None = None, **prompt_args: Any
+    ) -> Generator[Model | FlexibleModel, None, None]:
+        """Yield partial objects wave by wave, then the complete, validated ``output_cls``.
 
-        The engine decides a whole wave of fields in one batched pass and returns when the last wave
-        is done, so there is no partial text to stream; the one item is already schema-valid.
+        The partials are ``FlexibleModel``s (LlamaIndex's partial form, every field optional): first
+        the fields decided in the first wave, then each later wave's, then the object with its
+        generated fields. `Engine.fill` returns once, after its last step, so the partials are
+        yielded when the call is done, in the order the engine produced them, not while it runs.
         """
-        yield self(**prompt_args)
+        yield from partial_objects(self._output_cls, self.extract(**prompt_args))
 
     async def astream_call(
         self, llm_kwargs: dict[str, Any] | None = None, **prompt_args: Any
-    ) -> AsyncGenerator[Model, None]:
+    ) -> AsyncGenerator[Model | FlexibleModel, None]:
         """The async form of `stream_call`; awaited first, as `LLM.astream_structured_predict` does."""
 
-        async def gen() -> AsyncGenerator[Model, None]:
-            yield await self.acall(**prompt_args)
+        async def gen() -> AsyncGenerator[Model | FlexibleModel, None]:
+            for item in partial_objects(self._output_cls, await self.aextract(**prompt_args)):
+                yield item
 
         return gen()
 
 
-class PCDLLM(CustomLLM):
-    """A LlamaIndex LLM for structured calls only, backed by a shared `Engine`.
+def partial_objects(output_cls: type[Model], extraction: Extraction) -> list[Model | FlexibleModel]:
+    """The object as it stood after each decided wave, then complete.
 
-    ``structured_predict``, ``astructured_predict``, ``stream_structured_predict`` and
-    ``astream_structured_predict`` run a `PCDProgram`, so ``as_structured_llm(Schema)`` returns
-    engine-filled objects; ``system_prompt`` is passed to the engine as part of the input text.
-    ``complete`` and ``stream_complete`` (and the chat calls made from them) raise
-    `PlainCompletionError`: see the module docstring.
+    Decided fields carry the wave that decided them; generated fields all come after the last
+    decided wave. One wave and nothing generated gives the complete object alone.
+    """
+    decided_waves = sorted({r.wave for r in extraction.fields.values() if r.method != "generated"})
+    partial_cls = create_flexible_model(output_cls)
+    dumped = extraction.value.model_dump()
+    partials: list[Model | FlexibleModel] = []
+    for wave in decided_waves:
+        names = [n for n, r in extraction.fields.items() if r.method != "generated" and r.wave <= wave]
+        if len(names) < len(extraction.fields):
+            partials.append(partial_cls(**{name: dumped[name] for name in names}))
+    return [*partials, extraction.value]
+
+
+class PCDLLM(FunctionCallingLLM, LazyEngine):
+    """A LlamaIndex function-calling LLM on the PCD engine; see the module docstring for what is
+    generated and what is decided.
+
+    ``PCDLLM()`` / ``PCDLLM(model=..., backend=...)`` load the weights on first use;
+    ``PCDLLM(engine=engine)`` (or ``PCDLLM(engine)``) shares a loaded engine. ``max_new_tokens`` caps
+    a generated reply; a call's ``max_tokens=``/``stop=`` override it per call. ``system_prompt``
+    is sent as a system message ahead of the chat, and as part of the input of structured calls.
     """
 
-    model_name: str = Field(description="The engine's model, as Engine.model_name reports it.")
-    _engine: Engine = PrivateAttr()
+    max_new_tokens: int = Field(default=256, gt=0, description="The most tokens a generated reply may have.")
 
-    def __init__(self, engine: Engine, **kwargs: Any) -> None:
-        super().__init__(model_name=engine.model_name, **kwargs)
-        self._engine = engine
+    def __init__(self, engine: Engine | None = None, /, **kwargs: Any) -> None:
+        if engine is not None:
+            kwargs["engine"] = engine
+        super().__init__(**kwargs)
 
     @classmethod
     def from_model(cls, model: str | None = None, **load_kwargs: Any) -> PCDLLM:
-        """Load an engine (the embedded default without ``model``) and wrap it."""
+        """Load an engine now (the embedded default without ``model``) and wrap it."""
         engine = Engine.load(model, **load_kwargs) if model else Engine.load(**load_kwargs)
-        return cls(engine)
+        return cls(engine=engine)
 
     @classmethod
     def class_name(cls) -> str:
         return "pcd_llm"
 
     @property
-    def engine(self) -> Engine:
-        return self._engine
+    def model_name(self) -> str:
+        return self.model
 
     @property
     def metadata(self) -> LLMMetadata:
-        # num_output is 0 because nothing is generated: the answers are values read in place, so
-        # LlamaIndex's prompt helpers may give the whole context window to the input.
+        # the context window is the model's own, read from the engine once it is loaded; before that
+        # LlamaIndex's default stands in rather than loading weights to answer a property
+        context = self.engine.context_length if self.engine is not None else LLMMetadata().context_window
         return LLMMetadata(
-            context_window=self._engine.context_length,
-            num_output=0,
-            is_chat_model=False,
-            is_function_calling_model=False,
-            model_name=self._engine.model_name,
+            context_window=context,
+            num_output=self.max_new_tokens,
+            is_chat_model=True,
+            is_function_calling_model=True,
+            model_name=self.model,
         )
 
-    def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
-        raise PlainCompletionError()
+    # -- plain generation ---------------------------------------------------------------------
+    def _chat_messages(self, messages: Sequence[ChatMessage]) -> list[dict[str, str]]:
+        """LlamaIndex messages as the engine's role/content dicts (the chat template renders them)."""
+        converted = [{"role": m.role.value, "content": _engine_content(m)} for m in messages]
+        if self.system_prompt and not (converted and converted[0]["role"] == "system"):
+            converted.insert(0, {"role": "system", "content": self.system_prompt})
+        return converted
 
+    def _completion_messages(self, prompt: str) -> list[dict[str, str]]:
+        return self._chat_messages([ChatMessage(role=MessageRole.USER, content=prompt)])
+
+    def _options(self, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        stop = kwargs.get("stop") or ()
+        return {
+            "max_new_tokens": int(kwargs.get("max_tokens") or kwargs.get("max_new_tokens") or self.max_new_tokens),
+            "stop": [stop] if isinstance(stop, str) else list(stop),
+        }
+
+    def _generate(self, messages: list[dict[str, str]], kwargs: Mapping[str, Any]) -> Generation:
+        return self.load_engine().generate(messages, **self._options(kwargs))
+
+    def _stream(self, messages: list[dict[str, str]], kwargs: Mapping[str, Any]) -> Iterator[tuple[str, Generation]]:
+        """(delta, generation so far) pairs; the last pair has an empty delta and the final counts."""
+        generation = Generation(text="", finish_reason="length", input_tokens=0, output_tokens=0, forward_passes=0)
+        for delta in self.load_engine().stream(messages, **self._options(kwargs), result=generation):
+            yield delta, generation
+        yield "", generation
+
+    def _chat_response(self, generation: Generation, delta: str | None = None, **extra: Any) -> ChatResponse:
+        return ChatResponse(
+            message=ChatMessage(role=MessageRole.ASSISTANT, content=generation.text),
+            delta=delta,
+            raw=_raw(generation),
+            additional_kwargs={**_usage(generation), **extra},
+        )
+
+    def _completion(self, generation: Generation, delta: str | None = None) -> CompletionResponse:
+        return CompletionResponse(
+            text=generation.text, delta=delta, raw=_raw(generation), additional_kwargs=_usage(generation)
+        )
+
+    def _chat(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> ChatResponse:
+        if kwargs.get("tools") is not None:
+            return self._tool_turn(messages, kwargs)
+        return self._chat_response(self._generate(self._chat_messages(messages), kwargs))
+
+    def _stream_chat(
+        self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]
+    ) -> Generator[ChatResponse, None, None]:
+        if kwargs.get("tools") is not None:
+            chosen = self._choose_tool(messages, kwargs)
+            if chosen["tool"] is not None:
+                yield self._tool_call_response(messages, chosen)
+                return
+            extra = {"pcd_tool_choice": chosen["record"]}
+        else:
+            extra = {}
+        for delta, generation in self._stream(self._chat_messages(messages), kwargs):
+            yield self._chat_response(generation, delta, **extra)
+
+    def _stream_complete(self, prompt: str, kwargs: dict[str, Any]) -> Generator[CompletionResponse, None, None]:
+        for delta, generation in self._stream(self._completion_messages(prompt), kwargs):
+            yield self._completion(generation, delta)
+
+    @llm_chat_callback()
+    def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
+        return self._chat(messages, kwargs)
+
+    @llm_chat_callback()
+    async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
+        await self.aload_engine()
+        return await asyncio.to_thread(self._chat, messages, kwargs)
+
+    @llm_chat_callback()
+    def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
+        return self._stream_chat(messages, kwargs)
+
+    @llm_chat_callback()
+    async def astream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseAsyncGen:
+        await self.aload_engine()
+        return _in_thread(self._stream_chat(messages, kwargs))
+
+    @llm_completion_callback()
+    def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
+        return self._completion(self._generate(self._completion_messages(prompt), kwargs))
+
+    @llm_completion_callback()
+    async def acomplete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
+        await self.aload_engine()
+        generation = await asyncio.to_thread(self._generate, self._completion_messages(prompt), kwargs)
+        return self._completion(generation)
+
+    @llm_completion_callback()
     def stream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseGen:
-        raise PlainCompletionError()
+        return self._stream_complete(prompt, kwargs)
+
+    @llm_completion_callback()
+    async def astream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseAsyncGen:
+        await self.aload_engine()
+        return _in_thread(self._stream_complete(prompt, kwargs))
+
+    # -- tool calls ---------------------------------------------------------------------------
+    def _prepare_chat_with_tools(
+        self,
+        tools: Sequence[BaseTool],
+        user_msg: str | ChatMessage | None = None,
+        chat_history: list[ChatMessage] | None = None,
+        verbose: bool = False,
+        allow_parallel_tool_calls: bool = False,
+        tool_required: bool = False,
+        tool_choice: Any = None,
+        **kwargs: Any,
+    ) -> dict[str, Any]:
+        """The chat call's arguments: the messages, and the tools for `_tool_turn` to choose from.
+
+        One tool call per turn: the choice is one PCD choice, so ``allow_parallel_tool_calls`` has
+        no second pick to allow.
+        """
+        messages = list(chat_history or [])
+        if isinstance(user_msg, str):
+            messages.append(ChatMessage(role=MessageRole.USER, content=user_msg))
+        elif user_msg is not None:
+            messages.append(user_msg)
+        return {
+            "messages": messages,
+            "tools": list(tools),
+            "tool_required": tool_required,
+            "tool_choice": tool_choice,
+            **kwargs,
+        }
+
+    def get_tool_calls_from_response(
+        self, response: ChatResponse, error_on_no_tool_call: bool = True, **kwargs: Any
+    ) -> list[ToolSelection]:
+        calls = response.message.additional_kwargs.get("tool_calls") or []
+        if not calls and error_on_no_tool_call:
+            raise ValueError(f"expected a tool call, got a reply: {response.message.content!r}")
+        return [ToolSelection(tool_id=c["id"], tool_name=c["name"], tool_kwargs=c["arguments"]) for c in calls]
+
+    def _choose_tool(self, messages: Sequence[ChatMessage], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        """Which tool to call, or none: a PCD choice, with the record that goes into the response.
+
+        ``tool_choice="none"`` answers directly; a named tool is called without a decision. Otherwise
+        the options are the tools not yet called since the user's last message, plus
+        `ANSWER_DIRECTLY` unless a tool is required (``tool_required=True`` or ``tool_choice``
+        ``"required"``/``"any"``). Leaving out the tools already called is what makes an agent loop
+        end on a small model: each tool runs at most once per user turn, then the reply is written.
+        """
+        tools: list[BaseTool] = list(kwargs["tools"])
+        choice = kwargs.get("tool_choice")
+        required = bool(kwargs.get("tool_required")) or choice in {"required", "any"}
+        by_name = {_tool_name(tool): tool for tool in tools}
+        forced = _forced_name(choice)
+        if forced is not None:
+            if forced not in by_name:
+                raise ValueError(f"tool_choice names {forced!r}, which is not among the tools {sorted(by_name)!r}")
+            return {"tool": by_name[forced], "record": {"choice": forced, "forced": True}}
+        if choice == "none" or not tools:
+            return {"tool": None, "record": {"choice": ANSWER_DIRECTLY, "forced": True}}
+        called = _called_this_turn(messages)
+        open_tools = tools if required else [t for t in tools if _tool_name(t) not in called]
+        criteria: dict[str, str | None] = {_tool_name(t): _one_line(t.metadata.description) for t in open_tools}
+        if not required:
+            if ANSWER_DIRECTLY in criteria:
+                raise ValueError(f"a tool is named {ANSWER_DIRECTLY!r}, the name of the no-tool option")
+            criteria[ANSWER_DIRECTLY] = "reply to the user in words, without calling a tool"
+        if len(criteria) == 1:  # nothing to decide between
+            [name] = criteria
+            return {
+                "tool": by_name.get(name),
+                "record": {"choice": name, "forced": True, "called_this_turn": sorted(called)},
+            }
+        response = self.load_engine().decide(
+            messages_to_text(messages),
+            {"tool": {"type": "choice", "instructions": _TOOL_QUESTION, "criteria": criteria}},
+        )
+        answer = response.answers["tool"]
+        assert isinstance(answer, ChoiceAnswer)
+        record = {
+            "choice": answer.choice,
+            "probabilities": dict(answer.probabilities),
+            "confidence": answer.confidence,
+            "candidate_mass": answer.candidate_mass,
+            "forced": False,
+            "called_this_turn": sorted(called),
+            "input_tokens": response.usage.input_tokens,
+        }
+        return {"tool": by_name.get(answer.choice), "record": record}
+
+    def _tool_call_response(self, messages: Sequence[ChatMessage], chosen: dict[str, Any]) -> ChatResponse:
+        """The assistant turn that calls ``chosen["tool"]``, its arguments filled by the engine."""
+        tool: BaseTool = chosen["tool"]
+        name = _tool_name(tool)
+        schema = tool.metadata.get_parameters_dict()
+        arguments: dict[str, Any] = {}
+        fields: dict[str, Any] = {}
+        if schema.get("properties"):  # a tool without parameters is called with none, no model call
+            task = f"Write the arguments of a call to the tool {name}: {_one_line(tool.metadata.description)}"
+            extraction = self.load_engine().fill(schema, messages_to_text(messages), task=task)
+            arguments = dict(extraction.value)
+            fields = {key: result.to_dict() for key, result in extraction.fields.items()}
+        call = {"id": f"call_{uuid.uuid4().hex[:24]}", "name": name, "arguments": arguments}
+        return ChatResponse(
+            message=ChatMessage(role=MessageRole.ASSISTANT, content="", additional_kwargs={"tool_calls": [call]}),
+            raw={"tool_calls": [call]},
+            additional_kwargs={"pcd_tool_choice": chosen["record"], "pcd_arguments": fields},
+        )
+
+    def _tool_turn(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> ChatResponse:
+        chosen = self._choose_tool(messages, kwargs)
+        if chosen["tool"] is not None:
+            return self._tool_call_response(messages, chosen)
+        generation = self._generate(self._chat_messages(messages), kwargs)
+        return self._chat_response(generation, pcd_tool_choice=chosen["record"])
+
+    # -- structured calls ---------------------------------------------------------------------
+    # The same span and events as `LLM`'s own structured calls, so LlamaIndex observers see PCD
+    # calls like any other structured prediction.
 
     def _program(self, output_cls: type[Model], prompt: BasePromptTemplate) -> PCDProgram[Model]:
-        return PCDProgram(output_cls, prompt, self._engine, system_prompt=self.system_prompt)
-
-    # The four structured calls below emit the same instrumentation events as `LLM`'s own, so
-    # LlamaIndex observers see PCD calls like any other structured prediction.
+        return PCDProgram(output_cls, prompt, self, system_prompt=self.system_prompt)
 
     def _started(self, output_cls: type[Model], prompt: PromptTemplate, prompt_args: dict[str, Any]) -> PCDProgram:
         """The program for one call, after announcing the call to LlamaIndex's observers."""
@@ -291,6 +624,7 @@ class PCDLLM(CustomLLM):
         )
         return program
 
+    @dispatcher.span
     def structured_predict(
         self,
         output_cls: type[Model],
@@ -303,6 +637,7 @@ class PCDLLM(CustomLLM):
         dispatcher.event(LLMStructuredPredictEndEvent(output=result))
         return result
 
+    @dispatcher.span
     async def astructured_predict(
         self,
         output_cls: type[Model],
@@ -315,37 +650,46 @@ class PCDLLM(CustomLLM):
         dispatcher.event(LLMStructuredPredictEndEvent(output=result))
         return result
 
+    @dispatcher.span
     def stream_structured_predict(
         self,
         output_cls: type[Model],
         prompt: PromptTemplate,
         llm_kwargs: dict[str, Any] | None = None,
         **prompt_args: Any,
-    ) -> Generator[Model, None, None]:
-        """Yield the complete object once (see `PCDProgram.stream_call`)."""
+    ) -> Generator[Model | FlexibleModel, None, None]:
+        """Yield partial objects wave by wave, the last complete (see `PCDProgram.stream_call`)."""
         program = self._started(output_cls, prompt, prompt_args)
+        result: Any = None
         for result in program.stream_call(**prompt_args):
             dispatcher.event(LLMStructuredPredictInProgressEvent(output=result))
             yield result
         dispatcher.event(LLMStructuredPredictEndEvent(output=result))
 
+    @dispatcher.span
     async def astream_structured_predict(
         self,
         output_cls: type[Model],
         prompt: PromptTemplate,
         llm_kwargs: dict[str, Any] | None = None,
         **prompt_args: Any,
-    ) -> AsyncGenerator[Model, None]:
+    ) -> AsyncGenerator[Model | FlexibleModel, None]:
         """The async form of `stream_structured_predict`; awaited first, as in `LLM`."""
         program = self._program(output_cls, prompt)
 
-        async def gen() -> AsyncGenerator[Model, None]:
+        async def gen() -> AsyncGenerator[Model | FlexibleModel, None]:
             dispatcher.event(
                 LLMStructuredPredictStartEvent(output_cls=output_cls, template=prompt, template_args=prompt_args)
             )
+            result: Any = None
             async for result in await program.astream_call(**prompt_args):
                 dispatcher.event(LLMStructuredPredictInProgressEvent(output=result))
                 yield result
             dispatcher.event(LLMStructuredPredictEndEvent(output=result))
 
         return gen()
+
+
+def _one_line(text: str | None) -> str | None:
+    """A tool description on one line (LlamaIndex prefixes the signature on its own line)."""
+    return " ".join(text.split()) if text else None

@@ -16,7 +16,7 @@ from llama_index.core.prompts import ChatPromptTemplate, PromptTemplate
 from pydantic import BaseModel, Field
 
 from pcd_core import Engine, PromptError, SchemaError
-from pcd_integrations.llama_index import PCDLLM, PCDProgram, PlainCompletionError, prompt_to_text
+from pcd_integrations.llama_index import PCDLLM, PCDProgram, prompt_to_text
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "llama_index_workflow.py"
 
@@ -28,11 +28,6 @@ class Ticket(BaseModel):
 
     urgent: bool = Field(description="Does the customer need an answer today?")
     sentiment: Literal["positive", "negative", "neutral"] = Field(description="The customer's mood")
-
-
-class FreeText(BaseModel):
-    urgent: bool
-    summary: str
 
 
 @pytest.fixture
@@ -79,10 +74,16 @@ def test_complaint_reads_negative_and_praise_positive(program: PCDProgram[Ticket
     assert (complaint.sentiment, praise.sentiment) == ("negative", "positive")
 
 
-def test_stream_call_yields_the_complete_object_once(program: PCDProgram[Ticket]) -> None:
+def test_stream_call_yields_each_decided_wave_then_the_object(program: PCDProgram[Ticket]) -> None:
     items = list(program.stream_call(message=MESSAGE))
-    assert len(items) == 1
-    assert isinstance(items[0], Ticket)
+    waves = sorted({result.wave for result in program.last_decisions.values()})
+    assert len(items) == len(waves) >= 2, "Ticket's two fields are decided in two waves"
+    *partials, ticket = items
+    assert isinstance(ticket, Ticket)
+    first_wave = [name for name, result in program.last_decisions.items() if result.wave == waves[0]]
+    assert {k: v for k, v in partials[0].model_dump().items() if v is not None} == {
+        name: getattr(ticket, name) for name in first_wave
+    }
 
 
 @pytest.mark.asyncio
@@ -118,10 +119,11 @@ def test_structured_predict_goes_through_the_engine(llm: PCDLLM, program: PCDPro
     assert ticket == program(message=MESSAGE)
 
 
-def test_stream_structured_predict_yields_one_object(llm: PCDLLM) -> None:
+def test_stream_structured_predict_ends_with_the_complete_object(llm: PCDLLM) -> None:
     items = list(llm.stream_structured_predict(Ticket, _ticket_prompt(), message=MESSAGE))
-    assert len(items) == 1
-    assert isinstance(items[0], Ticket)
+    assert len(items) >= 2
+    assert isinstance(items[-1], Ticket)
+    assert not any(isinstance(item, Ticket) for item in items[:-1])
 
 
 @pytest.mark.asyncio
@@ -129,7 +131,7 @@ async def test_async_structured_predict_and_its_stream_agree(llm: PCDLLM) -> Non
     ticket = await llm.astructured_predict(Ticket, _ticket_prompt(), message=MESSAGE)
     assert isinstance(ticket, Ticket)
     stream = await llm.astream_structured_predict(Ticket, _ticket_prompt(), message=MESSAGE)
-    assert [item async for item in stream] == [ticket]
+    assert [item async for item in stream][-1] == ticket
 
 
 def test_as_structured_llm_returns_engine_objects(llm: PCDLLM, engine: Engine) -> None:
@@ -151,26 +153,6 @@ async def test_as_structured_llm_async_chat(llm: PCDLLM) -> None:
     assert isinstance(response.raw, Ticket)
 
 
-def test_free_text_calls_raise_and_point_to_structured_calls(llm: PCDLLM) -> None:
-    with pytest.raises(PlainCompletionError, match="structured_predict"):
-        llm.complete("Tell me a story")
-    with pytest.raises(PlainCompletionError, match="as_structured_llm"):
-        llm.stream_complete("Tell me a story")
-    with pytest.raises(PlainCompletionError, match="PCDProgram"):
-        llm.chat([ChatMessage(role=MessageRole.USER, content="hi")])
-
-
-def test_free_text_field_is_a_schema_error_before_any_model_call(llm: PCDLLM, engine: Engine) -> None:
-    passes_before = engine.backend.forward_passes
-    with pytest.raises(SchemaError, match="summary"):
-        PCDProgram.from_defaults(output_cls=FreeText, prompt_template_str="{x}", engine=engine)
-    with pytest.raises(SchemaError, match="summary"):
-        llm.structured_predict(FreeText, PromptTemplate("{x}"), x="text")
-    with pytest.raises(SchemaError, match="summary"):
-        llm.as_structured_llm(FreeText).complete("text")
-    assert engine.backend.forward_passes == passes_before
-
-
 def test_output_cls_must_be_a_pydantic_class(engine: Engine) -> None:
     with pytest.raises(SchemaError, match="pydantic BaseModel"):
         PCDProgram.from_defaults(output_cls={"type": "object"}, prompt_template_str="{x}", engine=engine)
@@ -183,7 +165,7 @@ def test_from_defaults_rejects_ambiguous_arguments(engine: Engine) -> None:
         PCDProgram.from_defaults(
             output_cls=Ticket, prompt_template_str="{x}", prompt=PromptTemplate("{x}"), engine=engine
         )
-    with pytest.raises(ValueError, match="either engine= or model="):
+    with pytest.raises(ValueError, match="either llm=, engine= or model="):
         PCDProgram.from_defaults(output_cls=Ticket, prompt_template_str="{x}", engine=engine, model="smollm2-135m")
 
 
@@ -191,8 +173,8 @@ def test_metadata_describes_the_engine(llm: PCDLLM, engine: Engine) -> None:
     metadata = llm.metadata
     assert metadata.model_name == engine.model_name == llm.model_name
     assert metadata.context_window == engine.context_length
-    assert metadata.num_output == 0
-    assert not metadata.is_function_calling_model
+    assert metadata.num_output == llm.max_new_tokens
+    assert metadata.is_function_calling_model and metadata.is_chat_model
 
 
 def test_one_message_is_passed_as_it_is() -> None:
