@@ -91,13 +91,30 @@ def mcp_tools(servers: dict[str, Any], kind: str) -> dict[str, float]:
     return {"true": content["noul"]} if kind == "noul" else content["probabilities"]
 
 
-# Each slot asks one question in its own protocol. PCDDecisionModel (pcd_integrations/langchain.py)
-# joins here as one more function.
+def langchain_model(servers: dict[str, Any], kind: str) -> dict[str, float]:
+    from langchain_core.decisions import Choice, Noul, Score
+
+    from pcd_integrations.langchain import PCDDecisionModel
+
+    question: Any = {
+        "noul": lambda: Noul(instructions=INSTRUCTIONS["noul"]),
+        "choice": lambda: Choice(instructions=INSTRUCTIONS["choice"], criteria=OPTIONS),
+        "score": lambda: Score(instructions=INSTRUCTIONS["score"], criteria=LEVELS),
+    }[kind]()
+    response = PCDDecisionModel(engine=servers["engine"]).invoke({"state": STATE, "questions": {"q": question}})
+    answer = response.answers["q"]
+    if kind == "noul":
+        return {"true": answer.noul}
+    return {str(label): p for label, p in answer.probabilities.items()}
+
+
+# Each slot asks one question in its own protocol.
 SLOTS: dict[str, Callable[[dict[str, Any], str], dict[str, float]]] = {
     "python": python_api,
     "systemone": systemone,
     "decisions": decisions,
     "mcp": mcp_tools,
+    "langchain": langchain_model,
 }
 
 
