@@ -109,7 +109,7 @@ def low_mass_warnings(masses: dict[str, float], kind: str, threshold: float = LO
 
 
 def mass_warnings(results: dict[str, FieldResult], threshold: float = LOW_MASS) -> list[str]:
-    return low_mass_warnings({r.name: r.candidate_mass for r in results.values()}, "field", threshold)
+    return low_mass_warnings({name: r.candidate_mass for name, r in results.items()}, "field", threshold)
 
 
 @dataclass

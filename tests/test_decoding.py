@@ -207,10 +207,11 @@ def test_a_warm_fill_is_two_passes_a_cold_one_three_and_each_wave_one_more():
 
 
 def test_an_input_that_merges_with_the_head_is_read_whole_and_warned_about():
-    engine = oracle_engine(merges={b"\n#": 300})
+    # every request opens its fence with "<<<", right after the head's newline: here they merge
+    engine = oracle_engine(merges={b"\n<": 300})
     schema = {"flag": "boolean", "tier": ["GOLD", "SILVER"]}
     merged = engine.fill(schema, "#7 some input")
-    plain = engine.fill(schema, "some input")
+    plain = oracle_engine().fill(schema, "some input")
     assert (merged.stats.head_cache, plain.stats.head_cache) == ("bypassed", "miss")
     assert merged.stats.forward_passes == 2  # the cached head is never prefilled for it
     assert merged.stats.cached_tokens == 0 and any("merged" in w for w in merged.warnings)

@@ -226,15 +226,15 @@ def test_a_state_over_the_context_is_rejected(engine):
 
 # -- one read path: pass counts and every Stats field, cold, warm and bypassed --------------------
 class NewlineHashTokenizer(TextTokenizer):
-    """SmolLM2's tokenizer, except that a newline followed by ``#`` is one token, as a BPE merge
-    would make it. Both heads end in a newline, so an input that starts with ``#`` merges with the
-    head's last token: the bypass, which SmolLM2's and Gemma 3's own merges never produce after a
-    stripped input (every first character up to U+3000 was probed).
+    """SmolLM2's tokenizer, except that a newline followed by ``<<<`` is one token, as a BPE merge
+    would make it. Both heads end in a newline and every request opens its fence with ``<<<``, so the
+    request merges with the head's last token: the bypass, which SmolLM2's and Gemma 3's own merges
+    never produce (every first character up to U+3000 was probed).
     """
 
     def __init__(self, hf) -> None:
         super().__init__(hf)
-        self.pair = (hf.encode("\n", add_special_tokens=False)[0], hf.encode("#", add_special_tokens=False)[0])
+        self.pair = (hf.encode("\n", add_special_tokens=False)[0], hf.encode("<<<", add_special_tokens=False)[0])
         self.merged = hf.encode(" #", add_special_tokens=False)[0]
 
     def _encode_uncached(self, text: str) -> tuple[int, ...]:
@@ -286,7 +286,7 @@ def check_stats(stats, warnings, tokens_read, case, *, head_ids, whole, answer_l
 
 
 def scenario(engine, merging, case, text):
-    """The engine and text of a case: a fresh engine (cold, warm), or the merging one with ``#``."""
+    """The engine and text of a case: a fresh engine (cold, warm), or the merging one."""
     return (merging, "#1042 " + text) if case == "bypassed" else (fresh(engine), text)
 
 
