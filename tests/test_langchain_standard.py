@@ -72,7 +72,7 @@ class TestChatPCDIntegration(ChatModelIntegrationTests):
 
     @property
     def chat_model_params(self) -> dict[str, Any]:
-        return {"engine": self.engine}
+        return {"engine": self.engine, "max_tokens": 48}
 
     @property
     def has_tool_calling(self) -> bool:
