@@ -151,6 +151,15 @@ def _is_untitled(schema: Any) -> bool:
     return isinstance(schema, Mapping) and "properties" in schema and "title" not in schema and "name" not in schema
 
 
+def _response_format_schema(response_format: Any) -> Any:
+    """The JSON Schema of an OpenAI-style ``response_format``, which ``create_agent`` binds when the
+    profile says structured output is supported; None for none or for ``{"type": "json_object"}``.
+    """
+    if isinstance(response_format, Mapping) and response_format.get("type") == "json_schema":
+        return (response_format.get("json_schema") or {}).get("schema")
+    return None
+
+
 def _tool_choice(tool_choice: Any, names: Sequence[str]) -> str:
     """``auto``, ``any``, ``none`` or a tool name, from every form LangChain and OpenAI use."""
     if tool_choice is None:
@@ -404,16 +413,16 @@ class ChatPCD(LazyEngine, BaseChatModel):
     def _chunks(
         self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]
     ) -> Iterator[AIMessageChunk]:
-        """The reply's chunks: a fill, a tool call, or generated text (with the tool choice that
-        led to it, when one was made).
+        """The reply's chunks: a tool call, a fill of the schema (``with_structured_output`` or an
+        OpenAI-style ``response_format``), or generated text; a tool choice that led to no call is
+        kept in the metadata (``pcd_tool_choice`` next to a fill's fields).
         """
         self._check_model(kwargs)
         schema = kwargs.get("response_schema")
+        if schema is None:
+            schema = _response_format_schema(kwargs.get("response_format"))
         tools = kwargs.get("tools") or []
         choice = kwargs.get("tool_choice") or "auto"
-        if schema is not None:
-            yield self._structured(self.load_engine(), messages, schema)
-            return
         pcd: dict[str, Any] = {}
         if tools and choice != "none":
             engine = self.load_engine()
@@ -425,6 +434,11 @@ class ChatPCD(LazyEngine, BaseChatModel):
                 return
             if decision is not None:
                 pcd = {"tool_choice": decision}
+        if schema is not None:  # the answer is the schema, filled
+            chunk = self._structured(self.load_engine(), messages, schema)
+            chunk.response_metadata.update({f"pcd_{key}": value for key, value in pcd.items()})
+            yield chunk
+            return
         yield from self._chat_stream(messages, stop, kwargs, pcd)
 
     @staticmethod

@@ -1,7 +1,8 @@
 """``create_agent(ChatPCD(...), tools=[two tools])`` on the embedded model runs its loop to the end.
 
 The trace must hold at least one tool call whose choice was decided by PCD (its probabilities over
-both tools and "answer directly" sum to one), the tool's result, and a final generated answer.
+both tools and "answer directly" sum to one), the tool's result, and a final generated answer; with a
+``response_format``, the final answer is a fill of it.
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from langchain.agents import create_agent
 from langchain_core.messages import AIMessage, ToolMessage
+from pydantic import BaseModel, Field
 
 from pcd_core import Engine
 from pcd_integrations.langchain import NO_TOOL, ChatPCD
@@ -44,3 +47,19 @@ def test_agent_loop_ends_with_an_answer_and_the_tool_calls_carry_their_probabili
     last = trace[-1]
     assert isinstance(last, AIMessage) and not last.tool_calls and last.text
     assert last.response_metadata["pcd"]["generated"] is True
+
+
+class Weather(BaseModel):
+    """The weather, as the agent reports it."""
+
+    sunny: bool = Field(description="Is it sunny?")
+
+
+def test_agent_response_format_is_filled_after_the_tools(engine: Engine) -> None:
+    # the profile claims structured output, so create_agent binds an OpenAI-style response_format
+    example = load_example()
+    agent = create_agent(ChatPCD(engine=engine, max_tokens=32), tools=[example.get_weather], response_format=Weather)
+    state = agent.invoke({"messages": [("user", "Is it sunny in Paris?")]}, {"recursion_limit": 8})
+    assert isinstance(state["structured_response"], Weather)
+    assert any(isinstance(m, ToolMessage) for m in state["messages"])
+    assert "sunny" in state["messages"][-1].response_metadata["pcd"]
