@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from langchain.agents import create_agent
@@ -58,7 +59,9 @@ class Weather(BaseModel):
 def test_agent_response_format_is_filled_after_the_tools(engine: Engine) -> None:
     # the profile claims structured output, so create_agent binds an OpenAI-style response_format
     example = load_example()
-    agent = create_agent(ChatPCD(engine=engine, max_tokens=32), tools=[example.get_weather], response_format=Weather)
+    agent: Any = create_agent(
+        ChatPCD(engine=engine, max_tokens=32), tools=[example.get_weather], response_format=Weather
+    )
     state = agent.invoke({"messages": [("user", "Is it sunny in Paris?")]}, {"recursion_limit": 8})
     assert isinstance(state["structured_response"], Weather)
     assert any(isinstance(m, ToolMessage) for m in state["messages"])
