@@ -1,11 +1,12 @@
 """LangChain's standard chat-model suites on ChatPCD; ``GAPS`` below is our public list of gaps.
 
-The unit suite passes in full. The integration suite runs on the embedded model through the shared
-session engine; every test there is green, skipped by the suite for a feature we do not claim
-(images, audio, PDFs, JSON mode, per-call model switching, VCR timing), or listed in ``GAPS`` as a
-strict xfail: it must fail with exactly the error named, so a gap that closes shows up as XPASS.
-The unit suite's ``test_serdes`` skips: ChatPCD is not lc-serializable, because langchain-core's
-loader only rebuilds classes from its own registry.
+Both suites pass in full on the embedded model. What they skip, they skip themselves for a feature
+whose flag we truthfully leave off: image, audio and PDF inputs (and image/PDF tool messages,
+Anthropic-format inputs), per-call model switching (one ChatPCD is one loaded model) and VCR timing.
+The unit suite skips ``test_serdes`` (ChatPCD is not lc-serializable: langchain-core's loader only
+rebuilds classes from its own registry) and ``test_init_from_env`` (no API key to read). A test that
+fails would be listed in ``GAPS`` as a strict xfail with the error it must raise; there are none.
+Replies are capped at 48 tokens (``max_tokens``) to keep the run short on a CPU.
 """
 
 from __future__ import annotations
