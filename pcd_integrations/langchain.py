@@ -1,108 +1,224 @@
-"""LangChain adapter: a chat model whose structured output is decided, and the decision-model slot.
+"""LangChain adapter: a full chat model whose closed choices are decided and whose open text is generated.
 
-``ChatPCD`` keeps a LangChain user's code unchanged (``prompt | llm.with_structured_output(Ticket)``):
-the rendered messages become the engine's input text and ``engine.fill`` decides every field among its
-allowed values, so the parsed object always matches the schema. ``PCDDecisionModel`` (defined in
-``pcd_integrations/langchain_decisions.py``, re-exported here) is LangChain's ``BaseDecisionModel`` on
-``engine.decide``. Neither builds prompts or touches token ids.
+``ChatPCD`` keeps a LangChain user's code unchanged. Plain chat (``invoke``/``stream``) is greedy
+generation through ``engine.generate``/``engine.stream``, marked ``{"generated": True}``.
+``with_structured_output(Schema)`` is one ``engine.fill``: closed fields are decided among their
+allowed values, open ones (strings, numbers, lists, nested objects) generated in parallel under their
+JSON Schema grammar, so the parsed object always matches the schema. ``bind_tools`` makes which tool
+to call a PCD choice (``engine.decide``) over the tool names and descriptions, and its arguments a
+``fill`` of the tool's argument schema. ``PCDDecisionModel`` (``pcd_integrations/langchain_decisions.py``,
+re-exported here) is LangChain's ``BaseDecisionModel`` on ``engine.decide``. Nothing here builds a
+prompt template or touches token ids: messages become role/content dicts (chat) or the engine's input
+text (fill and decide).
 
-Invariant: nothing here pretends to write text. A call without a schema raises ``PlainChatError``.
-Proof: ``tests/test_langchain.py`` on the embedded model, and LangChain's standard suites in
-``tests/test_langchain_standard.py``, whose xfail list is the public list of gaps.
+Proof: ``tests/test_langchain.py`` and ``tests/test_langchain_agent.py`` on the embedded model, and
+LangChain's standard suites in ``tests/test_langchain_standard.py``, whose xfail list is the public
+list of gaps.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from operator import itemgetter
-from typing import Any, Literal, get_args
+from typing import Any, Literal, TypeVar, get_args
 
-from pcd_core import BackendUnavailableError, Engine, Extraction, FreeTextNotSupportedError, PromptError
+from pcd_core import BackendUnavailableError, Engine, Extraction, PromptError
+from pcd_core.chatting import Generation
 
 try:
     from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
-    from langchain_core.language_models import BaseChatModel, LanguageModelInput
+    from langchain_core.language_models import BaseChatModel, LanguageModelInput, ModelProfile
     from langchain_core.language_models.base import LangSmithParams
-    from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, get_buffer_string
+    from langchain_core.messages import (
+        AIMessage,
+        AIMessageChunk,
+        BaseMessage,
+        HumanMessage,
+        get_buffer_string,
+    )
     from langchain_core.messages.ai import UsageMetadata
+    from langchain_core.messages.tool import ToolCall, tool_call_chunk
     from langchain_core.output_parsers import JsonOutputParser, PydanticOutputParser
     from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
     from langchain_core.runnables import Runnable, RunnableMap, RunnablePassthrough
+    from langchain_core.tools import BaseTool
+    from langchain_core.utils.function_calling import convert_to_openai_tool
+    from langchain_core.utils.pydantic import is_basemodel_subclass
 except ImportError as error:  # pragma: no cover - exercised by a subprocess test without the extra
     raise BackendUnavailableError("langchain", "langchain-core") from error
 
 from .langchain_decisions import PCDDecisionModel
 from .lazy_engine import LazyEngine
 
-__all__ = ["ChatPCD", "PCDDecisionModel", "PlainChatError"]
+__all__ = ["NO_TOOL", "ChatPCD", "PCDDecisionModel", "render_chat_messages", "render_messages"]
 
-# Every value LangChain passes as ``method``; for PCD they all mean "decide each field among its
-# allowed values", which is stricter than any of them.
+# Every value LangChain passes as ``method``; for PCD they all mean "fill the schema": closed fields
+# decided, open ones generated under the schema's grammar, which is stricter than any of them.
 StructuredOutputMethod = Literal["json_schema", "function_calling", "json_mode"]
 _METHODS = get_args(StructuredOutputMethod)
 
+#: The option of the tool choice that means "call no tool, answer in text" (``tool_choice="auto"``).
+NO_TOOL = "answer_directly"
+_NO_TOOL_DESCRIPTION = "call no tool and answer the user directly"
+_TOOL_QUESTION = "Which tool should be called next to respond to the conversation?"
 
-class PlainChatError(FreeTextNotSupportedError):
-    """A chat call without a schema: PCD decides closed fields and does not write free text."""
+ToolChoice = Literal["auto", "any", "none"] | str
+_T = TypeVar("_T")
+_ROLES = {"human": "user", "ai": "assistant", "system": "system", "tool": "tool"}
 
-    def __init__(self) -> None:
-        super().__init__(
-            "ChatPCD decides closed fields and does not write free text. Call "
-            "llm.with_structured_output(Schema) with a pydantic class, TypedDict or JSON Schema whose "
-            "fields are booleans or enums, or use PCDDecisionModel for yes/no, choice and score questions."
-        )
+
+def _text_of(index: int, message: BaseMessage) -> str:
+    """The message's text; a block that is not text is refused, except an AI message's own tool
+    calls (they are in ``message.tool_calls``, read separately).
+    """
+    if isinstance(message.content, list):
+        for block in message.content:
+            kind = block.get("type") if isinstance(block, Mapping) else "text"
+            if kind == "text" or (isinstance(message, AIMessage) and kind in ("tool_use", "tool_call")):
+                continue
+            raise PromptError(
+                f"message {index} holds a {kind!r} block; ChatPCD reads text only, so pass the text "
+                "(for example a transcript or a caption) instead"
+            )
+    return message.text
+
+
+def _tool_calls_text(message: BaseMessage) -> str:
+    calls = message.tool_calls if isinstance(message, AIMessage) else []
+    return "\n".join(f"{call['name']}({json.dumps(call['args'], ensure_ascii=False)})" for call in calls)
 
 
 def render_messages(messages: Sequence[BaseMessage]) -> str:
-    """The engine's input text. A lone message is the input itself; a conversation keeps its roles
-    ("Human: ...", "AI: ...") so that decisions can tell who said what.
+    """The input text of ``fill`` and of the tool choice. A lone message is the input itself; a
+    conversation keeps its roles ("Human: ...", "AI: ...", "Tool: ...") so that decisions can tell
+    who said what, including the latest tool results.
     """
-    for index, message in enumerate(messages):
-        if isinstance(message.content, list):
-            for block in message.content:
-                if isinstance(block, Mapping) and block.get("type") != "text":
-                    raise PromptError(
-                        f"message {index} holds a {block.get('type')!r} block; ChatPCD reads text "
-                        "only, so pass the text (for example a transcript or a caption) instead"
-                    )
+    texts = [_text_of(index, message) for index, message in enumerate(messages)]
     if len(messages) == 1:
-        return messages[0].text
+        return texts[0]
     return get_buffer_string(messages)
 
 
-def decision_metadata(extraction: Extraction) -> dict[str, dict[str, Any]]:
-    """Per-field decisions, JSON-able, so that a chain can gate on confidence without parsing text."""
-    return {
-        name: {
-            "value": field.value,
-            "probability": field.probability,
-            "probabilities": dict(field.probabilities),
-            "candidate_mass": field.candidate_mass,
-            "confidence": field.confidence,
-        }
-        for name, field in extraction.fields.items()
-    }
+def render_chat_messages(messages: Sequence[BaseMessage]) -> list[dict[str, str]]:
+    """Role/content dicts for ``engine.generate``; the model's chat template renders them. An AI turn
+    that called tools keeps the calls as text, so that the following tool results have a question.
+    """
+    rendered = []
+    for index, message in enumerate(messages):
+        text = _text_of(index, message)
+        calls = _tool_calls_text(message)
+        content = "\n".join(part for part in (text, calls) if part)
+        rendered.append({"role": _ROLES.get(message.type, "user"), "content": content})
+    return rendered
+
+
+def _field_metadata(extraction: Extraction) -> dict[str, dict[str, Any]]:
+    """Per field, JSON-able: decided fields their probabilities and candidate mass, generated fields
+    their text and log-prob stats, so that a chain can gate on confidence without parsing text.
+    """
+    return {name: result.to_dict() for name, result in extraction.fields.items()}
+
+
+def _generated_tokens(extraction: Extraction) -> int:
+    return sum(getattr(result, "n_tokens", 0) for result in extraction.fields.values())
+
+
+def _usage(input_tokens: int, output_tokens: int, cached: int) -> UsageMetadata:
+    return UsageMetadata(
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
+        total_tokens=input_tokens + output_tokens,
+        input_token_details={"cache_read": cached},
+    )
+
+
+def _parameters(schema: Any) -> Any:
+    """What ``engine.fill`` takes for a LangChain schema: a pydantic v2 class as it is (the engine
+    reads its defaults and validators), every other form (TypedDict, JSON Schema, OpenAI tool or
+    function dict, pydantic v1, a tool) normalised by LangChain to the JSON Schema of its parameters.
+    """
+    if isinstance(schema, type) and hasattr(schema, "model_validate"):
+        return schema
+    if _is_untitled(schema):
+        return dict(schema)  # an untitled JSON Schema, which LangChain's converter refuses
+    return convert_to_openai_tool(schema)["function"]["parameters"]
+
+
+def _is_untitled(schema: Any) -> bool:
+    return isinstance(schema, Mapping) and "properties" in schema and "title" not in schema and "name" not in schema
+
+
+def _response_format_schema(response_format: Any) -> Any:
+    """The JSON Schema of an OpenAI-style ``response_format``, which ``create_agent`` binds when the
+    profile says structured output is supported; None for none or for ``{"type": "json_object"}``.
+    """
+    if isinstance(response_format, Mapping) and response_format.get("type") == "json_schema":
+        return (response_format.get("json_schema") or {}).get("schema")
+    return None
+
+
+def _tool_choice(tool_choice: Any, names: Sequence[str]) -> str:
+    """``auto``, ``any``, ``none`` or a tool name, from every form LangChain and OpenAI use."""
+    if tool_choice is None:
+        return "auto"
+    if tool_choice is True or tool_choice == "required":
+        return "any"
+    if isinstance(tool_choice, Mapping):
+        tool_choice = (tool_choice.get("function") or {}).get("name") or tool_choice.get("name")
+    if tool_choice in ("auto", "any", "none"):
+        return str(tool_choice)
+    if tool_choice in names:
+        return str(tool_choice)
+    raise ValueError(f"tool_choice={tool_choice!r} is not 'auto', 'any', 'required', 'none' or one of {list(names)}")
+
+
+def _called_this_turn(messages: Sequence[BaseMessage]) -> set[str]:
+    """Tools already called since the latest human message."""
+    called: set[str] = set()
+    for message in reversed(messages):
+        if isinstance(message, HumanMessage):
+            break
+        if isinstance(message, AIMessage):
+            called.update(call["name"] for call in message.tool_calls)
+    return called
+
+
+async def _in_thread(iterator: Iterator[_T]) -> AsyncIterator[_T]:
+    """Each step of a blocking iterator in a worker thread, so the event loop stays free."""
+    done = object()
+    while True:
+        item = await asyncio.to_thread(next, iterator, done)
+        if item is done:
+            return
+        yield item  # type: ignore[misc]
 
 
 class ChatPCD(LazyEngine, BaseChatModel):
-    """A LangChain chat model whose only output is a decided, schema-valid object.
+    """A LangChain chat model: text generated, structured output filled, tool calls chosen by PCD.
 
-    ``llm.with_structured_output(Schema)`` takes a pydantic class (returns an instance), a TypedDict or
-    a JSON Schema (returns a dict) whose fields are closed: booleans, enums, literals. A free-text or
-    unbounded field raises ``pcd_core.SchemaError`` naming the field when the chain runs. Every
-    ``method`` and ``strict`` value LangChain passes is accepted; output is always schema-valid.
+    - Plain chat: greedy generation (deterministic), streamed token by token; ``stop`` and
+      ``max_tokens`` apply. The message says ``response_metadata["pcd"] == {"generated": True}``.
+    - ``with_structured_output(Schema)``: pydantic (returns an instance), TypedDict, JSON Schema,
+      OpenAI tool or function dict (return a dict). Closed fields are decided, open ones generated;
+      every ``method`` and ``strict`` value is accepted, output is always schema-valid. The raw
+      message carries every field in ``response_metadata["pcd"]``.
+    - ``bind_tools(tools, tool_choice=...)``: which tool is a PCD choice over the tool names and
+      descriptions (plus ``NO_TOOL`` under ``"auto"``), its probabilities in
+      ``response_metadata["pcd"]["tool_choice"]``; the arguments are a fill of the tool's argument
+      schema. One tool call per turn. Under ``"auto"``, a tool already called since the latest human
+      message is not offered again, so that an agent loop ends (a small model keeps choosing tools).
 
-    Plain chat (``invoke``/``stream`` without a schema) raises ``PlainChatError``: the engine reads the
-    model's distribution over allowed values and never samples text. For the same reason sampling
-    parameters other chat models take (``temperature``, ``max_tokens``, ``stop``) are ignored.
-
-    Weights load on first use; pass ``engine=`` to share a loaded ``pcd_core.Engine``. The raw message
-    carries the decisions in ``response_metadata["pcd"]`` (value, probability, probabilities,
-    candidate mass and confidence per field) and the engine's soft warnings in
-    ``response_metadata["pcd_warnings"]``. ``usage_metadata`` has ``output_tokens=0``: nothing is
-    generated.
+    Weights load on first use; pass ``engine=`` to share a loaded ``pcd_core.Engine``. Sampling
+    parameters (``temperature``) do not exist: decoding is greedy or decided.
     """
+
+    max_tokens: int = 256
+    """The most tokens plain chat generates in one reply."""
+    stop: list[str] | None = None
+    """Stop strings for plain chat; a call's ``stop`` replaces them."""
 
     @property
     def _llm_type(self) -> str:
@@ -110,18 +226,35 @@ class ChatPCD(LazyEngine, BaseChatModel):
 
     @property
     def _identifying_params(self) -> dict[str, Any]:
-        return {"model": self.model, "backend": self.backend}
+        return {"model": self.model, "backend": self.backend, "max_tokens": self.max_tokens}
+
+    def _resolve_model_profile(self) -> ModelProfile | None:
+        # What create_agent reads to pick its structured-output strategy; text in, text out.
+        return ModelProfile(
+            text_inputs=True,
+            image_inputs=False,
+            audio_inputs=False,
+            pdf_inputs=False,
+            video_inputs=False,
+            text_outputs=True,
+            tool_calling=True,
+            tool_choice=True,
+            structured_output=True,
+            open_weights=True,
+        )
 
     def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
         params = LangSmithParams(
             ls_provider="pcd",
             ls_model_name=kwargs.get("model") or self.model,
             ls_model_type="chat",
+            ls_max_tokens=kwargs.get("max_tokens") or self.max_tokens,
         )
-        if stop:
-            params["ls_stop"] = stop
+        if stop or self.stop:
+            params["ls_stop"] = stop or self.stop
         return params
 
+    # -- binding ------------------------------------------------------------------------------
     def with_structured_output(
         self,
         schema: dict[str, Any] | type,
@@ -131,10 +264,10 @@ class ChatPCD(LazyEngine, BaseChatModel):
         include_raw: bool = False,
         **kwargs: Any,
     ) -> Runnable[LanguageModelInput, dict[str, Any] | Any]:
-        """Decide ``schema`` from the rendered messages; see the class docstring for what it accepts.
+        """Fill ``schema`` from the rendered messages; see the class docstring for what it accepts.
 
         ``method`` and ``strict`` are accepted for compatibility and change nothing: every method is
-        served by the same decisions, which are always strict. ``include_raw=True`` returns
+        served by the same fill, which is always strict. ``include_raw=True`` returns
         ``{"raw": AIMessage, "parsed": ..., "parsing_error": None}``.
         """
         if kwargs:
@@ -149,7 +282,7 @@ class ChatPCD(LazyEngine, BaseChatModel):
             },
         )
         parser: Runnable[Any, Any]
-        if isinstance(schema, type) and hasattr(schema, "model_validate"):
+        if isinstance(schema, type) and is_basemodel_subclass(schema):
             parser = PydanticOutputParser(pydantic_object=schema)
         else:
             parser = JsonOutputParser()
@@ -159,56 +292,166 @@ class ChatPCD(LazyEngine, BaseChatModel):
         unparsed = RunnablePassthrough.assign(parsed=lambda _: None)
         return RunnableMap(raw=llm) | parsed.with_fallbacks([unparsed], exception_key="parsing_error")
 
-    def _schema_for_call(self, kwargs: dict[str, Any]) -> Any:
+    def bind_tools(
+        self,
+        tools: Sequence[dict[str, Any] | type | Callable[..., Any] | BaseTool],
+        *,
+        tool_choice: Any = None,
+        **kwargs: Any,
+    ) -> Runnable[LanguageModelInput, AIMessage]:
+        """Bind tools in OpenAI's shape; see the class docstring for how a call is chosen and filled."""
+        formatted = [convert_to_openai_tool(tool) for tool in tools]
+        names = [tool["function"]["name"] for tool in formatted]
+        if NO_TOOL in names:
+            raise ValueError(f"a tool may not be named {NO_TOOL!r}: that option means 'call no tool'")
+        return self.bind(tools=formatted, tool_choice=_tool_choice(tool_choice, names), **kwargs)
+
+    # -- one call -----------------------------------------------------------------------------
+    def _check_model(self, kwargs: dict[str, Any]) -> None:
         requested = kwargs.get("model")
         if requested is not None and requested != self.model:
             raise ValueError(
                 f"ChatPCD does not switch models per call (asked for {requested!r}, "
                 f"loaded {self.model!r}); create ChatPCD(model={requested!r}) instead"
             )
-        schema = kwargs.get("response_schema")
-        if schema is None:
-            raise PlainChatError()
-        return schema
 
-    def _message(self, extraction: Extraction, engine: Engine) -> AIMessageChunk:
-        # The JSON of the decided labels; the parsers rebuild the caller's type from it.
-        content = json.dumps(extraction.values, ensure_ascii=False)
+    def _filled(self, extraction: Extraction, engine: Engine, content: str, pcd: dict[str, Any]) -> AIMessageChunk:
         stats = extraction.stats
-        input_tokens = stats.input_tokens
         return AIMessageChunk(
             content=content,
             response_metadata={
                 "model_name": engine.model_name,
+                "finish_reason": "stop",
                 "forward_passes": stats.forward_passes,
-                "pcd": decision_metadata(extraction),
+                "pcd": pcd,
                 "pcd_warnings": list(extraction.warnings),
             },
-            usage_metadata=UsageMetadata(
-                input_tokens=input_tokens,
-                output_tokens=0,
-                total_tokens=input_tokens,
-                input_token_details={"cache_read": stats.cached_tokens},
-            ),
+            usage_metadata=_usage(stats.input_tokens, _generated_tokens(extraction), stats.cached_tokens),
             chunk_position="last",
         )
 
-    def _fill(self, messages: list[BaseMessage], kwargs: dict[str, Any]) -> AIMessageChunk:
-        schema = self._schema_for_call(kwargs)
-        engine = self.load_engine()
-        return self._message(engine.fill(schema, render_messages(messages)), engine)
-
-    async def _afill(self, messages: list[BaseMessage], kwargs: dict[str, Any]) -> AIMessageChunk:
-        schema = self._schema_for_call(kwargs)
-        engine = await self.aload_engine()
-        return self._message(await engine.afill(schema, render_messages(messages)), engine)
+    def _structured(self, engine: Engine, messages: list[BaseMessage], schema: Any) -> AIMessageChunk:
+        extraction = engine.fill(_parameters(schema), render_messages(messages))
+        content = json.dumps(extraction.values, ensure_ascii=False)
+        return self._filled(extraction, engine, content, _field_metadata(extraction))
 
     @staticmethod
-    def _result(chunk: AIMessageChunk) -> ChatResult:
+    def _choose_tool(
+        engine: Engine, messages: list[BaseMessage], by_name: dict[str, dict[str, Any]], choice: str
+    ) -> tuple[str, dict[str, Any] | None]:
+        """The tool to call (``NO_TOOL`` for none) and how it was chosen; None when nothing was
+        chosen (no tool left to offer under ``"auto"``).
+        """
+        if choice in by_name:
+            return choice, {"chosen": choice, "forced": True}
+        offered = list(by_name)
+        if choice == "auto":
+            offered = [name for name in offered if name not in _called_this_turn(messages)]
+            if not offered:
+                return NO_TOOL, None
+            offered.append(NO_TOOL)
+        if len(offered) == 1:
+            return offered[0], {"chosen": offered[0], "forced": True}
+        criteria = {
+            name: by_name[name].get("description") if name in by_name else _NO_TOOL_DESCRIPTION for name in offered
+        }
+        question = {"type": "choice", "instructions": _TOOL_QUESTION, "criteria": criteria}
+        picked = engine.decide(render_messages(messages), {"tool": question}).answers["tool"]
+        name = str(picked.choice)  # type: ignore[union-attr]
+        return name, {"chosen": name, "forced": False, **picked.to_wire()}
+
+    def _tool_call(
+        self, engine: Engine, messages: list[BaseMessage], function: dict[str, Any], decision: dict[str, Any]
+    ) -> AIMessageChunk:
+        """One call of ``function``: its arguments are a fill of its parameters' schema."""
+        name = function["name"]
+        parameters = function.get("parameters") or {}
+        if parameters.get("properties"):
+            task = f"The arguments of a call to the tool {name!r}: {function.get('description') or ''}".strip()
+            extraction = engine.fill(parameters, render_messages(messages), task=task)
+            args = extraction.values
+            chunk = self._filled(extraction, engine, "", {"arguments": _field_metadata(extraction)})
+        else:  # nothing to fill
+            args = {}
+            chunk = AIMessageChunk(content="", usage_metadata=_usage(0, 0, 0), chunk_position="last")
+            chunk.response_metadata = {"model_name": engine.model_name, "pcd": {"arguments": {}}}
+        chunk.response_metadata["finish_reason"] = "tool_calls"
+        chunk.response_metadata["pcd"]["tool_choice"] = decision
+        call_id = f"call_{uuid.uuid4().hex[:24]}"
+        chunk.tool_call_chunks = [
+            tool_call_chunk(name=name, args=json.dumps(args, ensure_ascii=False), id=call_id, index=0)
+        ]
+        chunk.tool_calls = [ToolCall(name=name, args=args, id=call_id, type="tool_call")]
+        return chunk
+
+    def _chat_stream(
+        self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any], pcd: dict[str, Any]
+    ) -> Iterator[AIMessageChunk]:
+        """Plain chat, one chunk per text delta and a last one with the usage and finish reason."""
+        engine = self.load_engine()
+        result = Generation(text="", finish_reason="length", input_tokens=0, output_tokens=0, forward_passes=0)
+        deltas = engine.stream(
+            render_chat_messages(messages),
+            max_new_tokens=kwargs.get("max_tokens") or self.max_tokens,
+            stop=stop or self.stop or (),
+            result=result,
+        )
+        for delta in deltas:
+            yield AIMessageChunk(content=delta)
+        yield AIMessageChunk(
+            content="",
+            response_metadata={
+                "model_name": engine.model_name,
+                "finish_reason": result.finish_reason,
+                "forward_passes": result.forward_passes,
+                "pcd": {"generated": True, **pcd},
+            },
+            usage_metadata=_usage(result.input_tokens, result.output_tokens, result.cached_tokens),
+            chunk_position="last",
+        )
+
+    def _chunks(
+        self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]
+    ) -> Iterator[AIMessageChunk]:
+        """The reply's chunks: a tool call, a fill of the schema (``with_structured_output`` or an
+        OpenAI-style ``response_format``), or generated text; a tool choice that led to no call is
+        kept in the metadata (``pcd_tool_choice`` next to a fill's fields).
+        """
+        self._check_model(kwargs)
+        schema = kwargs.get("response_schema")
+        if schema is None:
+            schema = _response_format_schema(kwargs.get("response_format"))
+        tools = kwargs.get("tools") or []
+        choice = kwargs.get("tool_choice") or "auto"
+        pcd: dict[str, Any] = {}
+        if tools and choice != "none":
+            engine = self.load_engine()
+            by_name = {tool["function"]["name"]: tool["function"] for tool in tools}
+            name, decision = self._choose_tool(engine, messages, by_name, choice)
+            if name != NO_TOOL:
+                assert decision is not None  # a tool is only called once chosen
+                yield self._tool_call(engine, messages, by_name[name], decision)
+                return
+            if decision is not None:
+                pcd = {"tool_choice": decision}
+        if schema is not None:  # the answer is the schema, filled
+            chunk = self._structured(self.load_engine(), messages, schema)
+            chunk.response_metadata.update({f"pcd_{key}": value for key, value in pcd.items()})
+            yield chunk
+            return
+        yield from self._chat_stream(messages, stop, kwargs, pcd)
+
+    @staticmethod
+    def _result(chunks: Iterator[AIMessageChunk]) -> ChatResult:
+        whole: AIMessageChunk | None = None
+        for chunk in chunks:
+            whole = chunk if whole is None else whole + chunk
+        assert whole is not None  # every path yields at least its last chunk
         message = AIMessage(
-            content=chunk.content,
-            response_metadata=chunk.response_metadata,
-            usage_metadata=chunk.usage_metadata,
+            content=whole.content,
+            response_metadata=whole.response_metadata,
+            usage_metadata=whole.usage_metadata,
+            tool_calls=whole.tool_calls,
         )
         return ChatResult(generations=[ChatGeneration(message=message)])
 
@@ -219,7 +462,7 @@ class ChatPCD(LazyEngine, BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        return self._result(self._fill(messages, kwargs))
+        return self._result(self._chunks(messages, stop, kwargs))
 
     async def _agenerate(
         self,
@@ -228,7 +471,7 @@ class ChatPCD(LazyEngine, BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        return self._result(await self._afill(messages, kwargs))
+        return await asyncio.to_thread(self._result, self._chunks(messages, stop, kwargs))
 
     def _stream(
         self,
@@ -237,11 +480,11 @@ class ChatPCD(LazyEngine, BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
-        # All fields are decided together, so the object arrives as one final chunk.
-        chunk = ChatGenerationChunk(message=self._fill(messages, kwargs))
-        if run_manager is not None:
-            run_manager.on_llm_new_token(chunk.text, chunk=chunk)
-        yield chunk
+        for message in self._chunks(messages, stop, kwargs):
+            chunk = ChatGenerationChunk(message=message)
+            if run_manager is not None:
+                run_manager.on_llm_new_token(chunk.text, chunk=chunk)
+            yield chunk
 
     async def _astream(
         self,
@@ -250,7 +493,8 @@ class ChatPCD(LazyEngine, BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
-        chunk = ChatGenerationChunk(message=await self._afill(messages, kwargs))
-        if run_manager is not None:
-            await run_manager.on_llm_new_token(chunk.text, chunk=chunk)
-        yield chunk
+        async for message in _in_thread(self._chunks(messages, stop, kwargs)):
+            chunk = ChatGenerationChunk(message=message)
+            if run_manager is not None:
+                await run_manager.on_llm_new_token(chunk.text, chunk=chunk)
+            yield chunk

@@ -1,4 +1,5 @@
-"""The LangChain adapter on the embedded model: structured output in every schema form, raw decisions,
+"""The LangChain adapter on the embedded model: plain chat (generated, streamed, with usage), structured
+output in every schema form with open and closed fields, raw decisions,
 batch and async, callbacks, clear errors, the install hint and the triage example. The decision model
 (``PCDDecisionModel``) has its own module, ``tests/test_langchain_decisions.py``.
 
@@ -18,15 +19,16 @@ from uuid import UUID
 
 import pytest
 from langchain_core.callbacks import BaseCallbackHandler
-from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
+from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
 from langchain_core.outputs import LLMResult
 from langchain_core.prompts import ChatPromptTemplate
+from langchain_core.tools import tool
 from langchain_core.utils.function_calling import convert_to_json_schema
 from pydantic import BaseModel, Field
 from typing_extensions import TypedDict
 
-from pcd_core import Engine, PromptError, SchemaError
-from pcd_integrations.langchain import ChatPCD, PlainChatError, render_messages
+from pcd_core import Engine, PromptError
+from pcd_integrations.langchain import NO_TOOL, ChatPCD, render_chat_messages, render_messages
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "langchain_triage.py"
 
@@ -50,7 +52,7 @@ class TicketDict(TypedDict):
 
 class FreeText(BaseModel):
     urgent: bool
-    summary: str
+    summary: str = Field(max_length=12, description="The ticket in a few words")
 
 
 ALLOWED = {"urgent": {True, False}, "category": {"billing", "bug", "other"}}
@@ -187,25 +189,176 @@ def test_callbacks_receive_the_chat_model_run(llm: ChatPCD) -> None:
     assert list(message.response_metadata["pcd"]) == ["urgent", "category"]
 
 
+# -- tool calling -----------------------------------------------------------------------------
+
+
+@tool
+def get_weather(city: str) -> str:
+    """Get the current weather in a city."""
+    return f"sunny in {city}"
+
+
+@tool
+def refund_payment(urgent: bool) -> str:
+    """Refund a duplicate payment to the customer."""
+    return "refunded"
+
+
+def test_auto_tool_choice_is_a_pcd_choice_with_probabilities(llm: ChatPCD, engine: Engine) -> None:
+    message = llm.model_copy(update={"max_tokens": 8}).bind_tools([get_weather, refund_payment]).invoke(REFUND)
+    choice = message.response_metadata["pcd"]["tool_choice"]
+    assert set(choice["probabilities"]) == {"get_weather", "refund_payment", NO_TOOL}
+    assert sum(choice["probabilities"].values()) == pytest.approx(1.0, abs=1e-6)
+    assert choice["forced"] is False and choice["choice"] == max(
+        choice["probabilities"], key=choice["probabilities"].get
+    )
+    if choice["choice"] == NO_TOOL:  # the choice made, then the answer generated
+        assert not message.tool_calls and message.content and message.response_metadata["pcd"]["generated"]
+    else:
+        (call,) = message.tool_calls
+        assert call["name"] == choice["choice"] and call["id"] and call["type"] == "tool_call"
+        arguments = message.response_metadata["pcd"]["arguments"]
+        assert set(call["args"]) == set(arguments) and message.response_metadata["finish_reason"] == "tool_calls"
+
+
+def test_every_tool_choice_form_is_honoured(llm: ChatPCD) -> None:
+    tools = [get_weather, refund_payment]
+    for forced in ("get_weather", {"type": "function", "function": {"name": "get_weather"}}):
+        message = llm.bind_tools(tools, tool_choice=forced).invoke("Weather in Oslo?")
+        (call,) = message.tool_calls
+        assert call["name"] == "get_weather" and isinstance(call["args"]["city"], str)
+        assert message.response_metadata["pcd"]["tool_choice"] == {"chosen": "get_weather", "forced": True}
+        assert message.response_metadata["pcd"]["arguments"]["city"]["method"] == "generated"
+    for required in ("any", "required"):
+        message = llm.bind_tools(tools, tool_choice=required).invoke(REFUND)
+        assert len(message.tool_calls) == 1
+        assert set(message.response_metadata["pcd"]["tool_choice"]["probabilities"]) == {
+            "get_weather",
+            "refund_payment",
+        }
+    none = llm.model_copy(update={"max_tokens": 8}).bind_tools(tools, tool_choice="none").invoke(REFUND)
+    assert not none.tool_calls and none.response_metadata["pcd"] == {"generated": True}
+    with pytest.raises(ValueError, match="tool_choice='send_email'"):
+        llm.bind_tools(tools, tool_choice="send_email")
+
+
+def test_closed_arguments_are_decided_and_streamed_as_one_tool_call_chunk(llm: ChatPCD) -> None:
+    bound = llm.bind_tools([refund_payment], tool_choice="refund_payment")
+    message = bound.invoke(REFUND)
+    decided = message.response_metadata["pcd"]["arguments"]["urgent"]
+    assert decided["method"] != "generated" and sum(decided["probabilities"].values()) == pytest.approx(1.0)
+    assert message.usage_metadata["output_tokens"] == 0  # nothing generated: the argument was decided
+    (chunk,) = list(bound.stream(REFUND))
+    assert chunk.tool_call_chunks[0]["name"] == "refund_payment"
+    assert json.loads(chunk.tool_call_chunks[0]["args"]) == message.tool_calls[0]["args"]
+
+
+def test_after_a_tool_result_auto_does_not_offer_the_same_tool_again(llm: ChatPCD) -> None:
+    call = {"name": "get_weather", "args": {"city": "Oslo"}, "id": "call_1"}
+    history = [
+        HumanMessage("What is the weather in Oslo?"),
+        AIMessage("", tool_calls=[call]),
+        ToolMessage("sunny in Oslo", tool_call_id="call_1"),
+    ]
+    answer = llm.model_copy(update={"max_tokens": 8}).bind_tools([get_weather]).invoke(history)
+    assert not answer.tool_calls and answer.content and answer.response_metadata["pcd"] == {"generated": True}
+    two = llm.model_copy(update={"max_tokens": 8}).bind_tools([get_weather, refund_payment]).invoke(history)
+    assert set(two.response_metadata["pcd"]["tool_choice"]["probabilities"]) == {"refund_payment", NO_TOOL}
+
+
 # -- errors -----------------------------------------------------------------------------------
 
 
-def test_free_text_field_is_a_schema_error_naming_it(llm: ChatPCD) -> None:
-    for structured in (
-        llm.with_structured_output(FreeText),
-        llm.with_structured_output(FreeText, include_raw=True),
-    ):
-        with pytest.raises(SchemaError, match="summary"):
-            structured.invoke(REFUND)
+def test_open_fields_are_generated_and_closed_ones_decided(llm: ChatPCD) -> None:
+    result = llm.with_structured_output(FreeText, include_raw=True).invoke(REFUND)
+    parsed, raw = result["parsed"], result["raw"]
+    assert isinstance(parsed, FreeText) and 0 < len(parsed.summary) <= 12
+    fields = raw.response_metadata["pcd"]
+    assert fields["urgent"]["method"] != "generated" and 0 < fields["urgent"]["probability"] <= 1
+    assert fields["summary"]["method"] == "generated" and fields["summary"]["value"] == parsed.summary
+    assert fields["summary"]["logp_sum"] <= 0 < fields["summary"]["mean_probability"] <= 1
+    # output tokens count exactly what was generated: the open field's tokens, none for the decision
+    assert raw.usage_metadata["output_tokens"] == fields["summary"]["n_tokens"] > 0
 
 
-def test_plain_chat_raises_and_points_to_structured_output(llm: ChatPCD) -> None:
-    with pytest.raises(PlainChatError, match="with_structured_output"):
-        llm.invoke("Hello")
-    with pytest.raises(PlainChatError):
-        list(llm.stream("Hello"))
-    with pytest.raises(PlainChatError):
-        asyncio.run(llm.ainvoke("Hello"))
+def test_openai_tool_and_function_dicts_are_structured_output_schemas(llm: ChatPCD) -> None:
+    function = {
+        "name": "ticket",
+        "description": "A support ticket, triaged.",
+        "parameters": convert_to_json_schema(Ticket),
+    }
+    expected = llm.with_structured_output(Ticket).invoke(REFUND).model_dump()
+    for schema in (function, {"type": "function", "function": function}):
+        assert llm.with_structured_output(schema).invoke(REFUND) == expected
+
+
+# -- plain chat -------------------------------------------------------------------------------
+
+
+def test_plain_chat_is_generated_with_honest_usage(llm: ChatPCD, engine: Engine) -> None:
+    chat = llm.model_copy(update={"max_tokens": 12})
+    message = chat.invoke("Say hello.")
+    reply = engine.generate([{"role": "user", "content": "Say hello."}], max_new_tokens=12)
+    assert message.content == reply.text and message.content
+    assert message.response_metadata["pcd"] == {"generated": True}
+    assert message.response_metadata["finish_reason"] == reply.finish_reason
+    assert message.response_metadata["model_name"] == engine.model_name
+    usage = message.usage_metadata
+    assert usage is not None and usage["output_tokens"] == reply.output_tokens > 0
+    assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
+    assert usage["input_tokens"] == reply.input_tokens
+
+
+def test_stream_yields_token_deltas_that_add_up_to_invoke(llm: ChatPCD) -> None:
+    chat = llm.model_copy(update={"max_tokens": 12})
+    whole = chat.invoke("Count to five.")
+    chunks = list(chat.stream("Count to five."))
+    assert len(chunks) > 3  # token by token, then the last chunk with the usage
+    assert "".join(c.content for c in chunks) == whole.content  # type: ignore[misc]
+    assert (
+        sum(c.usage_metadata["output_tokens"] for c in chunks if c.usage_metadata)
+        == whole.usage_metadata["output_tokens"]
+    )
+
+    async def run() -> tuple[list[str], int]:
+        ticks, deltas = 0, []
+
+        async def tick() -> None:
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0.005)
+
+        ticker = asyncio.ensure_future(tick())
+        deltas = [c.content async for c in chat.astream("Count to five.")]
+        ticker.cancel()
+        return deltas, ticks  # type: ignore[return-value]
+
+    deltas, ticks = asyncio.run(run())
+    assert "".join(deltas) == whole.content and ticks > len(deltas)
+
+
+def test_stop_and_max_tokens_end_the_reply(llm: ChatPCD) -> None:
+    long = llm.model_copy(update={"max_tokens": 16}).invoke("Count from one to ten in words.")
+    assert long.response_metadata["finish_reason"] == "length" and long.usage_metadata["output_tokens"] == 16
+    word = long.content.split()[2]  # type: ignore[union-attr]
+    stopped = llm.model_copy(update={"max_tokens": 16}).invoke("Count from one to ten in words.", stop=[word])
+    assert word not in stopped.content and long.content.startswith(stopped.content)  # type: ignore[arg-type]
+    assert stopped.response_metadata["finish_reason"] == "stop"
+
+
+def test_chat_roles_reach_the_template_and_tool_calls_stay_as_text() -> None:
+    call = {"name": "lookup", "args": {"id": 7}, "id": "call_1"}
+    rendered = render_chat_messages(
+        [
+            SystemMessage("Be brief."),
+            HumanMessage("Find order 7."),
+            AIMessage("", tool_calls=[call]),
+            ToolMessage("shipped", tool_call_id="call_1"),
+        ]
+    )
+    assert [m["role"] for m in rendered] == ["system", "user", "assistant", "tool"]
+    assert rendered[2]["content"] == 'lookup({"id": 7})' and rendered[3]["content"] == "shipped"
 
 
 def test_non_text_content_is_a_prompt_error() -> None:

@@ -1,11 +1,12 @@
 """LangChain's standard chat-model suites on ChatPCD; ``GAPS`` below is our public list of gaps.
 
-The unit suite passes in full. The integration suite runs on the embedded model through the shared
-session engine; every test there is green, skipped by the suite for a feature we do not claim
-(images, audio, PDFs, JSON mode, per-call model switching, VCR timing), or listed in ``GAPS`` as a
-strict xfail: it must fail with exactly the error named, so a gap that closes shows up as XPASS.
-The unit suite's ``test_serdes`` skips: ChatPCD is not lc-serializable, because langchain-core's
-loader only rebuilds classes from its own registry.
+Both suites pass in full on the embedded model. What they skip, they skip themselves for a feature
+whose flag we truthfully leave off: image, audio and PDF inputs (and image/PDF tool messages,
+Anthropic-format inputs), per-call model switching (one ChatPCD is one loaded model) and VCR timing.
+The unit suite skips ``test_serdes`` (ChatPCD is not lc-serializable: langchain-core's loader only
+rebuilds classes from its own registry) and ``test_init_from_env`` (no API key to read). A test that
+fails would be listed in ``GAPS`` as a strict xfail with the error it must raise; there are none.
+Replies are capped at 48 tokens (``max_tokens``) to keep the run short on a CPU.
 """
 
 from __future__ import annotations
@@ -19,66 +20,11 @@ import pytest
 from langchain_tests.integration_tests import ChatModelIntegrationTests
 from langchain_tests.unit_tests import ChatModelUnitTests
 
-from pcd_core import Engine, SchemaError
-from pcd_integrations.langchain import ChatPCD, PlainChatError
+from pcd_core import Engine
+from pcd_integrations.langchain import ChatPCD
 
-PLAIN_CHAT = (
-    "plain chat writes free text; ChatPCD only decides closed fields and raises PlainChatError, "
-    "pointing to with_structured_output"
-)
-FREE_TEXT_FIELDS = (
-    "the standard Joke schema has free-text str fields (setup, punchline); free-text fields come "
-    "in a later issue, until then they raise SchemaError"
-)
-TOOL_CALLING = "tool calling is not implemented yet (a later issue); bind_tools raises"
-
-#: test name -> (why it fails, the exception it must fail with)
-GAPS: dict[str, tuple[str, type[BaseException]]] = {
-    **{
-        name: (PLAIN_CHAT, PlainChatError)
-        for name in (
-            "test_invoke",
-            "test_ainvoke",
-            "test_stream",
-            "test_astream",
-            "test_stream_events_v3",
-            "test_astream_events_v3",
-            "test_batch",
-            "test_abatch",
-            "test_conversation",
-            "test_double_messages_conversation",
-            "test_message_with_name",
-            "test_usage_metadata",
-            "test_usage_metadata_streaming",
-            "test_stop_sequence",
-        )
-    },
-    **{
-        name: (FREE_TEXT_FIELDS, SchemaError)
-        for name in (
-            "test_structured_output",
-            "test_structured_output_async",
-            "test_structured_output_optional_param",
-            "test_structured_output_pydantic_2_v1",
-        )
-    },
-    **{
-        name: (TOOL_CALLING, NotImplementedError)
-        for name in (
-            "test_tool_calling",
-            "test_tool_calling_async",
-            "test_tool_calling_with_no_arguments",
-            "test_tool_choice",
-            "test_tool_message_histories_string_content",
-            "test_tool_message_histories_list_content",
-            "test_tool_message_error_status",
-            "test_structured_few_shot_examples",
-            "test_bind_runnables_as_tools",
-            "test_agent_loop",
-            "test_unicode_tool_call_integration",
-        )
-    },
-}
+#: test name -> (why it fails, the exception it must fail with). Empty: every test that applies passes.
+GAPS: dict[str, tuple[str, type[BaseException]]] = {}
 
 
 def expected_failure(base_test: Callable[..., Any], reason: str, raises: type[BaseException]) -> Any:
@@ -127,11 +73,24 @@ class TestChatPCDIntegration(ChatModelIntegrationTests):
 
     @property
     def chat_model_params(self) -> dict[str, Any]:
-        return {"engine": self.engine}
+        return {"engine": self.engine, "max_tokens": 48}
 
     @property
     def has_tool_calling(self) -> bool:
-        """True so that the tool-calling tests run and report as xfails in GAPS, not as skips."""
+        """bind_tools: the tool is a PCD choice, its arguments a fill."""
+        return True
+
+    @property
+    def has_structured_output(self) -> bool:
+        return True
+
+    @property
+    def supports_json_mode(self) -> bool:
+        """``method="json_mode"`` is served by the same fill, so the JSON always parses."""
+        return True
+
+    @property
+    def returns_usage_metadata(self) -> bool:
         return True
 
     @property
