@@ -45,7 +45,10 @@ class GrammarTokenizer:
 
     def __init__(self, hf_tokenizer: Any, eos_ids: tuple[int, ...]) -> None:
         llguidance = _llguidance()
-        self.ll = llguidance.hf.from_tokenizer(hf_tokenizer, eos_token=list(eos_ids) or None)
+        if hasattr(hf_tokenizer, "token_bytes"):  # a vocabulary of our own (pcd_core/testing.py)
+            self.ll = llguidance.LLTokenizer(llguidance.TokenizerWrapper(_OwnVocabulary(hf_tokenizer, eos_ids)))
+        else:
+            self.ll = llguidance.hf.from_tokenizer(hf_tokenizer, eos_token=list(eos_ids) or None)
         self.vocab_size = int(self.ll.vocab_size)
 
     def encode(self, text: str) -> list[int]:
@@ -55,6 +58,21 @@ class GrammarTokenizer:
     def decode(self, ids: list[int]) -> str:
         """Exact text of ``ids``, byte for byte (no clean-up of spaces)."""
         return str(self.ll.decode_str(list(ids)))
+
+
+class _OwnVocabulary:
+    """What llguidance's wrapper reads from a tokenizer that is not a Hugging Face fast one: the
+    bytes of every token id, the end-of-text id, and an encoder.
+    """
+
+    def __init__(self, vocabulary: Any, eos_ids: tuple[int, ...]) -> None:
+        self.tokens = list(vocabulary.token_bytes())
+        self.eos_token_id = eos_ids[0] if eos_ids else None
+        self.bos_token_id = None
+        self._encode = vocabulary.encode
+
+    def __call__(self, text: str) -> list[int]:
+        return list(self._encode(text))
 
 
 @lru_cache(maxsize=256)

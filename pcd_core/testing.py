@@ -92,6 +92,14 @@ class _ByteVocabulary:
         self.merges = dict(merges or {})
         assert all(len(pair) == 2 and token > 256 for pair, token in self.merges.items())
 
+    def token_bytes(self) -> list[bytes]:
+        """The bytes of every id up to the highest merge: what a grammar engine masks over."""
+        size = max([257, *(token + 1 for token in self.merges.values())])
+        tokens = [bytes([i]) for i in range(256)] + [b"<eos>"] + [b"<unused>"] * (size - 257)
+        for pair, token in self.merges.items():
+            tokens[token] = pair
+        return tokens
+
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         data, ids, k = text.encode("utf-8"), [], 0
         while k < len(data):

@@ -99,8 +99,9 @@ def assert_detail_422(response, *loc_part):
             ("q", "criteria"),
         ),
         (
+            # the strict body reader refuses the key before the models see it: the questions are named
             '{"state": "abc", "questions": {"\\ud800": {"type": "noul", "instructions": "x?"}}}',
-            ("questions", "\\ud800"),
+            ("questions",),
         ),
         # pydantic itself writes the surrogate of a key it rejects as U+FFFD; what matters is the 422
         ('{"state": "abc", "questions": {"\\ud800": {"type": "essay"}}}', ("questions",)),
