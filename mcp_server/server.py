@@ -108,6 +108,17 @@ def _checked(build: Callable[[], Any], names: dict[str, str] | None = None) -> A
         raise _caller_error(exc, names) from exc
 
 
+def _closed_only(check: Callable[..., None], limits: Limits, schema: Any, state: Any) -> None:
+    """The fill tool's schema: the bounds, and closed fields only, since its result reports a decision
+    (probability, candidate mass) per field; open fields are filled by ``Engine.fill`` and the
+    adapters, not yet by this tool.
+    """
+    check(limits, schema, state)
+    if schema.open_fields:
+        names = ", ".join(repr(f.name) for f in schema.open_fields)
+        raise SchemaError(f"the fill tool decides closed fields only; {names} would be generated")
+
+
 def build_server(
     engine_or_factory: Engine | EngineFactory,
     *,
@@ -286,7 +297,7 @@ def build_server(
         schema: Annotated[dict[str, Any], Field(description="A JSON Schema object with closed properties.")],
         ctx: Context,
     ) -> FillResult:
-        _checked(lambda: check_fill(limits, parse_schema(schema), state))
+        _checked(lambda: _closed_only(check_fill, limits, parse_schema(schema), state))
         engine = await engine_for(loader, ctx)
         try:
             ex = await engine.afill(schema, state)

@@ -477,7 +477,9 @@ class Engine:
         return plan.respond(self.model_name, readouts, stats, warnings)
 
     async def adecide(self, state: Any, questions: dict[str, Any], *, debias: bool = False) -> DecideResponse:
-        return await asyncio.to_thread(self.decide, state, questions, debias=debias)
+        if debias:
+            return await asyncio.to_thread(self.decide, state, questions, debias=True)
+        return await asyncio.to_thread(self.decide, state, questions)
 
     def _decide_priors(self, questions: dict[str, Any]) -> dict[str, tuple[float, ...]]:
         """Per question, the mean answer distribution over the ``CONTENT_FREE`` states, cached by the

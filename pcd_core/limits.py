@@ -16,6 +16,7 @@ option, a level, a field, a label or the input, and NaN or infinite numbers in a
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Iterator, Mapping
@@ -162,7 +163,12 @@ def request_error(error: ValidationError) -> RequestError:
 
 
 def _question_row_bound(limits: Limits, question: Any, loc: tuple[str | int, ...]) -> int:
-    texts = list(_question_texts(question, loc))
+    # structured question text (JSON objects and arrays) is rendered as one line of JSON
+    texts = [
+        (text if isinstance(text, str) else json.dumps(text, ensure_ascii=False), where)
+        for text, where in _question_texts(question, loc)
+        if text is not None
+    ]
     for text, where in texts:
         check_text(text, where)
     options = len(question.criteria or ()) if not isinstance(question, NoulQuestion) else 0

@@ -230,6 +230,7 @@ class DecideResponse(BaseModel):
     def to_wire(self) -> dict[str, Any]:
         """The ``POST /v1/systemone`` body: floats everywhere, engine extras as ``x_`` fields."""
         wire = self.model_dump(mode="json")
+        wire["x_warnings"] = wire.pop("warnings")  # an engine extra, like every field outside the contract
         if self.stats is not None:
             wire["x_forward_passes"] = int(self.usage.forward_passes)
         return wire

@@ -358,7 +358,7 @@ class ChatPCD(LazyEngine, BaseChatModel):
         question = {"type": "choice", "instructions": _TOOL_QUESTION, "criteria": criteria}
         picked = engine.decide(render_messages(messages), {"tool": question}).answers["tool"]
         name = str(picked.choice)  # type: ignore[union-attr]
-        return name, {"chosen": name, "forced": False, **picked.to_wire()}
+        return name, {"chosen": name, "forced": False, **picked.model_dump(mode="json", by_alias=True)}
 
     def _tool_call(
         self, engine: Engine, messages: list[BaseMessage], function: dict[str, Any], decision: dict[str, Any]
