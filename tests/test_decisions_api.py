@@ -110,18 +110,19 @@ def assert_close(a: Any, b: Any, tol: float) -> None:
         assert a == b
 
 
-def test_64_questions_take_2_passes_and_match_each_asked_alone(client: Any, engine: Engine) -> None:
-    """Answers do not depend on order, names or the other questions; a warm request is 2 passes."""
+def test_64_questions_take_1_pass_and_match_each_asked_alone(client: Any, engine: Engine) -> None:
+    """Answers do not depend on order, names or the other questions; a warm request is 1 pass (the
+    state is the trunk every question's row hangs from), within the issue's bound of 2."""
     alone = [answers_of(ask(client, [q]))[0] for q in (PREDICATE, CHOICE, SCORE)]
     passes = engine.backend.forward_passes
     one = client.decisions.with_raw_response.create(model="smollm2-135m", input=STATE, questions=[PREDICATE])
-    assert engine.backend.forward_passes - passes == 2 and json.loads(one.text)["x_forward_passes"] == 2
+    assert engine.backend.forward_passes - passes == 1 and json.loads(one.text)["x_forward_passes"] == 1
     fillers = [{"type": "predicate", "name": f"f{i}", "instructions": f"Is item {i} mentioned?"} for i in range(61)]
     asked = [*fillers[:20], {**SCORE, "name": "s"}, *fillers[20:40], {**CHOICE, "name": "c"}, *fillers[40:]]
     asked.append({**PREDICATE, "name": "p"})
     passes = engine.backend.forward_passes
     raw = client.decisions.with_raw_response.create(model="smollm2-135m", input=STATE, questions=asked)
-    assert engine.backend.forward_passes - passes == 2 and json.loads(raw.text)["x_forward_passes"] == 2
+    assert engine.backend.forward_passes - passes == 1 and json.loads(raw.text)["x_forward_passes"] == 1
     decision = raw.parse()
     assert [a.name for a in decision.answers] == [q["name"] for q in asked]
     by_name = {a.name: a.model_dump(exclude={"name"}) for a in decision.answers}
