@@ -12,7 +12,7 @@ dict of fields; a schema that cannot be read is a ``SchemaError`` that names the
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -96,25 +96,8 @@ class Schema:
         first = next((f.name for f in self.fields if not f.depends_on), None)
         if first is None:
             raise SchemaError("every field depends on another, so none can be decided first")
-        wave: dict[str, int] = {first: 0}
-        visiting: set[str] = set()
-
-        def level(name: str) -> int:
-            if name in wave:
-                return wave[name]
-            if name in visiting:
-                raise SchemaError("depends_on forms a cycle", field=name)
-            visiting.add(name)
-            wave[name] = 1 + max((level(d) for d in self.field(name).depends_on), default=0)
-            visiting.discard(name)
-            return wave[name]
-
-        for f in self.fields:
-            level(f.name)
-        grouped: dict[int, list[str]] = {}
-        for f in self.fields:
-            grouped.setdefault(wave[f.name], []).append(f.name)
-        return tuple(tuple(grouped[k]) for k in sorted(grouped))
+        names = [f.name for f in self.fields]
+        return dependency_levels(names, lambda name: self.field(name).depends_on, {first: 0}, floor=0)
 
     def rebuild(self, values: dict[str, Any]) -> Any:
         """The caller's type: a pydantic instance for a pydantic class, else the plain dict."""
@@ -374,8 +357,19 @@ def open_waves(schema: Schema) -> tuple[tuple[str, ...], ...]:
     """Waves of open fields: every open field starts after all closed answers are written; one that
     depends on another open field waits until that field's text is written in (one wave later).
     """
-    opened = {f.name for f in schema.open_fields}
-    wave: dict[str, int] = {}
+    opened = [f.name for f in schema.open_fields]
+    return dependency_levels(
+        opened, lambda name: [d for d in schema.open_field(name).depends_on if d in opened], {}, floor=-1
+    )
+
+
+def dependency_levels(
+    names: list[str], depends_on: Callable[[str], Sequence[str]], fixed: dict[str, int], floor: int
+) -> tuple[tuple[str, ...], ...]:
+    """``names`` grouped by level, in their order: a name goes one level after the latest of its
+    dependencies (``floor + 1`` with none), ``fixed`` names where given; a cycle is a ``SchemaError``.
+    """
+    wave = dict(fixed)
     visiting: set[str] = set()
 
     def level(name: str) -> int:
@@ -384,14 +378,13 @@ def open_waves(schema: Schema) -> tuple[tuple[str, ...], ...]:
         if name in visiting:
             raise SchemaError("depends_on forms a cycle", field=name)
         visiting.add(name)
-        deps = [d for d in schema.open_field(name).depends_on if d in opened]
-        wave[name] = 1 + max((level(d) for d in deps), default=-1)
+        wave[name] = 1 + max((level(d) for d in depends_on(name)), default=floor)
         visiting.discard(name)
         return wave[name]
 
     grouped: dict[int, list[str]] = {}
-    for f in schema.open_fields:
-        grouped.setdefault(level(f.name), []).append(f.name)
+    for name in names:
+        grouped.setdefault(level(name), []).append(name)
     return tuple(tuple(grouped[k]) for k in sorted(grouped))
 
 
