@@ -169,7 +169,7 @@ def test_two_hundred_ids_read_in_two_chunks_equal_torch(engine, vllm_engine):
     backend = vllm_engine.backend
     before = backend.forward_passes
     prefix = backend.prefill(prompt[:-1])
-    got = backend.score(prefix, [prompt[-1:]], [Query(0, 0, ids)])[0]
+    got = backend.score(prefix, [prompt[-1:]], [Query(0, 0, ids)]).values[0]
     assert backend.forward_passes - before == 2
     assert abs(got - want).max() < ATOL
 
