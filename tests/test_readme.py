@@ -49,6 +49,9 @@ def test_the_long_input_and_mlx_figures_are_the_recorded_runs():
     assert mlx["backend"] == "mlx" and mlx["pcd_forward_passes"] == 4
     assert f"PCD {mlx['pcd_ms'] / 1000:.0f} s in 4 passes" in readme
     assert f"AR {mlx['ar_ms'] / 1000:.0f} s ({mlx['ratio']:.1f}×" in readme
+    budget = bench_records("budget.json")[0]
+    assert f"took {budget['pcd_forward_passes']} passes and {budget['pcd_ms']:.0f} ms" in readme
+    assert budget["pcd_output"] == bench_records("main.json")[0]["pcd_output"]  # "the same 28 values"
     for record in bench_records("main.json") + bench_records("long_input.json") + [mlx]:
         assert record["pcd_valid"], record["schema"]
 
