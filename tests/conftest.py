@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from pathlib import Path
@@ -15,6 +16,32 @@ DATA_DIR = Path(__file__).resolve().parents[1] / "pcd_core" / "benchdata"
 
 def load_case(name: str) -> dict:
     return json.loads((DATA_DIR / f"{name}.json").read_text())
+
+
+class LoopTicks:
+    """Counts the event loop's turns while a block runs: ``async with LoopTicks() as ticks: ...``.
+
+    An async API that does its model work in a worker thread leaves the loop free, so the counter
+    keeps rising while the block awaits; a blocking call would hold it near zero.
+    """
+
+    def __init__(self, interval_s: float = 0.005) -> None:
+        self.interval_s = interval_s
+        self.count = 0
+        self._task: asyncio.Task[None] | None = None
+
+    async def _tick(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            self.count += 1
+
+    async def __aenter__(self) -> LoopTicks:
+        self._task = asyncio.create_task(self._tick())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
 
 
 def schema_cases() -> list[str]:

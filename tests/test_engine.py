@@ -8,7 +8,7 @@ from typing import Literal
 
 import numpy as np
 import pytest
-from conftest import load_case, schema_cases
+from conftest import LoopTicks, load_case, schema_cases
 from pydantic import BaseModel, Field
 
 from pcd_core import ChoiceAnswer, DecodeOptions, Engine, NoulAnswer, OptionError, PromptError, SchemaError, ScoreAnswer
@@ -95,18 +95,9 @@ def test_threads_share_one_engine_without_cross_talk(engine):
 
 def test_afill_does_not_block_the_event_loop(engine):
     async def scenario():
-        ticks = 0
-
-        async def ticker():
-            nonlocal ticks
-            while True:
-                await asyncio.sleep(0.01)
-                ticks += 1
-
-        task = asyncio.create_task(ticker())
-        result = await engine.afill(Ticket, TEXT)
-        task.cancel()
-        return result, ticks
+        async with LoopTicks(0.01) as ticks:
+            result = await engine.afill(Ticket, TEXT)
+        return result, ticks.count
 
     result, ticks = asyncio.run(scenario())
     assert ticks > 0 and isinstance(result.value, Ticket)

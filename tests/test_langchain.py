@@ -18,6 +18,7 @@ from typing import Any, Literal
 from uuid import UUID
 
 import pytest
+from conftest import LoopTicks
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
 from langchain_core.outputs import LLMResult
@@ -321,18 +322,9 @@ def test_stream_yields_token_deltas_that_add_up_to_invoke(llm: ChatPCD) -> None:
     )
 
     async def run() -> tuple[list[str], int]:
-        ticks, deltas = 0, []
-
-        async def tick() -> None:
-            nonlocal ticks
-            while True:
-                ticks += 1
-                await asyncio.sleep(0.005)
-
-        ticker = asyncio.ensure_future(tick())
-        deltas = [c.content async for c in chat.astream("Count to five.")]
-        ticker.cancel()
-        return deltas, ticks  # type: ignore[return-value]
+        async with LoopTicks() as ticks:
+            deltas = [c.content async for c in chat.astream("Count to five.")]
+        return deltas, ticks.count  # type: ignore[return-value]
 
     deltas, ticks = asyncio.run(run())
     assert "".join(deltas) == whole.content and ticks > len(deltas)

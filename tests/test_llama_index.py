@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import importlib.util
 import json
 import subprocess
@@ -11,6 +10,7 @@ from pathlib import Path
 from typing import Literal
 
 import pytest
+from conftest import LoopTicks
 from llama_index.core.base.llms.types import ChatMessage, ImageBlock, MessageRole, TextBlock
 from llama_index.core.prompts import ChatPromptTemplate, PromptTemplate
 from pydantic import BaseModel, Field
@@ -88,22 +88,11 @@ def test_stream_call_yields_each_decided_wave_then_the_object(program: PCDProgra
 
 @pytest.mark.asyncio
 async def test_acall_matches_call_without_blocking_the_loop(program: PCDProgram[Ticket]) -> None:
-    ticks = 0
-    done = asyncio.Event()
-
-    async def tick() -> None:
-        nonlocal ticks
-        while not done.is_set():
-            ticks += 1
-            await asyncio.sleep(0.01)
-
-    ticker = asyncio.create_task(tick())
-    ticket = await program.acall(message=MESSAGE)
-    done.set()
-    await ticker
+    async with LoopTicks() as ticks:
+        ticket = await program.acall(message=MESSAGE)
     async_decisions = program.last_decisions
 
-    assert ticks >= 3, "the event loop stalled while the engine was deciding"
+    assert ticks.count >= 3, "the event loop stalled while the engine was deciding"
     sync = program.extract(message=MESSAGE)
     assert ticket == sync.value
     for name, result in async_decisions.items():

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from typing import Any, Literal
 
 import pytest
+from conftest import LoopTicks
 from llama_index.core.agent.workflow import AgentOutput, FunctionAgent, ToolCallResult
 from llama_index.core.base.llms.types import ChatMessage, MessageRole
 from llama_index.core.instrumentation import get_dispatcher
@@ -108,24 +109,13 @@ def test_chat_and_stream_chat_agree(llm: PCDLLM) -> None:
 
 @pytest.mark.asyncio
 async def test_async_forms_agree_without_blocking_the_loop(llm: PCDLLM) -> None:
-    ticks = 0
-    done = asyncio.Event()
+    async with LoopTicks() as ticks:
+        reply = await llm.achat(USER)
+        streamed = [chunk.delta async for chunk in await llm.astream_chat(USER)]
+        completion = await llm.acomplete(USER[0].content or "")
+        completed = [chunk.delta async for chunk in await llm.astream_complete(USER[0].content or "")]
 
-    async def tick() -> None:
-        nonlocal ticks
-        while not done.is_set():
-            ticks += 1
-            await asyncio.sleep(0.005)
-
-    ticker = asyncio.create_task(tick())
-    reply = await llm.achat(USER)
-    streamed = [chunk.delta async for chunk in await llm.astream_chat(USER)]
-    completion = await llm.acomplete(USER[0].content or "")
-    completed = [chunk.delta async for chunk in await llm.astream_complete(USER[0].content or "")]
-    done.set()
-    await ticker
-
-    assert ticks >= 3, "the event loop stalled while the engine was generating"
+    assert ticks.count >= 3, "the event loop stalled while the engine was generating"
     assert "".join(d or "" for d in streamed) == reply.message.content == llm.chat(USER).message.content
     assert "".join(d or "" for d in completed) == completion.text
 
