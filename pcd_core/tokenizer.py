@@ -11,7 +11,8 @@ Control tokens come only from the chat template. ``mark_control_tokens`` (called
 on the template's own text, never on a user's) swaps each control token the template wrote for a
 sentinel, a lone surrogate; ``encode`` turns sentinels into their ids and encodes everything between
 them with special-token parsing off (``split_special_tokens=True``), so ``<|im_end|>`` typed by a user
-is read as the characters it is. Lone surrogates are invalid Unicode, so no valid text can forge a
+is read as the characters it is (an added token not marked special, which that switch leaves whole, is
+cut apart first). Lone surrogates are invalid Unicode, so no valid text can forge a
 sentinel: the engine refuses any lone surrogate in user text before tokenizing (``pcd_core/limits.py``),
 and ``encode`` refuses one that is not a sentinel. Encoded texts are cached in a small LRU bounded in
 bytes that never admits a long text (a request's state), so rejected requests leave nothing behind.
@@ -127,6 +128,11 @@ class TextTokenizer:
         )
         # a vocabulary without control tokens (the test vocabularies) has nothing to switch off
         self._plain_options = {"split_special_tokens": True} if control else {}
+        # added tokens not marked special (Qwen's <tool_call>, <think>) are matched even so
+        unsplit = _unsplit_added_tokens(hf_tokenizer)
+        self._unsplit = (
+            re.compile("|".join(map(re.escape, sorted(unsplit, key=len, reverse=True)))) if unsplit else None
+        )
         self._sentinels: dict[str, str] = {}  # control token text -> its sentinel
         self._sentinel_ids: dict[str, int] = {}  # sentinel -> the control token's id
         self._sentinel_lock = threading.Lock()
@@ -175,8 +181,19 @@ class TextTokenizer:
         return tuple(ids)
 
     def _encode_plain(self, text: str) -> list[int]:
-        """Text with no control tokens: whatever looks like one is read as characters."""
-        return self.hf.encode(text, add_special_tokens=False, **self._plain_options) if text else []
+        """Text with no control tokens: whatever looks like one is read as characters.
+
+        ``split_special_tokens`` covers the special tokens; the tokenizer still matches an added
+        token that is not special, so the text is cut after the first character of each such
+        occurrence and the pieces are encoded apart, which reads it as the characters it is.
+        """
+        if not text:
+            return []
+        if self._unsplit is None:
+            return self.hf.encode(text, add_special_tokens=False, **self._plain_options)
+        cuts = [match.start() + 1 for match in self._unsplit.finditer(text)]
+        pieces = [text[start:end] for start, end in zip([0, *cuts], [*cuts, len(text)])]
+        return [i for piece in pieces for i in self.hf.encode(piece, add_special_tokens=False, **self._plain_options)]
 
     def encode(self, text: str) -> tuple[int, ...]:
         """The ids of ``text``: control tokens only where ``mark_control_tokens`` put sentinels."""
@@ -212,6 +229,14 @@ class TextTokenizer:
             if isinstance(token_id, int) and token_id != getattr(self.hf, "unk_token_id", None):
                 ids.add(token_id)
         return tuple(sorted(ids))
+
+
+def _unsplit_added_tokens(hf_tokenizer: Any) -> tuple[str, ...]:
+    """The added tokens that ``split_special_tokens`` leaves whole: those not marked special."""
+    decoder = getattr(hf_tokenizer, "added_tokens_decoder", None)
+    if not isinstance(decoder, dict):
+        return ()
+    return tuple(str(token.content) for token in decoder.values() if not getattr(token, "special", True))
 
 
 def _control_tokens(hf_tokenizer: Any) -> tuple[str, ...]:
