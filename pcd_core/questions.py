@@ -1,10 +1,10 @@
 """Jev-style questions and answers: the typed request and response of ``engine.decide``.
 
 These pydantic models are the System One (Jev) wire contract of ``POST /v1/systemone``, declared
-once: the answers serialise to the wire by their aliases (``x_candidate_mass``, ``x_logits``), and the
-HTTP server, the MCP server and the OpenAI-shaped ``POST /v1/decisions`` (``pcd_core/wire/decisions.py``)
-all translate from these classes. Validation lives here, so that every
-adapter rejects the same requests with the same messages:
+once: the answers serialise to the wire by their aliases (``x_candidate_mass``, ``x_logits``,
+``x_debiased``, ``x_calibrated``), and the HTTP server, the MCP server and the OpenAI-shaped
+``POST /v1/decisions`` (``pcd_core/wire/decisions.py``) all translate from these classes. Validation
+lives here, so that every adapter rejects the same requests with the same messages:
 
 - 2 to 255 choice options, none blank and no two equal after Unicode normalisation (NFKC, zero-width
   characters removed, whitespace collapsed: the model could not tell them apart);
@@ -149,10 +149,22 @@ class DecideRequest(_Wire):
     questions: dict[str, Question] = Field(min_length=1)
 
 
-def _extension(name: str, description: str) -> Any:
-    """A field that Python code reads as ``name`` and the wire carries as ``x_<name>``."""
+def _extension(name: str, description: str, **default: Any) -> Any:
+    """A field that Python code reads as ``name`` and the wire carries as ``x_<name>``; ``default=``
+    makes it optional.
+    """
     wire = f"x_{name}"
-    return Field(validation_alias=AliasChoices(wire, name), serialization_alias=wire, description=description)
+    return Field(
+        validation_alias=AliasChoices(wire, name), serialization_alias=wire, description=description, **default
+    )
+
+
+#: what the ``x_debiased`` / ``x_calibrated`` flags of every answer mean, on every wire
+DEBIASED = "Whether the model's lean on content-free inputs was divided out of the probabilities."
+CALIBRATED = (
+    "Whether a calibration fitted on labelled data (pcd calibrate) was applied to the probabilities; "
+    "without one they are the model's beliefs under this prompt, not measured frequencies."
+)
 
 
 class _Answer(BaseModel):
@@ -165,6 +177,8 @@ class _Answer(BaseModel):
         "Probability the model put on any allowed answer before renormalising; low means the "
         "question did not fit the state well.",
     )
+    debiased: bool = _extension("debiased", DEBIASED, default=False)
+    calibrated: bool = _extension("calibrated", CALIBRATED, default=False)
 
 
 class NoulAnswer(_Answer):

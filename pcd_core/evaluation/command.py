@@ -59,12 +59,18 @@ def _add_data_options(parser: argparse.ArgumentParser, split: str) -> None:
     _add_model_options(parser)
 
 
-def add_trust_options(parser: argparse.ArgumentParser) -> None:
-    """``--debias`` and ``--calibration`` for commands that answer (``pcd fill``)."""
+def add_trust_options(parser: argparse.ArgumentParser, what: str = "the answers") -> None:
+    """``--debias`` and ``--calibration`` for commands that answer (``pcd fill``, ``pcd serve``)."""
     parser.add_argument(
-        "--debias", action="store_true", help="divide out the model's content-free label prior (contextual calibration)"
+        "--debias",
+        action="store_true",
+        help=f"divide out the model's content-free label prior from {what} (contextual calibration)",
     )
-    parser.add_argument("--calibration", metavar="FILE", help="a calibration file written by pcd calibrate")
+    parser.add_argument(
+        "--calibration",
+        metavar="FILE",
+        help=f"a calibration file written by pcd calibrate, applied to {what} it was fitted on",
+    )
 
 
 def add_eval_parsers(subparsers: Any) -> None:
