@@ -101,6 +101,28 @@ def test_the_eval_command_writes_a_report_and_a_reliability_plot(engine, tmp_pat
     assert "| raw |" in capsys.readouterr().out
 
 
+def test_calibrate_with_bias_saves_a_version_2_file_and_reports_the_fits_it_did_not_save(tmp_path, monkeypatch, capsys):
+    engine = oracle_engine(window=6)
+    monkeypatch.setattr("pcd_core.cli._load_engine", lambda args: engine)
+    data, schema = tmp_path / "d.jsonl", tmp_path / "s.json"
+    data.write_text("".join(json.dumps({**r, "split": split}) + "\n" for r in RECORDS for split in ("train", "test")))
+    schema.write_text(json.dumps(SCHEMA))
+    out, report_path = tmp_path / "cal.json", tmp_path / "r.json"
+    argv = ["calibrate", "--data", str(data), "--schema", str(schema), "--out", str(out), "--json", str(report_path)]
+    assert (
+        main([*argv, "--bias", "--bias-sd", "0.5", "--train-limit", "4", "--limit", "500", "--constrained-limit", "0"])
+        == 0
+    )
+    saved = json.loads(out.read_text())
+    assert saved["version"] == 2 and saved["bias_sd"] == 0.5
+    assert all(sum(spec["bias"]) == pytest.approx(0.0, abs=1e-6) for spec in saved["fields"].values())
+    report = json.loads(report_path.read_text())
+    assert report["meta"]["n"] == len(RECORDS)  # --limit 500 reads the whole test split, and says how many
+    assert {"calibrated", "calibrated_debiased", "calibrated_temperature_only"} <= set(report["overall"])
+    err = capsys.readouterr().err
+    assert "train: 4 of the 6 examples" in err and f"test: {len(RECORDS)} of the {len(RECORDS)} examples" in err
+
+
 def test_the_readme_quality_table_is_the_recorded_runs():
     """Every docs/eval report is a row of the README's decision-quality table, as quality_row renders it."""
     from pathlib import Path

@@ -2,7 +2,9 @@
 
 Arguments, the data file and the schema are checked before the model loads. ``pcd calibrate`` reads
 the train split, fits per field, saves the file, then reports on the test split with it applied, so
-one command gives raw, debiased and calibrated numbers on held-out data.
+one command gives raw, debiased and calibrated numbers on held-out data; beside them it reports the
+fits it did not save, from the same train answers (debiased or not, with per-label biases or not).
+Both commands say on stderr how many examples each split gave, of how many it has.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
-from ..calibration import Calibration
+from ..calibration import BIAS_SD, Calibration
 from ..errors import PcdError
 from ..schema import parse_schema
 from . import datasets
@@ -82,13 +84,24 @@ def add_eval_parsers(subparsers: Any) -> None:
     evaluate.add_argument("--fetch", action="store_true", help="only build the bundled --data set and exit")
     evaluate.set_defaults(run=run_eval)
 
-    calibrate = subparsers.add_parser("calibrate", help="fit a temperature per field on a train split")
+    calibrate = subparsers.add_parser(
+        "calibrate", help="fit a temperature (and with --bias, per-label biases) per field on a train split"
+    )
     _add_data_options(calibrate, "train")
     calibrate.add_argument("--out", required=True, metavar="FILE", help="where the calibration JSON goes")
     calibrate.add_argument("--train-limit", type=int, default=300, help="train examples to fit on (default 300)")
     calibrate.add_argument("--limit", type=int, default=500, help="held-out test examples to report on")
     calibrate.add_argument("--debias", action="store_true", help="fit on debiased probabilities")
-    calibrate.add_argument("--bias", action="store_true", help="also fit a per-label bias")
+    calibrate.add_argument(
+        "--bias", action="store_true", help="also fit a bias per label, jointly with the temperature"
+    )
+    calibrate.add_argument(
+        "--bias-sd",
+        type=float,
+        default=BIAS_SD,
+        metavar="NATS",
+        help=f"the biases' Gaussian prior, its standard deviation (default {BIAS_SD}); smaller shrinks them more",
+    )
     calibrate.set_defaults(run=run_calibrate)
 
 
@@ -109,11 +122,16 @@ def _load_data(args: argparse.Namespace) -> tuple[Any, list[dict[str, Any]]]:
 
 
 def _selected(args: argparse.Namespace, records: list[dict[str, Any]], split: str, limit: int) -> list[dict[str, Any]]:
+    """The first ``limit`` examples of ``split``; says on stderr how many that is of how many there are,
+    since a limit over the split's size silently reads the whole split.
+    """
     if limit < 1:
         raise PcdError(f"--limit {limit} must be at least 1")
-    chosen = datasets.select(records, split, args.seed, limit)
-    if not chosen:
+    available = datasets.select(records, split, args.seed, None)
+    if not available:
         raise PcdError(f"no {split} examples in {args.data}")
+    chosen = available[:limit]
+    print(f"{split}: {len(chosen)} of the {len(available)} examples of the split (seed {args.seed})", file=sys.stderr)
     return chosen
 
 
@@ -160,6 +178,8 @@ def run_eval(args: argparse.Namespace) -> int:
 
 
 def run_calibrate(args: argparse.Namespace) -> int:
+    if not args.bias_sd > 0:
+        raise PcdError(f"--bias-sd {args.bias_sd} must be > 0")
     schema, records = _load_data(args)
     train = _selected(args, records, "train", args.train_limit)
     test = _selected(args, records, "test", args.limit)
@@ -168,25 +188,45 @@ def run_calibrate(args: argparse.Namespace) -> int:
     engine = _load_engine(args)
     fitted_on = {"data": args.data, "split": "train", "seed": args.seed, "n": len(train)}
     train_answers = read_answers(engine, schema, train, constrained=0)
-    calibration = fit_calibration(
-        train_answers, debias=args.debias, bias=args.bias, model=engine.model_name, fitted_on=fitted_on
-    )
+
+    def fitted(debias: bool, bias: bool) -> Calibration:
+        return fit_calibration(
+            train_answers, debias=debias, bias=bias, bias_sd=args.bias_sd, model=engine.model_name, fitted_on=fitted_on
+        )
+
+    calibration = fitted(args.debias, args.bias)
     calibration.save(args.out)
     for name, found in calibration.fields.items():
-        print(f"{name}: temperature {found.temperature:.3f} (fitted on {len(train)} train examples)", file=sys.stderr)
+        biases = f", biases {', '.join(f'{b:+.2f}' for b in found.bias)}" if args.bias else ""
+        print(f"{name}: temperature {found.temperature:.3f}{biases} (fitted on {len(train)} examples)", file=sys.stderr)
     answers = read_answers(engine, schema, test, constrained=args.constrained_limit)
     report = {"meta": _meta(args, engine, "test", len(test)), **build_report(answers, calibration)}
     report["meta"]["calibration"] = calibration.to_dict()
-    # the other choice, fitted on the same train answers: whether debiasing first helps calibration
-    other = fit_calibration(
-        train_answers, debias=not args.debias, bias=args.bias, model=engine.model_name, fitted_on=fitted_on
-    )
-    report["overall"]["calibrated_debiased" if other.debias else "calibrated_raw"] = build_report(answers, other)[
-        "overall"
-    ]["calibrated"]
+    # the other choices, fitted on the same train answers and reported on the same held-out ones:
+    # whether debiasing first helps calibration, and whether the per-label biases do
+    others = {
+        "calibrated_debiased" if not args.debias else "calibrated_raw": fitted(not args.debias, args.bias),
+        "calibrated_temperature_only" if args.bias else "calibrated_with_bias": fitted(args.debias, not args.bias),
+    }
+    for variant, other in others.items():
+        report["overall"][variant] = build_report(answers, other)["overall"]["calibrated"]
     report["meta"]["train_seconds"] = round(train_answers.seconds, 1)
     _finish(args, report, answers, calibration)
     return 0
+
+
+#: the report's rows, in the printed order: ``pcd calibrate`` adds the fits it did not save as
+#: ``calibrated_*``, each fitted on the same train answers
+VARIANTS = (
+    "raw",
+    "debiased",
+    "calibrated",
+    "calibrated_raw",
+    "calibrated_debiased",
+    "calibrated_temperature_only",
+    "calibrated_with_bias",
+    "constrained_ar",
+)
 
 
 def write_table(report: dict[str, Any], out: TextIO) -> None:
@@ -194,7 +234,7 @@ def write_table(report: dict[str, Any], out: TextIO) -> None:
     sections = [("overall", report["overall"])] + list(report["fields"].items())
     for title, entry in sections:
         out.write(f"\n{title}\n| variant | {' | '.join(COLUMNS)} |\n|{'---|' * (len(COLUMNS) + 1)}\n")
-        for variant in ("raw", "debiased", "calibrated", "calibrated_raw", "calibrated_debiased", "constrained_ar"):
+        for variant in VARIANTS:
             if variant in entry:
                 values = entry[variant]
                 cells = [_cell(values.get(c)) for c in COLUMNS]

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from ..calibration import Calibration, FieldCalibration, fit
+from ..calibration import BIAS_SD, Calibration, FieldCalibration, fit
 from ..debias import PRIOR_FLOOR
 from ..errors import PcdError
 from ..schema import Schema, parse_schema
@@ -79,7 +79,9 @@ def read_answers(
     compiled = engine.compile(schema)
     for number, record in enumerate(tqdm(records, desc="eval", unit="ex", disable=not progress, mininterval=2.0)):
         gold = {name: gold_index(parsed, name, record["labels"][name]) for name in names if name in record["labels"]}
-        result = engine.fill(schema, record["text"], calibrate=False)
+        result = engine.fill(
+            schema, record["text"], debias=False, calibrate=False
+        )  # raw, whatever the engine's defaults
         with_ar = constrained is None or number < constrained
         # AR under llguidance's mask over the whole object, as pcd bench runs it; its written values are
         # read back leniently, and a value it never wrote counts as wrong
@@ -120,16 +122,25 @@ def variants(answers: Answers, name: str, calibration: Calibration | None) -> di
 
 
 def fit_calibration(
-    answers: Answers, *, debias: bool, bias: bool, model: str, fitted_on: Mapping[str, Any]
+    answers: Answers,
+    *,
+    debias: bool,
+    bias: bool,
+    model: str,
+    fitted_on: Mapping[str, Any],
+    bias_sd: float = BIAS_SD,
 ) -> Calibration:
+    """Per field, a temperature (and with ``bias``, per-label biases under a ``N(0, bias_sd**2)``
+    prior) fitted on the raw or the debiased answers.
+    """
     fields = {}
     for name, out in answers.fields.items():
         if not out.gold:
             continue
         rows = variants(answers, name, None)["debiased" if debias else "raw"]
-        temperature, biases = fit(np.log(np.maximum(rows, 1e-300)), out.gold, bias=bias)
+        temperature, biases = fit(np.log(np.maximum(rows, 1e-300)), out.gold, bias=bias, bias_sd=bias_sd)
         fields[name] = FieldCalibration(out.labels, temperature, biases)
-    return Calibration(model, debias, fields, dict(fitted_on))
+    return Calibration(model, debias, fields, dict(fitted_on), bias_sd if bias else None)
 
 
 def _pooled(per_field: dict[str, dict[str, np.ndarray]], answers: Answers, variant: str) -> dict[str, float]:
