@@ -173,22 +173,33 @@ def add_fill(commands: Any) -> None:
 
 
 # -- decide -------------------------------------------------------------------------------------
-def cmd_decide(args: argparse.Namespace) -> int:
+def _read_questions(path: str) -> dict[str, Any]:
+    """A question file in the ``POST /v1/systemone`` shape: an object with ``questions`` (and a ``state``)."""
+    data = _read_json(path, "question file")
+    if not isinstance(data, dict) or not isinstance(data.get("questions"), dict):
+        raise PcdError(f"question file {path!r} needs a 'questions' object (and a 'state')")
+    return data
+
+
+def _check_questions(path: str, state: Any, questions: Any) -> None:
+    """The request checked as ``/v1/systemone`` checks it, before any model loads."""
     from pydantic import ValidationError
 
     from .questions import DecideRequest
 
-    data = _read_json(args.questions, "question file")
-    if not isinstance(data, dict) or not isinstance(data.get("questions"), dict):
-        raise PcdError(f"question file {args.questions!r} needs a 'questions' object (and a 'state')")
+    try:
+        DecideRequest(state=state, questions=questions)
+    except ValidationError as error:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'request'}: {e['msg']}" for e in error.errors())
+        raise PcdError(f"question file {path!r}: {problems}") from error
+
+
+def cmd_decide(args: argparse.Namespace) -> int:
+    data = _read_questions(args.questions)
     state = _read_state(args.state) if args.state else data.get("state")
     if state is None:
         raise PcdError("give --state FILE (the question file carries no state)")
-    try:
-        DecideRequest(state=state, questions=data["questions"])  # checked here, before the model loads
-    except ValidationError as error:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'request'}: {e['msg']}" for e in error.errors())
-        raise PcdError(f"question file {args.questions!r}: {problems}") from error
+    _check_questions(args.questions, state, data["questions"])
     engine = _load_engine(args)
     response = engine.decide(state, data["questions"], debias=args.debias)
     if args.json:

@@ -2,8 +2,8 @@
 
 A table shows every decision with 4 decimals, marks a low candidate mass with ``!`` (the model wanted to
 write something that is not an allowed value, so its probability says little), then what the
-probabilities are (calibrated, debiased or raw: :func:`trust_line`), the warnings and one line of cost. ``--json`` prints the records of :func:`fill_record` and :func:`decide_record` instead,
-unrounded. ``tests/test_cli.py`` reads the tables back and compares them with the engine.
+probabilities are (calibrated, debiased or raw: :func:`trust_line`), the warnings and one line of
+cost. ``--json`` prints the records of :func:`fill_record` and :func:`decide_record` instead, unrounded. ``tests/test_cli.py`` reads the tables back and compares them with the engine.
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ from .grammar import GrammarTokenizer
 from .limits import DEFAULT_LIMITS, Limits, check_decide, check_fill
 from .models import DEFAULT_MODEL, load_backend
 from .prompt import PromptParts
-from .questions import DecideResponse, NoulAnswer
+from .questions import DecideResponse, distribution
 from .result import Extraction, FieldResult, Stats, gather_memberships, mass_warnings
 from .schema import open_waves, parse_schema
 from .tokenizer import TextTokenizer
@@ -458,7 +458,7 @@ class Engine:
             self.calibration if calibrate else None,
             {qid: asked.names for qid, asked in zip(request.questions, plan.asked)},
             self.debias if debias is None else debias,
-            lambda: self._decide_priors(request.questions),
+            lambda: self.question_priors(request.questions),
         )
         stats = Stats(compile_ms=_ms(started))
         rounds = RoundStats()
@@ -478,25 +478,20 @@ class Engine:
         """``decide`` in a worker thread; ``options`` are its ``debias`` and ``calibrate``."""
         return await asyncio.to_thread(self.decide, state, questions, **options)
 
-    def _decide_priors(self, questions: dict[str, Any]) -> dict[str, tuple[float, ...]]:
-        """Per question, the mean answer distribution over the ``CONTENT_FREE`` states, cached by the
-        question set; a noul's distribution is (true, false), the order its readout uses.
+    def question_priors(self, questions: dict[str, Any]) -> dict[str, tuple[float, ...]]:
+        """Per question (validated models, as ``DecideRequest.questions`` holds them), the mean answer
+        distribution over the ``CONTENT_FREE`` states, cached by the question set; a noul's
+        distribution is (true, false), the order its readout uses.
         """
 
         def measure() -> dict[str, tuple[float, ...]]:
             readings = [self.decide(text, questions, debias=False, calibrate=False).answers for text in CONTENT_FREE]
-            return {qid: content_free_prior([_distribution(r[qid]) for r in readings]) for qid in questions}
+            return {qid: content_free_prior([distribution(r[qid]) for r in readings]) for qid in questions}
 
         key = json.dumps({qid: q.model_dump() for qid, q in questions.items()}, sort_keys=True, default=repr)
         with self._lock:
             priors, _ = self._priors.get_or(("decide", key), measure)
             return priors
-
-
-def _distribution(answer: Any) -> list[float]:
-    if isinstance(answer, NoulAnswer):
-        return [answer.noul, 1.0 - answer.noul]
-    return list(answer.probabilities.values())
 
 
 def open_row_budget(compiled: CompiledSchema) -> int:

@@ -143,6 +143,18 @@ class ScoreQuestion(_Wire):
 Question = Annotated[NoulQuestion | ChoiceQuestion | ScoreQuestion, Field(discriminator="type")]
 
 
+def answer_names(question: NoulQuestion | ChoiceQuestion | ScoreQuestion) -> tuple[str, ...]:
+    """A question's answers in the order the engine reads them: ``true``, ``false`` for a noul, the
+    options as given for a choice, the level indices ``"0"``, ``"1"``, ... for a score. A calibration
+    (``pcd_core/calibration.py``) names a question's labels so.
+    """
+    if isinstance(question, ChoiceQuestion):
+        return tuple(question.criteria)
+    if isinstance(question, ScoreQuestion):
+        return tuple(str(i) for i in range(len(question.criteria)))
+    return ("true", "false")
+
+
 class DecideRequest(_Wire):
     state: Text
     model: str | None = None
@@ -206,6 +218,13 @@ class ScoreAnswer(_DistributionAnswer):
 
 
 Answer = Annotated[NoulAnswer | ChoiceAnswer | ScoreAnswer, Field(discriminator="type")]
+
+
+def distribution(answer: NoulAnswer | ChoiceAnswer | ScoreAnswer) -> list[float]:
+    """An answer's probabilities in ``answer_names`` order; a noul's is ``(P(true), P(false))``."""
+    if isinstance(answer, NoulAnswer):
+        return [answer.noul, 1.0 - answer.noul]
+    return list(answer.probabilities.values())
 
 
 class Usage(BaseModel):

@@ -22,7 +22,7 @@ from ..errors import PcdError
 from ..schema import parse_schema
 from . import datasets
 from .metrics import reliability
-from .runner import build_report, fit_calibration, read_answers, variants
+from .runner import Answers, build_report, fit_calibration, read_answers, read_question_answers, variants
 
 COLUMNS = (
     "n",
@@ -47,6 +47,12 @@ def _add_data_options(parser: argparse.ArgumentParser, split: str) -> None:
         '{"text", "labels": {field: value}}',
     )
     parser.add_argument("--schema", help="JSON Schema or case file (needed with a JSONL --data)")
+    parser.add_argument(
+        "--questions",
+        metavar="FILE",
+        help="instead of --schema: a question file as pcd decide takes; a JSONL --data's labels are then "
+        "keyed by question id, and the answers are read as /v1/systemone reads them",
+    )
     parser.add_argument("--split", default=split, choices=("train", "test"))
     parser.add_argument("--seed", type=int, default=0, help="shuffles the examples and splits sets without one")
     parser.add_argument("--json", metavar="PATH", help="write the report as JSON")
@@ -106,6 +112,15 @@ def add_eval_parsers(subparsers: Any) -> None:
 
 
 def _load_data(args: argparse.Namespace) -> tuple[Any, list[dict[str, Any]]]:
+    """The schema (or, with ``--questions``, the questions) and the labelled records, all checked."""
+    if args.questions is not None:
+        from ..cli import _check_questions, _read_questions
+
+        if args.schema or args.data in datasets.NAMES:
+            raise PcdError("--questions takes a JSONL --data whose labels are keyed by question id, and no --schema")
+        questions = _read_questions(args.questions)["questions"]
+        _check_questions(args.questions, "", questions)
+        return questions, datasets.read_jsonl(args.data)
     if args.data in datasets.NAMES:
         folder = datasets.fetch(args.data)
         schema_path = args.schema or str(folder / "schema.json")
@@ -133,6 +148,15 @@ def _selected(args: argparse.Namespace, records: list[dict[str, Any]], split: st
     chosen = available[:limit]
     print(f"{split}: {len(chosen)} of the {len(available)} examples of the split (seed {args.seed})", file=sys.stderr)
     return chosen
+
+
+def _read(
+    args: argparse.Namespace, engine: Any, source: Any, records: list[dict[str, Any]], constrained: int | None
+) -> Answers:
+    """Fill (a schema) or decide (``--questions``) every record raw; AR-constrained only for schemas."""
+    if args.questions is not None:
+        return read_question_answers(engine, source, records)
+    return read_answers(engine, source, records, constrained=constrained)
 
 
 def _meta(args: argparse.Namespace, engine: Any, split: str, n: int) -> dict[str, Any]:
@@ -171,7 +195,7 @@ def run_eval(args: argparse.Namespace) -> int:
     from ..cli import _load_engine
 
     engine = _load_engine(args)
-    answers = read_answers(engine, schema, chosen, constrained=args.constrained_limit)
+    answers = _read(args, engine, schema, chosen, args.constrained_limit)
     report = {"meta": _meta(args, engine, args.split, len(chosen)), **build_report(answers, calibration)}
     _finish(args, report, answers, calibration)
     return 0
@@ -187,7 +211,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
 
     engine = _load_engine(args)
     fitted_on = {"data": args.data, "split": "train", "seed": args.seed, "n": len(train)}
-    train_answers = read_answers(engine, schema, train, constrained=0)
+    train_answers = _read(args, engine, schema, train, 0)
 
     def fitted(debias: bool, bias: bool) -> Calibration:
         return fit_calibration(
@@ -199,7 +223,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
     for name, found in calibration.fields.items():
         biases = f", biases {', '.join(f'{b:+.2f}' for b in found.bias)}" if args.bias else ""
         print(f"{name}: temperature {found.temperature:.3f}{biases} (fitted on {len(train)} examples)", file=sys.stderr)
-    answers = read_answers(engine, schema, test, constrained=args.constrained_limit)
+    answers = _read(args, engine, schema, test, args.constrained_limit)
     report = {"meta": _meta(args, engine, "test", len(test)), **build_report(answers, calibration)}
     report["meta"]["calibration"] = calibration.to_dict()
     # the other choices, fitted on the same train answers and reported on the same held-out ones:

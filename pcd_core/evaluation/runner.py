@@ -42,7 +42,7 @@ class FieldAnswers:
 
 @dataclass
 class Answers:
-    schema: Schema
+    schema: Schema | None  # None for answers to questions (read_question_answers)
     fields: dict[str, FieldAnswers]
     priors: dict[str, tuple[float, ...]]
     seconds: float = 0.0
@@ -96,6 +96,36 @@ def read_answers(
                 picked = label_of(parsed.field(name), written[name]) if name in written else None
                 out.constrained_ar.append(-1 if picked is None else picked)
     return Answers(parsed, answers, priors, time.perf_counter() - started)
+
+
+def read_question_answers(
+    engine: Any, questions: dict[str, Any], records: list[dict[str, Any]], *, progress: bool = True
+) -> Answers:
+    """Decide every record's questions raw (``engine.decide``, the call behind ``/v1/systemone``), so
+    that a calibration is fitted on the prompt it will be applied to. A record's ``labels`` are keyed by
+    question id: a boolean (or ``"true"``/``"false"``) for a noul, an option for a choice, a level index
+    for a score. The answers' names are the labels (``answer_names``), as ``Engine.decide`` looks
+    them up in a calibration.
+    """
+    from ..questions import DecideRequest, answer_names, distribution
+
+    asked = DecideRequest(state="", questions=questions).questions
+    answers = {qid: FieldAnswers(answer_names(q)) for qid, q in asked.items()}
+    started = time.perf_counter()
+    priors = engine.question_priors(asked)
+    for record in tqdm(records, desc="eval", unit="ex", disable=not progress, mininterval=2.0):
+        response = engine.decide(record["text"], asked, debias=False, calibrate=False)
+        for qid, out in answers.items():
+            if qid not in record["labels"]:
+                continue
+            gold = record["labels"][qid]
+            name = ("true" if gold else "false") if isinstance(gold, bool) else str(gold)
+            if name not in out.labels:
+                raise PcdError(f"question {qid!r}: gold value {gold!r} is not one of {list(out.labels)}")
+            out.probabilities.append(distribution(response.answers[qid]))
+            out.candidate_mass.append(response.answers[qid].candidate_mass)
+            out.gold.append(out.labels.index(name))
+    return Answers(None, answers, priors, time.perf_counter() - started)
 
 
 def debias_rows(probabilities: np.ndarray, prior: tuple[float, ...]) -> np.ndarray:
