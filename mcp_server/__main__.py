@@ -2,7 +2,8 @@
 
 Every flag has an environment variable, so that an agent host's config can set either. Arguments are
 checked before the model loads or a transport opens, so a typo fails in a second with exit status 2.
-Logs go to stderr: on stdio, stdout is the wire.
+Logs go to stderr: on stdio, stdout is the wire. Run on the default model, it logs the README's
+recommendation of a bigger local one at start (``pcd_core.models.recommendation``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ TRANSPORTS = ("stdio", "streamable-http")
 BACKENDS = {"torch": "torch", "mlx": "mlx", "vllm": "httpx"}  # backend name -> the module it needs
 DTYPES = ("float32", "float16", "bfloat16")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+logger = logging.getLogger(__name__)
 
 
 def _positive_int(text: str) -> int:
@@ -78,6 +81,18 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive_int,
         default=env("PCD_MAX_TOKENS_PER_PASS"),
         help="KV budget: the most tokens one forward pass may hold (PCD_MAX_TOKENS_PER_PASS)",
+    )
+    add(
+        "--calibration",
+        metavar="FILE",
+        default=env("PCD_CALIBRATION"),
+        help="a calibration file written by pcd calibrate, applied to the answers it was fitted on (PCD_CALIBRATION)",
+    )
+    add(
+        "--debias",
+        action="store_true",
+        default=_flag(env("PCD_DEBIAS")),
+        help="divide out the model's content-free label prior from every answer (PCD_DEBIAS=1)",
     )
     add(
         "--stateless",
@@ -149,8 +164,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         args.api_key = os.environ.get(args.api_key_env)
         if not args.api_key:
             parser.error(f"--api-key-env {args.api_key_env}: that environment variable is unset or empty")
+    from pcd_core import PcdError
+
+    if args.calibration is not None:
+        from pcd_core.calibration import Calibration
+
+        try:  # read now: a bad file fails here, not as a failed load behind an open transport
+            args.calibration = Calibration.load(args.calibration)
+        except PcdError as exc:
+            parser.error(f"--calibration: {exc}")
     if args.model is not None:
-        from pcd_core import PcdError
         from pcd_core.models import resolve
 
         try:
@@ -168,6 +191,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     from mcp_server.server import serve
     from pcd_core import Engine
     from pcd_core.limits import Limits
+    from pcd_core.models import recommendation
+
+    advice = recommendation(args.model)
+    if advice is not None:
+        logger.warning(advice)
 
     load = functools.partial(
         Engine.load,
@@ -177,6 +205,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         max_tokens_per_pass=args.max_tokens_per_pass,
         base_url=args.base_url,
         api_key=os.environ.get("PCD_VLLM_API_KEY"),  # an environment variable only: no key in argv
+        calibration=args.calibration,
+        debias=args.debias,
         **({"model": args.model} if args.model else {}),
     )
     serve(

@@ -12,10 +12,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, JsonValue
 
-from pcd_core.questions import Answer, Usage
+from pcd_core.questions import CALIBRATED, DEBIASED, Answer, Usage
 
 __all__ = [
     "NO_AT",
+    "Trust",
     "YES_AT",
     "ChoiceResult",
     "DecideResult",
@@ -43,7 +44,16 @@ def verdict_of(noul: float) -> Literal["yes", "no", "uncertain"]:
     return "uncertain"
 
 
-class NoulResult(BaseModel):
+class Trust(BaseModel):
+    """Whether the probabilities were debiased and calibrated (``x_debiased`` / ``x_calibrated`` on
+    the System One wire), so that an agent knows whether a 0.8 was measured to mean 80%.
+    """
+
+    debiased: bool = Field(default=False, description=DEBIASED)
+    calibrated: bool = Field(default=False, description=CALIBRATED)
+
+
+class NoulResult(Trust):
     """A yes/no judgement."""
 
     noul: float = Field(description="P(yes), renormalised over yes and no.")
@@ -58,7 +68,7 @@ class NoulResult(BaseModel):
     usage: Usage
 
 
-class ChoiceResult(BaseModel):
+class ChoiceResult(Trust):
     """One option picked from a closed set."""
 
     choice: str = Field(description="The most probable option, exactly as it was given.")
@@ -70,7 +80,7 @@ class ChoiceResult(BaseModel):
     usage: Usage
 
 
-class ScoreResult(BaseModel):
+class ScoreResult(Trust):
     """A position on an ordered scale."""
 
     score: float = Field(description="Expected level index, sum of i * p_i, from 0 to len(levels) - 1.")
@@ -91,7 +101,7 @@ class DecideResult(BaseModel):
     usage: Usage
 
 
-class FieldDecision(BaseModel):
+class FieldDecision(Trust):
     """How one field of a filled object was decided."""
 
     value: Any = Field(description="The chosen value.")

@@ -108,6 +108,11 @@ def _checked(build: Callable[[], Any], names: dict[str, str] | None = None) -> A
         raise _caller_error(exc, names) from exc
 
 
+def _trust(answer: Any) -> dict[str, bool]:
+    """An answer's or a field's ``debiased`` / ``calibrated`` flags, for its tool result."""
+    return {"debiased": answer.debiased, "calibrated": answer.calibrated}
+
+
 def _closed_only(check: Callable[..., None], limits: Limits, schema: Any, state: Any) -> None:
     """The fill tool's schema: the bounds, and closed fields only, since its result reports a decision
     (probability, candidate mass) per field; open fields are filled by ``Engine.fill`` and the
@@ -194,6 +199,7 @@ def build_server(
             candidate_mass=answer.candidate_mass,
             model=model,
             usage=usage,
+            **_trust(answer),
         )
 
     @server.tool(
@@ -227,6 +233,7 @@ def build_server(
             candidate_mass=answer.candidate_mass,
             model=model,
             usage=usage,
+            **_trust(answer),
         )
 
     @server.tool(
@@ -257,6 +264,7 @@ def build_server(
             candidate_mass=answer.candidate_mass,
             model=model,
             usage=usage,
+            **_trust(answer),
         )
 
     @server.tool(
@@ -311,6 +319,7 @@ def build_server(
                     probability=f.probability,
                     candidate_mass=f.candidate_mass,
                     confidence=f.confidence,
+                    **_trust(f),
                 )
                 for name, f in ex.fields.items()
             },

@@ -31,6 +31,7 @@ from .questions import (
     NoulQuestion,
     ScoreAnswer,
     ScoreQuestion,
+    answer_names,
     is_blank,
 )
 from .readout import Readout
@@ -158,16 +159,16 @@ def ask(
     if isinstance(question, ChoiceQuestion):
         opener = '{"answer": "'
         codes = choice_codes(len(question.criteria), letter_capacity(tokenizer, prompt.tail, opener))
-        names = tuple(question.criteria)
+        names = answer_names(question)
         labels = [[code + '"}'] for code in codes]
         branch_norm = True
     elif isinstance(question, ScoreQuestion):
-        opener, codes = '{"answer": ', [str(i) for i in range(len(question.criteria))]
-        names = tuple(codes)
+        names = answer_names(question)
+        opener, codes = '{"answer": ', list(names)
         labels = [[code + "}"] for code in codes]
         branch_norm = True
     else:
-        opener, codes, names = '{"answer": ', [], ("true", "false")
+        opener, codes, names = '{"answer": ', [], answer_names(question)
         labels = [[word + "}", f'"{word}"}}'] for word in names]
         branch_norm = False
     # the row runs to the end of the tail; the opener and label are tokenized together after it,

@@ -1,42 +1,52 @@
-"""Fitted calibration: a temperature (and optionally a per-label bias) per field, fitted on labelled data.
+"""Fitted calibration: a temperature, and optionally a bias per label, per field, fitted on labelled data.
 
 An answer's calibrated probabilities are ``softmax(log p / T + b)`` over the allowed labels, where
 ``p`` is the (debiased, if the calibration was fitted so) probability the engine read. ``T`` and ``b``
-minimise the negative log-likelihood of the gold labels on a train split (``pcd calibrate``); the
-loss is convex in ``(1/T, b)``, so a damped Newton iteration finds the optimum with numpy alone.
+are fitted jointly on a train split (``pcd calibrate``, ``--bias`` for ``b``) by the negative
+log-likelihood of the gold labels, ``b`` under a Gaussian prior (a ridge); the loss is convex in
+``(1/T, b)``, so a damped Newton iteration finds the optimum with numpy alone.
 
 A ``Calibration`` is saved as a small JSON file (``CALIBRATION_VERSION``) that ``Engine.load(...,
-calibration=path)`` applies to every field whose name and labels it knows; the others stay raw and
-say so (``FieldResult.calibrated``). ``tests/test_calibration.py`` round-trips the file and recovers
-a known temperature from synthetic over-confident answers.
+calibration=path)`` applies to every decision whose name and labels it knows, in ``fill`` and in
+``decide`` (a question id is the name there); the others stay raw and say so (``FieldResult.calibrated``,
+``x_calibrated`` on the wire). ``tests/test_calibration.py`` round-trips the file, reads a version-1
+file, and recovers a known temperature and known per-label biases from synthetic answers.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .debias import log_probabilities, with_probabilities
+from .debias import debiased, log_probabilities, with_probabilities
 from .errors import PcdError
 from .readout import Readout
 
-CALIBRATION_VERSION = 1
+#: the version written. Version 1 (temperatures, biases with the first label's fixed at 0, no
+#: ``bias_sd``) reads the same way: both apply ``softmax(log p / T + b)``.
+CALIBRATION_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 
 #: log-probabilities below this are clipped: a zero probability would make the fit infinite
 LOG_FLOOR = -30.0
+
+#: the prior standard deviation of each per-label bias, in nats. Wide enough not to shrink a real
+#: lean (SmolLM2-135M's raw polarity prior is 0.96 : 0.04, 3.2 nats, pcd_core/debias.py), narrow
+#: enough to hold a label the train split barely shows near 0.
+BIAS_SD = 2.0
 
 
 @dataclass(frozen=True)
 class FieldCalibration:
     labels: tuple[str, ...]
     temperature: float
-    bias: tuple[float, ...]  # per label, the first fixed at 0
+    bias: tuple[float, ...]  # per label; summing to 0 when fitted (version 1: the first fixed at 0)
 
     def scores(self, logp: np.ndarray) -> np.ndarray:
         """Calibrated log-scores (unnormalised) of log-probabilities, one row per answer or one answer."""
@@ -52,6 +62,7 @@ class Calibration:
     debias: bool  # whether it was fitted on debiased probabilities, as it must then be applied
     fields: Mapping[str, FieldCalibration]
     fitted_on: Mapping[str, Any] = field(default_factory=dict)  # data set, split, n, seed: provenance only
+    bias_sd: float | None = None  # the biases' prior, when they were fitted; None: temperatures only
 
     def for_field(self, name: str, labels: Sequence[str]) -> FieldCalibration | None:
         found = self.fields.get(name)
@@ -62,6 +73,7 @@ class Calibration:
             "version": CALIBRATION_VERSION,
             "model": self.model,
             "debias": self.debias,
+            "bias_sd": self.bias_sd,
             "fields": {
                 name: {"labels": list(f.labels), "temperature": f.temperature, "bias": list(f.bias)}
                 for name, f in self.fields.items()
@@ -74,8 +86,12 @@ class Calibration:
 
     @classmethod
     def from_dict(cls, data: Any) -> Calibration:
-        if not isinstance(data, dict) or data.get("version") != CALIBRATION_VERSION:
-            raise PcdError(f"not a version-{CALIBRATION_VERSION} calibration file; refit it with pcd calibrate")
+        if not isinstance(data, dict) or data.get("version") not in READABLE_VERSIONS:
+            found = data.get("version") if isinstance(data, dict) else None
+            raise PcdError(
+                f"not a calibration file of version {' or '.join(map(str, READABLE_VERSIONS))} (version "
+                f"{found!r}); refit it with pcd calibrate"
+            )
         try:
             fields = {
                 name: FieldCalibration(
@@ -85,12 +101,17 @@ class Calibration:
                 )
                 for name, spec in data["fields"].items()
             }
+            bias_sd = None if data.get("bias_sd") is None else float(data["bias_sd"])
         except (KeyError, TypeError, ValueError, AttributeError) as error:
             raise PcdError(f"a calibration file's fields are malformed: {error!r}") from error
         for name, f in fields.items():
-            if not f.temperature > 0 or len(f.bias) != len(f.labels):
-                raise PcdError(f"calibration of field {name!r}: temperature must be > 0, one bias per label")
-        return cls(str(data.get("model", "")), bool(data.get("debias", False)), fields, data.get("fitted_on", {}))
+            if not f.temperature > 0 or len(f.bias) != len(f.labels) or not all(map(math.isfinite, f.bias)):
+                raise PcdError(f"calibration of field {name!r}: temperature must be > 0, one finite bias per label")
+        if bias_sd is not None and not bias_sd > 0:
+            raise PcdError(f"a calibration file's bias_sd must be > 0, not {bias_sd!r}")
+        return cls(
+            str(data.get("model", "")), bool(data.get("debias", False)), fields, data.get("fitted_on", {}), bias_sd
+        )
 
     @classmethod
     def load(cls, path: str | Path) -> Calibration:
@@ -101,26 +122,30 @@ class Calibration:
         return cls.from_dict(data)
 
 
-def _nll_grad_hess(
-    theta: np.ndarray, logp: np.ndarray, onehot: np.ndarray, use_bias: bool
+def _loss_grad_hess(
+    theta: np.ndarray, logp: np.ndarray, onehot: np.ndarray, ridge: float
 ) -> tuple[float, np.ndarray, np.ndarray]:
-    a = theta[0]
-    bias = np.concatenate([[0.0], theta[1:]]) if use_bias else np.zeros(logp.shape[1])
-    z = a * logp + bias
+    """The mean NLL of ``softmax(a * logp + b)`` with ``theta = (a, b...)`` (no ``b`` when ``theta``
+    has one entry), plus ``ridge / 2 * sum(b**2)``; its gradient and Hessian in ``theta``.
+    """
+    n, k = logp.shape
+    use_bias = len(theta) > 1
+    z = theta[0] * logp + (theta[1:] if use_bias else 0.0)
     z = z - z.max(axis=1, keepdims=True)
     p = np.exp(z)
     p /= p.sum(axis=1, keepdims=True)
-    n = len(logp)
     loss = float(-np.sum(onehot * np.log(np.maximum(p, 1e-300))) / n)
-    # features of each logit: d z_j / d theta = (logp_j, e_j for j >= 1)
-    k = logp.shape[1]
-    feats = [logp] + ([np.eye(k)[None, :, j].repeat(n, 0) for j in range(1, k)] if use_bias else [])
-    x = np.stack(feats, axis=2)  # (n, k, d)
-    diff = p - onehot
-    grad = np.einsum("nk,nkd->d", diff, x) / n
-    mean_x = np.einsum("nk,nkd->nd", p, x)
-    centred = x - mean_x[:, None, :]
+    # d z_j / d theta: logp_j for a, the unit vector e_j for the biases
+    x = logp[:, :, None]
+    if use_bias:
+        x = np.concatenate([x, np.broadcast_to(np.eye(k), (n, k, k))], axis=2)  # (n, k, 1 + k)
+    grad = np.einsum("nk,nkd->d", p - onehot, x) / n
+    centred = x - np.einsum("nk,nkd->nd", p, x)[:, None, :]
     hess = np.einsum("nk,nkd,nke->de", p, centred, centred) / n
+    if use_bias:
+        loss += 0.5 * ridge * float(theta[1:] @ theta[1:])
+        grad[1:] += ridge * theta[1:]
+        hess[1:, 1:] += ridge * np.eye(k)
     return loss, grad, hess
 
 
@@ -129,28 +154,37 @@ def fit(
     gold: Sequence[int],
     *,
     bias: bool = False,
+    bias_sd: float = BIAS_SD,
     iterations: int = 100,
 ) -> tuple[float, tuple[float, ...]]:
-    """The temperature (and per-label bias, the first label's fixed at 0) minimising the gold labels'
-    NLL of ``softmax(logp / T + b)``. Damped Newton on ``(1/T, b)``, where the loss is convex.
+    """The temperature (and with ``bias``, a bias per label) that fit the gold labels by the NLL of
+    ``softmax(logp / T + b)``, jointly: damped Newton on ``(1/T, b)``, where the loss is convex.
+
+    The biases are a MAP fit under a ``N(0, bias_sd**2)`` prior on each, i.e. a ridge of
+    ``sum(b**2) / (2 * bias_sd**2)`` on the summed NLL: a label seen rarely, or never, in the train
+    split keeps a finite bias instead of one that runs off to minus infinity. Softmax ignores a common
+    shift, so the ridge also makes the biases sum to zero. Without ``bias`` they are all 0.
     """
     logp = np.maximum(np.asarray(log_probabilities_rows, dtype=np.float64), LOG_FLOOR)
     g = np.asarray(gold, dtype=np.int64)
     if logp.ndim != 2 or len(g) != len(logp) or not len(g):
         raise PcdError("calibration needs one row of log-probabilities per gold label, and at least one")
-    k = logp.shape[1]
+    if not bias_sd > 0:
+        raise PcdError(f"the bias prior's standard deviation must be > 0, not {bias_sd!r}")
+    n, k = logp.shape
     onehot = np.zeros_like(logp)
-    onehot[np.arange(len(g)), g] = 1.0
-    theta = np.zeros(1 + (k - 1 if bias else 0))
+    onehot[np.arange(n), g] = 1.0
+    ridge = 1.0 / (n * bias_sd**2)  # the prior's weight per example, as the loss is a mean
+    theta = np.zeros(1 + k if bias else 1)
     theta[0] = 1.0
-    loss, grad, hess = _nll_grad_hess(theta, logp, onehot, bias)
+    loss, grad, hess = _loss_grad_hess(theta, logp, onehot, ridge)
     for _ in range(iterations):
-        step = np.linalg.solve(hess + 1e-6 * np.eye(len(theta)), grad)
+        step = np.linalg.solve(hess + 1e-9 * np.eye(len(theta)), grad)
         scale = 1.0
-        while scale > 1e-6:
+        while scale > 1e-6:  # halve the step until the loss does not rise and the temperature stays positive
             trial = theta - scale * step
             if trial[0] > 1e-3:
-                trial_loss, trial_grad, trial_hess = _nll_grad_hess(trial, logp, onehot, bias)
+                trial_loss, trial_grad, trial_hess = _loss_grad_hess(trial, logp, onehot, ridge)
                 if trial_loss <= loss:
                     break
             scale /= 2
@@ -161,7 +195,45 @@ def fit(
         if improvement < 1e-12 and np.abs(grad).max() < 1e-9:
             break
     temperature = 1.0 / float(theta[0])
-    biases = (0.0, *map(float, theta[1:])) if bias else tuple(0.0 for _ in range(k))
     if not math.isfinite(temperature):
         raise PcdError("the calibration fit diverged: the answers carry no signal about the gold labels")
-    return temperature, biases
+    return temperature, tuple(map(float, theta[1:])) if bias else tuple(0.0 for _ in range(k))
+
+
+Adjust = Callable[[str, Readout], tuple[Readout, dict[str, bool]]]
+
+
+def adjuster(
+    calibration: Calibration | None,
+    labels: Mapping[str, Sequence[str]],
+    debias: bool,
+    priors: Callable[[], Mapping[str, Sequence[float]]],
+) -> Adjust | None:
+    """The per-decision readout transform of one request, or None when it leaves every decision raw.
+
+    ``labels`` names each decision (a field, a question id) with its labels in readout order. A
+    decision the calibration covers is debiased exactly when the calibration was fitted on debiased
+    answers, whatever ``debias`` says; the others are debiased when ``debias`` is set. ``priors`` (the
+    content-free priors, pcd_core/debias.py) is called only when some decision needs them. The
+    transform returns the readout and the ``debiased`` / ``calibrated`` flags every answer reports.
+    """
+    covered = {
+        name: calibration.for_field(name, names) if calibration is not None else None for name, names in labels.items()
+    }
+    use_prior = {
+        name: calibration.debias if calibration is not None and found is not None else debias
+        for name, found in covered.items()
+    }
+    if not any(use_prior.values()) and all(found is None for found in covered.values()):
+        return None
+    measured = priors() if any(use_prior.values()) else {}
+
+    def adjust(name: str, readout: Readout) -> tuple[Readout, dict[str, bool]]:
+        if use_prior[name]:
+            readout = debiased(readout, measured[name])
+        found = covered[name]
+        if found is not None:
+            readout = found.apply(readout)
+        return readout, {"debiased": use_prior[name], "calibrated": found is not None}
+
+    return adjust

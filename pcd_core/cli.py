@@ -24,6 +24,8 @@ from .engine import Engine  # light: torch and transformers load with the model,
 from .errors import PcdError
 from .models import DEFAULT_MODEL, EMBEDDED, cache_dir
 
+logger = logging.getLogger(__name__)
+
 #: inputs per ``engine.fill_many`` call with ``--jsonl``: results stream out, and the bar moves, per chunk
 JSONL_CHUNK = 8
 
@@ -88,7 +90,8 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _load_engine(args: argparse.Namespace) -> Engine:
+def _load_engine(args: argparse.Namespace, *, debias: bool = False) -> Engine:
+    """The engine ``args`` name; ``debias`` is its default for every call (``pcd serve --debias``)."""
     if args.backend == "vllm" and not args.base_url:
         raise PcdError("--backend vllm needs --base-url, the vLLM server's address")
     return Engine.load(
@@ -98,7 +101,8 @@ def _load_engine(args: argparse.Namespace) -> Engine:
         max_tokens_per_pass=args.max_tokens_per_pass,
         base_url=args.base_url,
         api_key=os.environ.get(args.vllm_api_key_env) if args.vllm_api_key_env else None,
-        calibration=getattr(args, "calibration", None),  # pcd fill --calibration (pcd_core/calibration.py)
+        calibration=getattr(args, "calibration", None),  # --calibration (pcd_core/calibration.py)
+        debias=debias,
     )
 
 
@@ -169,24 +173,35 @@ def add_fill(commands: Any) -> None:
 
 
 # -- decide -------------------------------------------------------------------------------------
-def cmd_decide(args: argparse.Namespace) -> int:
+def _read_questions(path: str) -> dict[str, Any]:
+    """A question file in the ``POST /v1/systemone`` shape: an object with ``questions`` (and a ``state``)."""
+    data = _read_json(path, "question file")
+    if not isinstance(data, dict) or not isinstance(data.get("questions"), dict):
+        raise PcdError(f"question file {path!r} needs a 'questions' object (and a 'state')")
+    return data
+
+
+def _check_questions(path: str, state: Any, questions: Any) -> None:
+    """The request checked as ``/v1/systemone`` checks it, before any model loads."""
     from pydantic import ValidationError
 
     from .questions import DecideRequest
 
-    data = _read_json(args.questions, "question file")
-    if not isinstance(data, dict) or not isinstance(data.get("questions"), dict):
-        raise PcdError(f"question file {args.questions!r} needs a 'questions' object (and a 'state')")
+    try:
+        DecideRequest(state=state, questions=questions)
+    except ValidationError as error:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'request'}: {e['msg']}" for e in error.errors())
+        raise PcdError(f"question file {path!r}: {problems}") from error
+
+
+def cmd_decide(args: argparse.Namespace) -> int:
+    data = _read_questions(args.questions)
     state = _read_state(args.state) if args.state else data.get("state")
     if state is None:
         raise PcdError("give --state FILE (the question file carries no state)")
-    try:
-        DecideRequest(state=state, questions=data["questions"])  # checked here, before the model loads
-    except ValidationError as error:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'request'}: {e['msg']}" for e in error.errors())
-        raise PcdError(f"question file {args.questions!r}: {problems}") from error
+    _check_questions(args.questions, state, data["questions"])
     engine = _load_engine(args)
-    response = engine.decide(state, data["questions"])
+    response = engine.decide(state, data["questions"], debias=args.debias)
     if args.json:
         _print_json(decide_record(response))
     else:
@@ -207,6 +222,9 @@ def add_decide(commands: Any) -> None:
     decide.add_argument("--state", metavar="FILE", help="the state to ask about instead (.json as JSON, else text)")
     decide.add_argument("--json", action="store_true", help="print the /v1/systemone response instead of a table")
     _add_model_options(decide)
+    from .evaluation.command import add_trust_options
+
+    add_trust_options(decide)
     decide.set_defaults(run=cmd_decide)
 
 
@@ -245,11 +263,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from pcd_integrations.http import serve
     except ImportError as error:
         raise PcdError(f"{error}; run: pip install 'pcd-engine[http]'") from error
+    from .calibration import Calibration
     from .limits import Limits
+    from .models import recommendation
 
+    # read now, so that a bad file is an error here and not a failed load behind a listening server
+    args.calibration = Calibration.load(args.calibration) if args.calibration else None
+    advice = recommendation(args.model)
+    if advice is not None:
+        logger.warning(advice)
     limits = Limits(max_body_bytes=args.max_body_bytes)
     serve(
-        lambda: _load_engine(args),
+        lambda: _load_engine(args, debias=args.debias),
         host=args.host,
         port=args.port,
         api_key=api_key,
@@ -275,6 +300,9 @@ def add_serve(commands: Any) -> None:
         help="refuse request bodies over this many bytes with 413 (default 1048576)",
     )
     _add_model_options(serve)
+    from .evaluation.command import add_trust_options  # light: no model, no matplotlib
+
+    add_trust_options(serve, "every answer")
     serve.set_defaults(run=cmd_serve)
 
 

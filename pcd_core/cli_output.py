@@ -1,21 +1,30 @@
 """What ``pcd`` prints: aligned tables for people, the JSON records for programs.
 
 A table shows every decision with 4 decimals, marks a low candidate mass with ``!`` (the model wanted to
-write something that is not an allowed value, so its probability says little), then the warnings and one
-line of cost. ``--json`` prints the records of :func:`fill_record` and :func:`decide_record` instead,
-unrounded. ``tests/test_cli.py`` reads the tables back and compares them with the engine.
+write something that is not an allowed value, so its probability says little), then what the
+probabilities are (calibrated, debiased or raw: :func:`trust_line`), the warnings and one line of
+cost. ``--json`` prints the records of :func:`fill_record` and :func:`decide_record` instead, unrounded. ``tests/test_cli.py`` reads the tables back and compares them with the engine.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .questions import ChoiceAnswer, DecideResponse, NoulAnswer, ScoreAnswer
 from .result import LOW_MASS, Extraction, Stats
 
 LOW_MASS_MARK = "!"
+
+#: what a probability means, by what was done to it (FieldResult and the answers carry the flags)
+MEANING = {
+    "calibrated": "calibrated by a pcd calibrate fit (on data like its train split, a 0.8 is right about 80% "
+    "of the time)",
+    "debiased": "debiased (the model's lean on content-free inputs divided out), not calibrated: beliefs, "
+    "not measured frequencies",
+    "raw": "the model's raw beliefs under this prompt, not measured frequencies (pcd calibrate fits them)",
+}
 
 
 def fill_record(extraction: Extraction, model: str) -> dict[str, Any]:
@@ -40,14 +49,14 @@ def fill_table(extraction: Extraction) -> str:
     ]
     masses = [f.candidate_mass for f in extraction.fields.values()]
     table = _table(["field", "value", "probability", "candidate mass", ""], rows, numeric={2, 3})
-    return _with_footer(table, masses, extraction.warnings, extraction.stats)
+    return _with_footer(table, masses, extraction.warnings, extraction.stats, trust_line(extraction.fields))
 
 
 def decide_table(response: DecideResponse) -> str:
     rows = [[qid, answer.type, *_answer_cells(answer)] for qid, answer in response.answers.items()]
     masses = [answer.candidate_mass for answer in response.answers.values()]
     table = _table(["question", "type", "answer", "confidence", "candidate mass", ""], rows, numeric={3, 4})
-    return _with_footer(table, masses, [], response.stats)
+    return _with_footer(table, masses, [], response.stats, trust_line(response.answers))
 
 
 def _answer_cells(answer: NoulAnswer | ChoiceAnswer | ScoreAnswer) -> list[str]:
@@ -71,14 +80,34 @@ def cost_line(stats: Stats | None) -> str:
     )
 
 
+def trust_line(decisions: Mapping[str, Any]) -> str | None:
+    """One line on what the probabilities are: every decision's kind (``MEANING``) when they share it,
+    else each kind with the decisions it holds. None when nothing was decided (open fields only).
+    """
+    groups: dict[str, list[str]] = {}
+    for name, decision in decisions.items():
+        if hasattr(decision, "calibrated"):  # generated fields and multi-label lists carry no probability
+            kind = "calibrated" if decision.calibrated else "debiased" if decision.debiased else "raw"
+            groups.setdefault(kind, []).append(name)
+    if not groups:
+        return None
+    if len(groups) == 1:
+        return f"probabilities: {MEANING[next(iter(groups))]}"
+    return "probabilities: " + "; ".join(f"{', '.join(names)}: {MEANING[kind]}" for kind, names in groups.items())
+
+
 def _mark(candidate_mass: float) -> str:
     return LOW_MASS_MARK if candidate_mass < LOW_MASS else ""
 
 
-def _with_footer(table: str, masses: Sequence[float], warnings: Sequence[str], stats: Stats | None) -> str:
+def _with_footer(
+    table: str, masses: Sequence[float], warnings: Sequence[str], stats: Stats | None, trust: str | None
+) -> str:
     lines = [table, ""]
     if any(mass < LOW_MASS for mass in masses):
         lines.append(f"{LOW_MASS_MARK} candidate mass below {LOW_MASS}: the model wanted to write something else")
+    if trust is not None:
+        lines.append(trust)
     if warnings:
         lines += ["warnings:", *(f"  - {warning}" for warning in warnings)]
     lines.append(cost_line(stats))

@@ -34,8 +34,20 @@ class DecidePlan:
     def tasks(self) -> list[DecisionTask]:
         return [DecisionTask(a.trie, "trie", branch_norm=a.branch_norm) for a in self.asked]
 
-    def respond(self, model: str, readouts: list[Readout], stats: Stats, warnings: list[str]) -> DecideResponse:
-        answers = {qid: a.answer(r) for qid, a, r in zip(self.request.questions, self.asked, readouts)}
+    def respond(
+        self,
+        model: str,
+        readouts: list[Readout],
+        stats: Stats,
+        warnings: list[str],
+        flags: list[dict[str, bool]] | None = None,
+    ) -> DecideResponse:
+        """The typed answers; ``flags`` are each answer's ``debiased`` / ``calibrated`` (default: raw)."""
+        flags = flags if flags is not None else [{} for _ in readouts]
+        answers = {
+            qid: a.answer(r).model_copy(update=f)
+            for qid, a, r, f in zip(self.request.questions, self.asked, readouts, flags)
+        }
         masses = {qid: r.candidate_mass for qid, r in zip(self.request.questions, readouts)}
         return DecideResponse(
             model=model,

@@ -29,10 +29,10 @@ from typing import Any
 
 from .asking import render_decide_prompt
 from .backends.base import Backend, Prefix
-from .calibration import Calibration
+from .calibration import Calibration, adjuster
 from .chatting import Generation, Message, as_messages, render_chat, stream_tokens
 from .compiler import CompiledSchema, compile_schema
-from .debias import CONTENT_FREE, content_free_prior, debiased
+from .debias import CONTENT_FREE, content_free_prior
 from .deciding import plan_decide
 from .decoding import DecisionTask, Decoded, DecodeOptions, RoundStats, decode
 from .errors import PromptError
@@ -41,8 +41,7 @@ from .grammar import GrammarTokenizer
 from .limits import DEFAULT_LIMITS, Limits, check_decide, check_fill
 from .models import DEFAULT_MODEL, load_backend
 from .prompt import PromptParts
-from .questions import DecideResponse, NoulAnswer
-from .readout import Readout
+from .questions import DecideResponse, distribution
 from .result import Extraction, FieldResult, Stats, gather_memberships, mass_warnings
 from .schema import open_waves, parse_schema
 from .tokenizer import TextTokenizer
@@ -91,10 +90,13 @@ class Engine:
         schema_cache_size: int = 64,
         limits: Limits = DEFAULT_LIMITS,
         calibration: Calibration | None = None,
+        debias: bool = False,
     ) -> None:
         self.limits = limits  # per-request bounds, checked before any tokenizing (pcd_core/limits.py)
-        # trust (pcd_core/debias.py, pcd_core/calibration.py): per-schema content-free priors, fitted calibration
+        # trust (pcd_core/debias.py, pcd_core/calibration.py): per-schema content-free priors, fitted
+        # calibration, and whether fill and decide debias when a call does not say
         self.calibration = calibration
+        self.debias = debias
         self._priors = _Lru(schema_cache_size)
         self.backend = backend
         self.tokenizer = tokenizer
@@ -121,12 +123,14 @@ class Engine:
         base_url: str | None = None,
         api_key: str | None = None,
         calibration: str | Path | Calibration | None = None,
+        debias: bool = False,
     ) -> Engine:
         """Load a model. ``max_tokens_per_pass`` (default 4096 row tokens) and ``max_pass_bytes``
         (default 2 GiB of estimated KV and masks per pass) bound memory; see ``backends/base.py``.
         ``backend="vllm"`` reads on a running vLLM server at ``base_url`` (``docs/vllm.md``).
         ``calibration`` is a file written by ``pcd calibrate`` (or a ``Calibration``), applied to the
         fields it was fitted on; it is read before the model loads, so a bad file costs no load.
+        ``debias`` is the default of ``fill`` and ``decide`` (``pcd serve --debias``).
         """
         fitted = Calibration.load(calibration) if isinstance(calibration, str | Path) else calibration
         loaded, tokenizer, name = load_backend(
@@ -134,7 +138,7 @@ class Engine:
         )
         if max_pass_bytes is not None:
             loaded.max_pass_bytes = max_pass_bytes
-        return cls(loaded, tokenizer, name, head_cache_size=head_cache_size, calibration=fitted)
+        return cls(loaded, tokenizer, name, head_cache_size=head_cache_size, calibration=fitted, debias=debias)
 
     @property
     def context_length(self) -> int:
@@ -225,7 +229,7 @@ class Engine:
         task: str = "",
         use_head_cache: bool = True,
         max_new_tokens: dict[str, int] | None = None,
-        debias: bool = False,
+        debias: bool | None = None,
         calibrate: bool = True,
         generate: bool = True,
     ) -> Extraction:
@@ -237,7 +241,8 @@ class Engine:
         the given options' strategy). ``task`` is an instruction put into the prompt after the
         generic ones ("Triage the following support ticket."); each task text gets its own head.
         ``debias`` divides out the content-free prior (``debias.py``; measured once per schema, a few
-        fills); ``calibrate`` applies the engine's fitted calibration where it covers a field.
+        fills; None: the engine's default); ``calibrate`` applies the engine's fitted calibration where
+        it covers a field.
         ``generate=False`` decides the closed fields only, on the same prompt (the value is then a dict).
         """
         check_fill(self.limits, parse_schema(schema), text)  # bounds and readable text first
@@ -245,7 +250,12 @@ class Engine:
         started = time.perf_counter()
         compiled = self.compile(schema, task)
         whole = self.request_ids(compiled, text)  # before the lock: no model needed, and a bad input costs none
-        adjust = self._adjuster(schema, task, compiled, debias, calibrate)  # before the passes are counted
+        adjust = adjuster(  # the priors are measured before this request's passes are counted
+            self.calibration if calibrate else None,
+            {f.name: [label.text for label in f.labels] for f in compiled.schema.fields},
+            self.debias if debias is None else debias,
+            lambda: self.content_free_priors(schema, task),
+        )
         stats = Stats(compile_ms=_ms(started))
         rounds = RoundStats()
         results: dict[str, FieldResult] = {}
@@ -355,7 +365,10 @@ class Engine:
         """
 
         def measure() -> dict[str, tuple[float, ...]]:
-            readings = [self.fill(schema, text, task=task, calibrate=False, generate=False) for text in CONTENT_FREE]
+            readings = [
+                self.fill(schema, text, task=task, debias=False, calibrate=False, generate=False)
+                for text in CONTENT_FREE
+            ]
             decided = [name for name, r in readings[0].fields.items() if isinstance(r, FieldResult)]
             return {
                 name: content_free_prior([list(r.fields[name].probabilities.values()) for r in readings])
@@ -365,32 +378,6 @@ class Engine:
         with self._lock:
             priors, _ = self._priors.get_or((schema_key(schema), task), measure)
             return priors
-
-    def _adjuster(
-        self, schema: Any, task: str, compiled: CompiledSchema, debias: bool, calibrate: bool
-    ) -> _Adjust | None:
-        """The per-field readout transform of one fill, or None when it leaves every field raw. A field
-        the calibration covers is debiased exactly when the calibration was fitted on debiased answers.
-        """
-        fitted = self.calibration if calibrate else None
-        covered = {
-            f.name: fitted.for_field(f.name, [label.text for label in f.labels]) if fitted else None
-            for f in compiled.schema.fields
-        }
-        use_prior = {name: (fitted.debias if fitted and found else debias) for name, found in covered.items()}
-        if not any(use_prior.values()) and not any(covered.values()):
-            return None
-        priors = self.content_free_priors(schema, task) if any(use_prior.values()) else {}
-
-        def adjust(name: str, readout: Readout) -> tuple[Readout, dict[str, bool]]:
-            if use_prior[name]:
-                readout = debiased(readout, priors[name])
-            calibration = covered[name]
-            if calibration is not None:
-                readout = calibration.apply(readout)
-            return readout, {"debiased": use_prior[name], "calibrated": calibration is not None}
-
-        return adjust
 
     def fill_many(self, schema: Any, texts: list[str], **options: Any) -> list[Extraction]:
         """Many inputs against one schema: the head is compiled and prefilled once for all of them."""
@@ -452,18 +439,27 @@ class Engine:
         return Generation(text="", finish_reason="length", input_tokens=0, output_tokens=0, forward_passes=0)
 
     # -- questions ----------------------------------------------------------------------------
-    def decide(self, state: Any, questions: dict[str, Any], *, debias: bool = False) -> DecideResponse:
+    def decide(
+        self, state: Any, questions: dict[str, Any], *, debias: bool | None = None, calibrate: bool = True
+    ) -> DecideResponse:
         """Jev-style questions over one state (``pcd_core/deciding.py``): the state is the trunk of
         every question's row, one pass warm. ``usage.input_tokens`` counts every token read: head,
-        state and all rows.
+        state and all rows. ``debias`` and ``calibrate`` are as in ``fill``; a calibration covers a
+        question whose id and answer names (``true``/``false``, the options, the level indices) it
+        was fitted on.
         """
         started = time.perf_counter()
         # everything that needs no model runs before the lock, so concurrent requests overlap here
         if self._decide_prompt is None:
             self._decide_prompt = render_decide_prompt(self.tokenizer)
         request = check_decide(self.limits, state, questions)  # bounds and readable text first
-        priors = self._decide_priors(request.questions) if debias else None  # before the passes are counted
         plan = plan_decide(self.tokenizer, self._decide_prompt, request, self.context_length)
+        adjust = adjuster(  # the priors are measured before this request's passes are counted
+            self.calibration if calibrate else None,
+            {qid: asked.names for qid, asked in zip(request.questions, plan.asked)},
+            self.debias if debias is None else debias,
+            lambda: self.question_priors(request.questions),
+        )
         stats = Stats(compile_ms=_ms(started))
         rounds = RoundStats()
         with self._lock:
@@ -471,38 +467,31 @@ class Engine:
             decoded, warnings = self._read(plan.head_ids, plan.whole, plan.tasks(), stats, rounds)
             self._count(stats, rounds, passes_before, len(plan.head_ids))
         stats.total_ms = _ms(started)
-        readouts = decoded.readouts
-        if priors is not None:  # candidate mass stays raw
-            readouts = [debiased(r, priors[qid]) for qid, r in zip(request.questions, readouts)]
-        return plan.respond(self.model_name, readouts, stats, warnings)
+        readouts = list(decoded.readouts)
+        flags: list[dict[str, bool]] = [{} for _ in readouts]
+        if adjust is not None:  # candidate mass stays raw
+            adjusted = [adjust(qid, r) for qid, r in zip(request.questions, readouts)]
+            readouts, flags = [r for r, _ in adjusted], [f for _, f in adjusted]
+        return plan.respond(self.model_name, readouts, stats, warnings, flags)
 
-    async def adecide(self, state: Any, questions: dict[str, Any], *, debias: bool = False) -> DecideResponse:
-        if debias:
-            return await asyncio.to_thread(self.decide, state, questions, debias=True)
-        return await asyncio.to_thread(self.decide, state, questions)
+    async def adecide(self, state: Any, questions: dict[str, Any], **options: Any) -> DecideResponse:
+        """``decide`` in a worker thread; ``options`` are its ``debias`` and ``calibrate``."""
+        return await asyncio.to_thread(self.decide, state, questions, **options)
 
-    def _decide_priors(self, questions: dict[str, Any]) -> dict[str, tuple[float, ...]]:
-        """Per question, the mean answer distribution over the ``CONTENT_FREE`` states, cached by the
-        question set; a noul's distribution is (true, false), the order its readout uses.
+    def question_priors(self, questions: dict[str, Any]) -> dict[str, tuple[float, ...]]:
+        """Per question (validated models, as ``DecideRequest.questions`` holds them), the mean answer
+        distribution over the ``CONTENT_FREE`` states, cached by the question set; a noul's
+        distribution is (true, false), the order its readout uses.
         """
 
         def measure() -> dict[str, tuple[float, ...]]:
-            readings = [self.decide(text, questions).answers for text in CONTENT_FREE]
-            return {qid: content_free_prior([_distribution(r[qid]) for r in readings]) for qid in questions}
+            readings = [self.decide(text, questions, debias=False, calibrate=False).answers for text in CONTENT_FREE]
+            return {qid: content_free_prior([distribution(r[qid]) for r in readings]) for qid in questions}
 
         key = json.dumps({qid: q.model_dump() for qid, q in questions.items()}, sort_keys=True, default=repr)
         with self._lock:
             priors, _ = self._priors.get_or(("decide", key), measure)
             return priors
-
-
-_Adjust = Callable[[str, Readout], tuple[Readout, dict[str, bool]]]
-
-
-def _distribution(answer: Any) -> list[float]:
-    if isinstance(answer, NoulAnswer):
-        return [answer.noul, 1.0 - answer.noul]
-    return list(answer.probabilities.values())
 
 
 def open_row_budget(compiled: CompiledSchema) -> int:

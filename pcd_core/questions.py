@@ -1,10 +1,10 @@
 """Jev-style questions and answers: the typed request and response of ``engine.decide``.
 
 These pydantic models are the System One (Jev) wire contract of ``POST /v1/systemone``, declared
-once: the answers serialise to the wire by their aliases (``x_candidate_mass``, ``x_logits``), and the
-HTTP server, the MCP server and the OpenAI-shaped ``POST /v1/decisions`` (``pcd_core/wire/decisions.py``)
-all translate from these classes. Validation lives here, so that every
-adapter rejects the same requests with the same messages:
+once: the answers serialise to the wire by their aliases (``x_candidate_mass``, ``x_logits``,
+``x_debiased``, ``x_calibrated``), and the HTTP server, the MCP server and the OpenAI-shaped
+``POST /v1/decisions`` (``pcd_core/wire/decisions.py``) all translate from these classes. Validation
+lives here, so that every adapter rejects the same requests with the same messages:
 
 - 2 to 255 choice options, none blank and no two equal after Unicode normalisation (NFKC, zero-width
   characters removed, whitespace collapsed: the model could not tell them apart);
@@ -143,16 +143,40 @@ class ScoreQuestion(_Wire):
 Question = Annotated[NoulQuestion | ChoiceQuestion | ScoreQuestion, Field(discriminator="type")]
 
 
+def answer_names(question: NoulQuestion | ChoiceQuestion | ScoreQuestion) -> tuple[str, ...]:
+    """A question's answers in the order the engine reads them: ``true``, ``false`` for a noul, the
+    options as given for a choice, the level indices ``"0"``, ``"1"``, ... for a score. A calibration
+    (``pcd_core/calibration.py``) names a question's labels so.
+    """
+    if isinstance(question, ChoiceQuestion):
+        return tuple(question.criteria)
+    if isinstance(question, ScoreQuestion):
+        return tuple(str(i) for i in range(len(question.criteria)))
+    return ("true", "false")
+
+
 class DecideRequest(_Wire):
     state: Text
     model: str | None = None
     questions: dict[str, Question] = Field(min_length=1)
 
 
-def _extension(name: str, description: str) -> Any:
-    """A field that Python code reads as ``name`` and the wire carries as ``x_<name>``."""
+def _extension(name: str, description: str, **default: Any) -> Any:
+    """A field that Python code reads as ``name`` and the wire carries as ``x_<name>``; ``default=``
+    makes it optional.
+    """
     wire = f"x_{name}"
-    return Field(validation_alias=AliasChoices(wire, name), serialization_alias=wire, description=description)
+    return Field(
+        validation_alias=AliasChoices(wire, name), serialization_alias=wire, description=description, **default
+    )
+
+
+#: what the ``x_debiased`` / ``x_calibrated`` flags of every answer mean, on every wire
+DEBIASED = "Whether the model's lean on content-free inputs was divided out of the probabilities."
+CALIBRATED = (
+    "Whether a calibration fitted on labelled data (pcd calibrate) was applied to the probabilities; "
+    "without one they are the model's beliefs under this prompt, not measured frequencies."
+)
 
 
 class _Answer(BaseModel):
@@ -165,6 +189,8 @@ class _Answer(BaseModel):
         "Probability the model put on any allowed answer before renormalising; low means the "
         "question did not fit the state well.",
     )
+    debiased: bool = _extension("debiased", DEBIASED, default=False)
+    calibrated: bool = _extension("calibrated", CALIBRATED, default=False)
 
 
 class NoulAnswer(_Answer):
@@ -192,6 +218,13 @@ class ScoreAnswer(_DistributionAnswer):
 
 
 Answer = Annotated[NoulAnswer | ChoiceAnswer | ScoreAnswer, Field(discriminator="type")]
+
+
+def distribution(answer: NoulAnswer | ChoiceAnswer | ScoreAnswer) -> list[float]:
+    """An answer's probabilities in ``answer_names`` order; a noul's is ``(P(true), P(false))``."""
+    if isinstance(answer, NoulAnswer):
+        return [answer.noul, 1.0 - answer.noul]
+    return list(answer.probabilities.values())
 
 
 class Usage(BaseModel):

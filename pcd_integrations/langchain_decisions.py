@@ -13,7 +13,8 @@ Translation only, one way each:
   inside it turned into its role-tagged string;
 - questions are LangChain's models, dumped into the engine's question shape (their field names are
   the same); ``Box`` questions and media blocks raise typed errors that name what is not supported;
-- answers keep the engine's candidate mass (``answer.candidate_mass``), and usage counts every token
+- answers keep the engine's candidate mass (``answer.candidate_mass``) and say whether they were
+  debiased and calibrated (``answer.debiased``, ``answer.calibrated``), and usage counts every token
   the engine read, with 0 output tokens.
 
 ``tests/test_langchain_decisions.py`` checks each of these on the embedded model, against
@@ -44,7 +45,7 @@ try:
     from langchain_core.messages import AIMessage, BaseMessage, ChatMessage, UsageMetadata, is_data_content_block
     from langchain_core.runnables import RunnableConfig
     from langchain_core.runnables.config import get_config_list
-    from pydantic import TypeAdapter
+    from pydantic import BaseModel, TypeAdapter
 except ImportError as error:  # pragma: no cover - exercised by a subprocess test without the extra
     raise BackendUnavailableError("langchain", "langchain-core") from error
 
@@ -77,21 +78,28 @@ class UnsupportedQuestionError(SchemaError):
     """A question type the engine does not answer: ``Box`` (a location in an image)."""
 
 
-class PCDNoulAnswer(decisions.NoulAnswer):
-    """LangChain's ``NoulAnswer`` plus the engine's candidate mass for the question."""
+class _Trust(BaseModel):
+    """Whether the engine debiased and calibrated the answer (``x_debiased`` / ``x_calibrated`` on its wire)."""
+
+    debiased: bool = False
+    calibrated: bool = False
+
+
+class PCDNoulAnswer(decisions.NoulAnswer, _Trust):
+    """LangChain's ``NoulAnswer`` plus the engine's candidate mass and trust flags for the question."""
 
     candidate_mass: float
     """How much of the model's next-token probability fell on an allowed answer at all."""
 
 
-class PCDChoiceAnswer(decisions.ChoiceAnswer):
-    """LangChain's ``ChoiceAnswer`` plus the engine's candidate mass for the question."""
+class PCDChoiceAnswer(decisions.ChoiceAnswer, _Trust):
+    """LangChain's ``ChoiceAnswer`` plus the engine's candidate mass and trust flags for the question."""
 
     candidate_mass: float
 
 
-class PCDScoreAnswer(decisions.ScoreAnswer):
-    """LangChain's ``ScoreAnswer`` plus the engine's candidate mass for the question."""
+class PCDScoreAnswer(decisions.ScoreAnswer, _Trust):
+    """LangChain's ``ScoreAnswer`` plus the engine's candidate mass and trust flags for the question."""
 
     candidate_mass: float
 
@@ -164,10 +172,11 @@ def classifier_response(response: DecideResponse, asked: Mapping[str, Mapping[st
     """The engine's answers as LangChain's, in the order of the questions."""
     answers: dict[str, decisions.Answer] = {}
     for qid, answer in response.answers.items():
+        trust = {"debiased": answer.debiased, "calibrated": answer.calibrated}
         if isinstance(answer, NoulAnswer):
             # renormalised in float64, P(yes) can overshoot 1 by an ulp; LangChain's model checks <= 1
             noul = min(1.0, max(0.0, answer.noul))
-            answers[qid] = PCDNoulAnswer(type="noul", noul=noul, candidate_mass=answer.candidate_mass)
+            answers[qid] = PCDNoulAnswer(type="noul", noul=noul, candidate_mass=answer.candidate_mass, **trust)
         elif isinstance(answer, ChoiceAnswer):
             answers[qid] = PCDChoiceAnswer(
                 type="choice",
@@ -175,6 +184,7 @@ def classifier_response(response: DecideResponse, asked: Mapping[str, Mapping[st
                 probabilities=dict(answer.probabilities),
                 confidence=answer.confidence,
                 candidate_mass=answer.candidate_mass,
+                **trust,
             )
         elif isinstance(answer, ScoreAnswer):
             answers[qid] = PCDScoreAnswer(
@@ -184,6 +194,7 @@ def classifier_response(response: DecideResponse, asked: Mapping[str, Mapping[st
                 probabilities={int(level): p for level, p in answer.probabilities.items()},
                 confidence=answer.confidence,
                 candidate_mass=answer.candidate_mass,
+                **trust,
             )
     tokens = response.usage.input_tokens
     cached = response.stats.cached_tokens if response.stats is not None else 0

@@ -4,8 +4,9 @@ LangChain objects are pydantic models that users build at import time, in config
 long before (or without ever) running them; loading weights in the constructor would make that cost a
 model load. ``LazyEngine`` holds the model name and loads it once, on the first call that needs it, even
 with concurrent callers. It imports no framework, so every adapter whose objects are pydantic models can
-mix it in. ``tests/test_langchain.py`` and ``tests/test_langchain_decisions.py`` check that construction
-loads nothing and that a shared engine names the model.
+mix it in. ``calibration=`` (a ``pcd calibrate`` file) and ``debias=`` go to ``Engine.load``; the file is
+read at construction. ``tests/test_langchain.py`` and ``tests/test_langchain_decisions.py`` check that
+construction loads nothing and that a shared engine names the model.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import threading
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from pcd_core import Engine
+from pcd_core.calibration import Calibration
 from pcd_core.models import DEFAULT_MODEL
 
 __all__ = ["LazyEngine"]
@@ -27,12 +29,18 @@ class LazyEngine(BaseModel):
     model: str = DEFAULT_MODEL
     """A model alias, Hugging Face id or local path, as ``pcd_core.Engine.load`` takes it."""
     backend: str = "torch"
+    calibration: str | None = None
+    """A calibration file written by ``pcd calibrate``, applied to the decisions it was fitted on; read
+    when the engine loads (``Engine.load(calibration=...)``)."""
+    debias: bool = False
+    """Divide the model's content-free label prior out of every decision (``Engine.load(debias=...)``)."""
     engine: Engine | None = Field(default=None, exclude=True)
     """An already loaded engine to share; left out of dumps and trace parameters."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
     _load_lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
+    _calibration: Calibration | None = PrivateAttr(default=None)
 
     @model_validator(mode="after")
     def _model_follows_engine(self) -> LazyEngine:
@@ -44,6 +52,13 @@ class LazyEngine(BaseModel):
                 raise ValueError(
                     f"model={self.model!r} but the engine runs {self.engine.model_name!r}; pass one or the other"
                 )
+            if self.calibration is not None or self.debias:
+                raise ValueError(
+                    "calibration= and debias= apply when the engine is loaded here; pass them to Engine.load"
+                )
+        elif self.calibration is not None:
+            # read now (it is small), so that a bad file fails at construction, not at the first call
+            self._calibration = Calibration.load(self.calibration)
         return self
 
     def load_engine(self) -> Engine:
@@ -51,7 +66,9 @@ class LazyEngine(BaseModel):
         if self.engine is None:
             with self._load_lock:
                 if self.engine is None:
-                    self.engine = Engine.load(model=self.model, backend=self.backend)
+                    self.engine = Engine.load(
+                        model=self.model, backend=self.backend, calibration=self._calibration, debias=self.debias
+                    )
         return self.engine
 
     async def aload_engine(self) -> Engine:

@@ -1,12 +1,16 @@
-"""Fitted calibration: the file round-trips, a known temperature is recovered, the engine applies it."""
+"""Fitted calibration: the file round-trips (and version 1 still reads), a known temperature and known
+per-label biases are recovered, the bias prior holds an unseen label, the engine applies it in fill and
+in decide and says so.
+"""
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from pcd_core.calibration import Calibration, FieldCalibration, fit
+from pcd_core.calibration import CALIBRATION_VERSION, Calibration, FieldCalibration, fit
 from pcd_core.errors import PcdError
 from pcd_core.evaluation import metrics
 from pcd_core.readout import make_readout
@@ -41,20 +45,60 @@ def test_the_per_label_bias_recovers_a_known_offset():
     shifted = _log_softmax(logp + np.array([0.0, 1.0, -0.5]))  # the model leans to label 1
     temperature, bias = fit(shifted, gold, bias=True)
     assert temperature == pytest.approx(1.0, rel=0.05)
-    assert bias == pytest.approx((0.0, -1.0, 0.5), abs=0.1)
+    # the offset undone, up to the common shift softmax ignores: the fitted biases sum to zero
+    assert bias == pytest.approx((1 / 6, -5 / 6, 4 / 6), abs=0.1)
+    assert sum(bias) == pytest.approx(0.0, abs=1e-6)
+
+
+def test_temperature_and_biases_are_fitted_jointly():
+    """Answers both over-confident (x3) and leaning (labels 0 and 2): one fit recovers both."""
+    logp, gold = _overconfident(3.0, n=20000, k=3, seed=2)
+    lean = np.array([0.8, 0.0, -0.8])
+    leaning = _log_softmax(logp + lean * 3.0)
+    temperature, bias = fit(leaning, gold, bias=True)
+    # softmax(logp / T + b) undoes it when T = 3 and b = -lean
+    assert temperature == pytest.approx(3.0, rel=0.05)
+    assert bias == pytest.approx(tuple(-lean), abs=0.1)
+    alone, _ = fit(leaning, gold)  # a temperature alone cannot undo a lean
+    joint = np.exp(_log_softmax(leaning / temperature + np.array(bias)))
+    assert metrics.nll(joint, gold) < metrics.nll(np.exp(_log_softmax(leaning / alone)), gold) - 0.01
+
+
+def test_the_bias_prior_keeps_a_label_never_seen_in_training_finite_and_narrower_shrinks_more():
+    logp, gold = _overconfident(1.0, n=300, k=3, seed=3)
+    gold = np.where(gold == 2, 0, gold)  # label 2 never the answer: without a prior its bias runs off
+    _, wide = fit(logp, gold, bias=True, bias_sd=2.0)
+    _, narrow = fit(logp, gold, bias=True, bias_sd=0.2)
+    assert all(map(math.isfinite, wide)) and wide[2] < -1.0
+    assert abs(narrow[2]) < abs(wide[2]) and sum(narrow) == pytest.approx(0.0, abs=1e-6)
+    with pytest.raises(PcdError, match="standard deviation"):
+        fit(logp, gold, bias=True, bias_sd=0.0)
 
 
 def test_a_calibration_file_round_trips(tmp_path):
     original = Calibration(
         model="smollm2-135m",
         debias=True,
-        fields={"sentiment": FieldCalibration(("positive", "negative"), 1.7, (0.0, -0.25))},
+        fields={"sentiment": FieldCalibration(("positive", "negative"), 1.7, (0.25, -0.25))},
         fitted_on={"data": "polarity", "split": "train", "n": 300, "seed": 0},
+        bias_sd=2.0,
     )
     path = tmp_path / "cal.json"
     original.save(path)
     assert Calibration.load(path) == original
+    assert json.loads(path.read_text())["version"] == CALIBRATION_VERSION == 2
+
+
+def test_a_version_1_file_still_loads_and_applies_as_it_did():
+    path = Path(__file__).resolve().parents[1] / "docs" / "eval" / "smollm2-135m.polarity.calibration.json"
     assert json.loads(path.read_text())["version"] == 1
+    loaded = Calibration.load(path)
+    assert loaded.debias and loaded.bias_sd is None
+    found = loaded.for_field("sentiment", ["positive", "negative"])
+    assert found is not None and found.bias == (0.0, 0.0)
+    readout = make_readout([math.log(0.9), math.log(0.1)], {})
+    power = 1 / found.temperature
+    assert found.apply(readout).probabilities[0] == pytest.approx(0.9**power / (0.9**power + 0.1**power))
 
 
 @pytest.mark.parametrize(
@@ -62,6 +106,8 @@ def test_a_calibration_file_round_trips(tmp_path):
     [
         '{"version": 99, "fields": {}}',
         '{"version": 1, "fields": {"a": {"labels": ["x"], "temperature": 0, "bias": [0]}}}',
+        '{"version": 2, "fields": {"a": {"labels": ["x", "y"], "temperature": 1, "bias": [0, NaN]}}}',
+        '{"version": 2, "bias_sd": -1, "fields": {}}',
         "not json",
     ],
 )
@@ -92,3 +138,45 @@ def test_the_engine_applies_a_calibration_only_to_the_fields_it_was_fitted_on():
     assert list(result.fields["colour"].probabilities.values()) == pytest.approx([1 / 3] * 3, abs=1e-5)
     assert result.fields["size"].probabilities == raw.fields["size"].probabilities
     assert engine.fill(schema, "a small red ball", calibrate=False).fields["colour"] == raw.fields["colour"]
+
+
+def test_decide_applies_a_calibration_to_the_questions_it_covers_and_flags_each_answer():
+    questions = {
+        "refund": {"type": "noul", "instructions": "Does the customer ask for money back?"},
+        "team": {"type": "choice", "instructions": "Who owns it?", "criteria": {"billing": None, "shipping": None}},
+    }
+    engine = oracle_engine()
+    raw = engine.decide("Refund me.", questions)
+    engine.calibration = Calibration("oracle", False, {"refund": FieldCalibration(("true", "false"), 4.0, (0.0, 0.0))})
+    tempered = engine.decide("Refund me.", questions)
+    p = raw.answers["refund"].noul
+    assert tempered.answers["refund"].noul == pytest.approx(p**0.25 / (p**0.25 + (1 - p) ** 0.25))
+    assert tempered.answers["refund"].calibrated and not tempered.answers["refund"].debiased
+    assert not tempered.answers["team"].calibrated and tempered.answers["team"] == raw.answers["team"]
+    assert tempered.answers["refund"].candidate_mass == raw.answers["refund"].candidate_mass
+    assert engine.decide("Refund me.", questions, calibrate=False).answers == raw.answers
+    wire = tempered.to_wire()["answers"]
+    assert wire["refund"]["x_calibrated"] is True and wire["team"]["x_calibrated"] is False
+    assert wire["refund"]["x_debiased"] is False
+
+
+def test_an_engine_that_debiases_by_default_flags_every_answer_and_a_call_can_turn_it_off():
+    schema = {"colour": ["red", "green", "blue"]}
+    engine = oracle_engine()
+    engine.debias = True
+    assert engine.fill(schema, "a red ball").fields["colour"].debiased
+    assert not engine.fill(schema, "a red ball", debias=False).fields["colour"].debiased
+    question = {"q": {"type": "noul", "instructions": "Is it red?"}}
+    assert engine.decide("a red ball", question).answers["q"].debiased
+    assert not engine.decide("a red ball", question, debias=False).answers["q"].debiased
+
+
+def test_the_fill_table_says_what_its_probabilities_are():
+    from pcd_core.cli_output import MEANING, fill_table
+
+    schema = {"colour": ["red", "green", "blue"], "size": ["small", "large"]}
+    engine = oracle_engine()
+    assert f"probabilities: {MEANING['raw']}" in fill_table(engine.fill(schema, "a small red ball")).splitlines()
+    engine.calibration = Calibration("oracle", False, {"size": FieldCalibration(("small", "large"), 2.0, (0.0, 0.0))})
+    line = next(x for x in fill_table(engine.fill(schema, "a small red ball")).splitlines() if x.startswith("prob"))
+    assert line == f"probabilities: colour: {MEANING['raw']}; size: {MEANING['calibrated']}"

@@ -7,9 +7,10 @@ import json
 import numpy as np
 import pytest
 
+from pcd_core.calibration import Calibration
 from pcd_core.cli import main
 from pcd_core.evaluation import datasets
-from pcd_core.evaluation.runner import build_report, fit_calibration, read_answers
+from pcd_core.evaluation.runner import build_report, fit_calibration, read_answers, read_question_answers, variants
 from pcd_core.testing import oracle_engine
 
 SCHEMA = {"colour": ["red", "green", "blue"], "size": ["small", "large"]}
@@ -99,6 +100,71 @@ def test_the_eval_command_writes_a_report_and_a_reliability_plot(engine, tmp_pat
     assert set(report["fields"]["sentiment"]) >= {"raw", "debiased", "constrained_ar", "prior"}
     assert plot_path.read_bytes()[:4] == b"\x89PNG"
     assert "| raw |" in capsys.readouterr().out
+
+
+def test_calibrate_with_bias_saves_a_version_2_file_and_reports_the_fits_it_did_not_save(tmp_path, monkeypatch, capsys):
+    engine = oracle_engine(window=6)
+    monkeypatch.setattr("pcd_core.cli._load_engine", lambda args: engine)
+    data, schema = tmp_path / "d.jsonl", tmp_path / "s.json"
+    data.write_text("".join(json.dumps({**r, "split": split}) + "\n" for r in RECORDS for split in ("train", "test")))
+    schema.write_text(json.dumps(SCHEMA))
+    out, report_path = tmp_path / "cal.json", tmp_path / "r.json"
+    argv = ["calibrate", "--data", str(data), "--schema", str(schema), "--out", str(out), "--json", str(report_path)]
+    assert (
+        main([*argv, "--bias", "--bias-sd", "0.5", "--train-limit", "4", "--limit", "500", "--constrained-limit", "0"])
+        == 0
+    )
+    saved = json.loads(out.read_text())
+    assert saved["version"] == 2 and saved["bias_sd"] == 0.5
+    assert all(sum(spec["bias"]) == pytest.approx(0.0, abs=1e-6) for spec in saved["fields"].values())
+    report = json.loads(report_path.read_text())
+    assert report["meta"]["n"] == len(RECORDS)  # --limit 500 reads the whole test split, and says how many
+    assert {"calibrated", "calibrated_debiased", "calibrated_temperature_only"} <= set(report["overall"])
+    err = capsys.readouterr().err
+    assert "train: 4 of the 6 examples" in err and f"test: {len(RECORDS)} of the {len(RECORDS)} examples" in err
+
+
+QUESTIONS = {
+    "red": {"type": "noul", "instructions": "Is it red?"},
+    "size": {"type": "choice", "instructions": "How big is it?", "criteria": {"small": None, "large": "big"}},
+}
+QUESTION_RECORDS = [
+    {"text": r["text"], "labels": {"red": r["labels"]["colour"] == "red", "size": r["labels"]["size"]}} for r in RECORDS
+]
+
+
+def test_a_calibration_fitted_on_question_answers_is_what_decide_then_serves(tmp_path, monkeypatch):
+    """pcd calibrate --questions fits on engine.decide's own answers, keyed by question id, so the
+    probabilities /v1/systemone serves with the file are the calibrated ones the report scored.
+    """
+    engine = oracle_engine(window=6)
+    monkeypatch.setattr("pcd_core.cli._load_engine", lambda args: engine)
+    data, questions, out = tmp_path / "q.jsonl", tmp_path / "q.json", tmp_path / "cal.json"
+    data.write_text("".join(json.dumps({**r, "split": s}) + "\n" for r in QUESTION_RECORDS for s in ("train", "test")))
+    questions.write_text(json.dumps({"questions": QUESTIONS}))
+    argv = ["calibrate", "--data", str(data), "--questions", str(questions), "--out", str(out), "--debias", "--bias"]
+    assert main(argv) == 0
+    calibration = Calibration.load(out)
+    assert {name: f.labels for name, f in calibration.fields.items()} == {
+        "red": ("true", "false"),
+        "size": ("small", "large"),
+    }
+    expected = variants(read_question_answers(engine, QUESTIONS, QUESTION_RECORDS, progress=False), "size", calibration)
+    engine.calibration = calibration
+    for row, record in zip(expected["calibrated"], QUESTION_RECORDS):
+        served = engine.decide(record["text"], QUESTIONS).answers["size"]
+        assert served.calibrated and served.debiased
+        assert list(served.probabilities.values()) == pytest.approx(list(row), abs=1e-9)
+
+
+def test_questions_take_a_jsonl_file_and_no_schema(tmp_path, capsys):
+    questions = tmp_path / "q.json"
+    questions.write_text(json.dumps({"questions": QUESTIONS}))
+    assert main(["eval", "--data", "polarity", "--questions", str(questions)]) == 2
+    assert "--questions takes a JSONL --data" in capsys.readouterr().err
+    questions.write_text(json.dumps({"questions": {"q": {"type": "choice", "instructions": "x", "criteria": {}}}}))
+    assert main(["eval", "--data", str(tmp_path / "any.jsonl"), "--questions", str(questions)]) == 2
+    assert "question file" in capsys.readouterr().err
 
 
 def test_the_readme_quality_table_is_the_recorded_runs():

@@ -139,7 +139,13 @@ def test_noul_choice_and_score_equal_engine_decide(dm: PCDDecisionModel, engine:
     # the extras survive a dump when asked for; LangChain's own fields are always there
     refund = response.nouls["refund"]
     dumped = response.model_dump(serialize_as_any=True)["answers"]["refund"]
-    assert dumped == {"type": "noul", "noul": refund.noul, "candidate_mass": refund.candidate_mass}  # type: ignore[attr-defined]
+    assert dumped == {
+        "type": "noul",
+        "noul": refund.noul,
+        "candidate_mass": refund.candidate_mass,  # type: ignore[attr-defined]
+        "debiased": False,  # what the engine did to the probabilities: nothing here
+        "calibrated": False,
+    }
 
 
 def test_questions_as_dicts_answer_like_question_models(dm: PCDDecisionModel) -> None:

@@ -112,7 +112,8 @@ def test_system_one_wire_has_floats_x_extensions_and_usage_without_engine_fields
     assert resp.usage == Usage(input_tokens=40, cached_tokens=31, forward_passes=2)
     wire = resp.to_wire()
     assert wire["usage"] == {"input_tokens": 40, "output_tokens": 0} and wire["x_forward_passes"] == 2
-    assert wire["answers"]["n"] == {"x_candidate_mass": 0.5, "type": "noul", "noul": 1.0}
+    raw = {"x_debiased": False, "x_calibrated": False}  # an answer says it is raw, not by leaving it out
+    assert wire["answers"]["n"] == {"x_candidate_mass": 0.5, "type": "noul", "noul": 1.0, **raw}
     assert set(wire["answers"]["c"]) == {
         "type",
         "choice",
@@ -120,6 +121,7 @@ def test_system_one_wire_has_floats_x_extensions_and_usage_without_engine_fields
         "confidence",
         "x_candidate_mass",
         "x_logits",
+        *raw,
     }
     assert "1.0" in json.dumps(wire["answers"]["n"]) and isinstance(wire["answers"]["c"]["probabilities"]["b"], float)
     assert answers["n"].candidate_mass == 0.5  # Python reads the field name; the wire the x_ name
@@ -171,13 +173,14 @@ def test_openai_answers_keep_order_names_and_value_types() -> None:
     ids = list(request.engine_questions())
     logits = {"true": -0.1, "false": -2.0, "maybe": -3.0}
     answers = {
-        ids[0]: NoulAnswer(noul=0.25, candidate_mass=0.9),
+        ids[0]: NoulAnswer(noul=0.25, candidate_mass=0.9, calibrated=True),
         ids[1]: ChoiceAnswer(
             choice="true",
             probabilities={"true": 0.7, "false": 0.2, "maybe": 0.1},
             confidence=0.55,
             candidate_mass=0.8,
             logits=logits,
+            debiased=True,
         ),
         ids[2]: ScoreAnswer(
             score=0.4,
@@ -191,7 +194,15 @@ def test_openai_answers_keep_order_names_and_value_types() -> None:
     stats = Stats(forward_passes=2, cached_tokens=30)
     wire = decision_response(request, response(answers, stats)).model_dump(mode="json")
     predicate, choice, score = wire["answers"]
-    assert predicate == {"type": "predicate", "name": None, "probability": 0.25}
+    assert predicate == {
+        "type": "predicate",
+        "name": None,
+        "probability": 0.25,
+        "x_debiased": False,
+        "x_calibrated": True,
+    }
+    assert (choice["x_debiased"], choice["x_calibrated"]) == (True, False)
+    assert (score["x_debiased"], score["x_calibrated"]) == (False, False)
     assert choice["name"] == "flag" and choice["choice"] is True
     assert [p["value"] for p in choice["probabilities"]] == [True, False, "maybe"]
     assert score["probabilities"] == [

@@ -2,7 +2,9 @@
 
 Arguments, the data file and the schema are checked before the model loads. ``pcd calibrate`` reads
 the train split, fits per field, saves the file, then reports on the test split with it applied, so
-one command gives raw, debiased and calibrated numbers on held-out data.
+one command gives raw, debiased and calibrated numbers on held-out data; beside them it reports the
+fits it did not save, from the same train answers (debiased or not, with per-label biases or not).
+Both commands say on stderr how many examples each split gave, of how many it has.
 """
 
 from __future__ import annotations
@@ -15,12 +17,12 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
-from ..calibration import Calibration
+from ..calibration import BIAS_SD, Calibration
 from ..errors import PcdError
 from ..schema import parse_schema
 from . import datasets
 from .metrics import reliability
-from .runner import build_report, fit_calibration, read_answers, variants
+from .runner import Answers, build_report, fit_calibration, read_answers, read_question_answers, variants
 
 COLUMNS = (
     "n",
@@ -45,6 +47,12 @@ def _add_data_options(parser: argparse.ArgumentParser, split: str) -> None:
         '{"text", "labels": {field: value}}',
     )
     parser.add_argument("--schema", help="JSON Schema or case file (needed with a JSONL --data)")
+    parser.add_argument(
+        "--questions",
+        metavar="FILE",
+        help="instead of --schema: a question file as pcd decide takes; a JSONL --data's labels are then "
+        "keyed by question id, and the answers are read as /v1/systemone reads them",
+    )
     parser.add_argument("--split", default=split, choices=("train", "test"))
     parser.add_argument("--seed", type=int, default=0, help="shuffles the examples and splits sets without one")
     parser.add_argument("--json", metavar="PATH", help="write the report as JSON")
@@ -59,12 +67,18 @@ def _add_data_options(parser: argparse.ArgumentParser, split: str) -> None:
     _add_model_options(parser)
 
 
-def add_trust_options(parser: argparse.ArgumentParser) -> None:
-    """``--debias`` and ``--calibration`` for commands that answer (``pcd fill``)."""
+def add_trust_options(parser: argparse.ArgumentParser, what: str = "the answers") -> None:
+    """``--debias`` and ``--calibration`` for commands that answer (``pcd fill``, ``pcd serve``)."""
     parser.add_argument(
-        "--debias", action="store_true", help="divide out the model's content-free label prior (contextual calibration)"
+        "--debias",
+        action="store_true",
+        help=f"divide out the model's content-free label prior from {what} (contextual calibration)",
     )
-    parser.add_argument("--calibration", metavar="FILE", help="a calibration file written by pcd calibrate")
+    parser.add_argument(
+        "--calibration",
+        metavar="FILE",
+        help=f"a calibration file written by pcd calibrate, applied to {what} it was fitted on",
+    )
 
 
 def add_eval_parsers(subparsers: Any) -> None:
@@ -76,17 +90,37 @@ def add_eval_parsers(subparsers: Any) -> None:
     evaluate.add_argument("--fetch", action="store_true", help="only build the bundled --data set and exit")
     evaluate.set_defaults(run=run_eval)
 
-    calibrate = subparsers.add_parser("calibrate", help="fit a temperature per field on a train split")
+    calibrate = subparsers.add_parser(
+        "calibrate", help="fit a temperature (and with --bias, per-label biases) per field on a train split"
+    )
     _add_data_options(calibrate, "train")
     calibrate.add_argument("--out", required=True, metavar="FILE", help="where the calibration JSON goes")
     calibrate.add_argument("--train-limit", type=int, default=300, help="train examples to fit on (default 300)")
     calibrate.add_argument("--limit", type=int, default=500, help="held-out test examples to report on")
     calibrate.add_argument("--debias", action="store_true", help="fit on debiased probabilities")
-    calibrate.add_argument("--bias", action="store_true", help="also fit a per-label bias")
+    calibrate.add_argument(
+        "--bias", action="store_true", help="also fit a bias per label, jointly with the temperature"
+    )
+    calibrate.add_argument(
+        "--bias-sd",
+        type=float,
+        default=BIAS_SD,
+        metavar="NATS",
+        help=f"the biases' Gaussian prior, its standard deviation (default {BIAS_SD}); smaller shrinks them more",
+    )
     calibrate.set_defaults(run=run_calibrate)
 
 
 def _load_data(args: argparse.Namespace) -> tuple[Any, list[dict[str, Any]]]:
+    """The schema (or, with ``--questions``, the questions) and the labelled records, all checked."""
+    if args.questions is not None:
+        from ..cli import _check_questions, _read_questions
+
+        if args.schema or args.data in datasets.NAMES:
+            raise PcdError("--questions takes a JSONL --data whose labels are keyed by question id, and no --schema")
+        questions = _read_questions(args.questions)["questions"]
+        _check_questions(args.questions, "", questions)
+        return questions, datasets.read_jsonl(args.data)
     if args.data in datasets.NAMES:
         folder = datasets.fetch(args.data)
         schema_path = args.schema or str(folder / "schema.json")
@@ -103,12 +137,26 @@ def _load_data(args: argparse.Namespace) -> tuple[Any, list[dict[str, Any]]]:
 
 
 def _selected(args: argparse.Namespace, records: list[dict[str, Any]], split: str, limit: int) -> list[dict[str, Any]]:
+    """The first ``limit`` examples of ``split``; says on stderr how many that is of how many there are,
+    since a limit over the split's size silently reads the whole split.
+    """
     if limit < 1:
         raise PcdError(f"--limit {limit} must be at least 1")
-    chosen = datasets.select(records, split, args.seed, limit)
-    if not chosen:
+    available = datasets.select(records, split, args.seed, None)
+    if not available:
         raise PcdError(f"no {split} examples in {args.data}")
+    chosen = available[:limit]
+    print(f"{split}: {len(chosen)} of the {len(available)} examples of the split (seed {args.seed})", file=sys.stderr)
     return chosen
+
+
+def _read(
+    args: argparse.Namespace, engine: Any, source: Any, records: list[dict[str, Any]], constrained: int | None
+) -> Answers:
+    """Fill (a schema) or decide (``--questions``) every record raw; AR-constrained only for schemas."""
+    if args.questions is not None:
+        return read_question_answers(engine, source, records)
+    return read_answers(engine, source, records, constrained=constrained)
 
 
 def _meta(args: argparse.Namespace, engine: Any, split: str, n: int) -> dict[str, Any]:
@@ -147,13 +195,15 @@ def run_eval(args: argparse.Namespace) -> int:
     from ..cli import _load_engine
 
     engine = _load_engine(args)
-    answers = read_answers(engine, schema, chosen, constrained=args.constrained_limit)
+    answers = _read(args, engine, schema, chosen, args.constrained_limit)
     report = {"meta": _meta(args, engine, args.split, len(chosen)), **build_report(answers, calibration)}
     _finish(args, report, answers, calibration)
     return 0
 
 
 def run_calibrate(args: argparse.Namespace) -> int:
+    if not args.bias_sd > 0:
+        raise PcdError(f"--bias-sd {args.bias_sd} must be > 0")
     schema, records = _load_data(args)
     train = _selected(args, records, "train", args.train_limit)
     test = _selected(args, records, "test", args.limit)
@@ -161,26 +211,46 @@ def run_calibrate(args: argparse.Namespace) -> int:
 
     engine = _load_engine(args)
     fitted_on = {"data": args.data, "split": "train", "seed": args.seed, "n": len(train)}
-    train_answers = read_answers(engine, schema, train, constrained=0)
-    calibration = fit_calibration(
-        train_answers, debias=args.debias, bias=args.bias, model=engine.model_name, fitted_on=fitted_on
-    )
+    train_answers = _read(args, engine, schema, train, 0)
+
+    def fitted(debias: bool, bias: bool) -> Calibration:
+        return fit_calibration(
+            train_answers, debias=debias, bias=bias, bias_sd=args.bias_sd, model=engine.model_name, fitted_on=fitted_on
+        )
+
+    calibration = fitted(args.debias, args.bias)
     calibration.save(args.out)
     for name, found in calibration.fields.items():
-        print(f"{name}: temperature {found.temperature:.3f} (fitted on {len(train)} train examples)", file=sys.stderr)
-    answers = read_answers(engine, schema, test, constrained=args.constrained_limit)
+        biases = f", biases {', '.join(f'{b:+.2f}' for b in found.bias)}" if args.bias else ""
+        print(f"{name}: temperature {found.temperature:.3f}{biases} (fitted on {len(train)} examples)", file=sys.stderr)
+    answers = _read(args, engine, schema, test, args.constrained_limit)
     report = {"meta": _meta(args, engine, "test", len(test)), **build_report(answers, calibration)}
     report["meta"]["calibration"] = calibration.to_dict()
-    # the other choice, fitted on the same train answers: whether debiasing first helps calibration
-    other = fit_calibration(
-        train_answers, debias=not args.debias, bias=args.bias, model=engine.model_name, fitted_on=fitted_on
-    )
-    report["overall"]["calibrated_debiased" if other.debias else "calibrated_raw"] = build_report(answers, other)[
-        "overall"
-    ]["calibrated"]
+    # the other choices, fitted on the same train answers and reported on the same held-out ones:
+    # whether debiasing first helps calibration, and whether the per-label biases do
+    others = {
+        "calibrated_debiased" if not args.debias else "calibrated_raw": fitted(not args.debias, args.bias),
+        "calibrated_temperature_only" if args.bias else "calibrated_with_bias": fitted(args.debias, not args.bias),
+    }
+    for variant, other in others.items():
+        report["overall"][variant] = build_report(answers, other)["overall"]["calibrated"]
     report["meta"]["train_seconds"] = round(train_answers.seconds, 1)
     _finish(args, report, answers, calibration)
     return 0
+
+
+#: the report's rows, in the printed order: ``pcd calibrate`` adds the fits it did not save as
+#: ``calibrated_*``, each fitted on the same train answers
+VARIANTS = (
+    "raw",
+    "debiased",
+    "calibrated",
+    "calibrated_raw",
+    "calibrated_debiased",
+    "calibrated_temperature_only",
+    "calibrated_with_bias",
+    "constrained_ar",
+)
 
 
 def write_table(report: dict[str, Any], out: TextIO) -> None:
@@ -188,7 +258,7 @@ def write_table(report: dict[str, Any], out: TextIO) -> None:
     sections = [("overall", report["overall"])] + list(report["fields"].items())
     for title, entry in sections:
         out.write(f"\n{title}\n| variant | {' | '.join(COLUMNS)} |\n|{'---|' * (len(COLUMNS) + 1)}\n")
-        for variant in ("raw", "debiased", "calibrated", "calibrated_raw", "calibrated_debiased", "constrained_ar"):
+        for variant in VARIANTS:
             if variant in entry:
                 values = entry[variant]
                 cells = [_cell(values.get(c)) for c in COLUMNS]

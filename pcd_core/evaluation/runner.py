@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from ..calibration import Calibration, FieldCalibration, fit
+from ..calibration import BIAS_SD, Calibration, FieldCalibration, fit
 from ..debias import PRIOR_FLOOR
 from ..errors import PcdError
 from ..schema import Schema, parse_schema
@@ -42,7 +42,7 @@ class FieldAnswers:
 
 @dataclass
 class Answers:
-    schema: Schema
+    schema: Schema | None  # None for answers to questions (read_question_answers)
     fields: dict[str, FieldAnswers]
     priors: dict[str, tuple[float, ...]]
     seconds: float = 0.0
@@ -79,7 +79,9 @@ def read_answers(
     compiled = engine.compile(schema)
     for number, record in enumerate(tqdm(records, desc="eval", unit="ex", disable=not progress, mininterval=2.0)):
         gold = {name: gold_index(parsed, name, record["labels"][name]) for name in names if name in record["labels"]}
-        result = engine.fill(schema, record["text"], calibrate=False)
+        result = engine.fill(
+            schema, record["text"], debias=False, calibrate=False
+        )  # raw, whatever the engine's defaults
         with_ar = constrained is None or number < constrained
         # AR under llguidance's mask over the whole object, as pcd bench runs it; its written values are
         # read back leniently, and a value it never wrote counts as wrong
@@ -94,6 +96,36 @@ def read_answers(
                 picked = label_of(parsed.field(name), written[name]) if name in written else None
                 out.constrained_ar.append(-1 if picked is None else picked)
     return Answers(parsed, answers, priors, time.perf_counter() - started)
+
+
+def read_question_answers(
+    engine: Any, questions: dict[str, Any], records: list[dict[str, Any]], *, progress: bool = True
+) -> Answers:
+    """Decide every record's questions raw (``engine.decide``, the call behind ``/v1/systemone``), so
+    that a calibration is fitted on the prompt it will be applied to. A record's ``labels`` are keyed by
+    question id: a boolean (or ``"true"``/``"false"``) for a noul, an option for a choice, a level index
+    for a score. The answers' names are the labels (``answer_names``), as ``Engine.decide`` looks
+    them up in a calibration.
+    """
+    from ..questions import DecideRequest, answer_names, distribution
+
+    asked = DecideRequest(state="", questions=questions).questions
+    answers = {qid: FieldAnswers(answer_names(q)) for qid, q in asked.items()}
+    started = time.perf_counter()
+    priors = engine.question_priors(asked)
+    for record in tqdm(records, desc="eval", unit="ex", disable=not progress, mininterval=2.0):
+        response = engine.decide(record["text"], asked, debias=False, calibrate=False)
+        for qid, out in answers.items():
+            if qid not in record["labels"]:
+                continue
+            gold = record["labels"][qid]
+            name = ("true" if gold else "false") if isinstance(gold, bool) else str(gold)
+            if name not in out.labels:
+                raise PcdError(f"question {qid!r}: gold value {gold!r} is not one of {list(out.labels)}")
+            out.probabilities.append(distribution(response.answers[qid]))
+            out.candidate_mass.append(response.answers[qid].candidate_mass)
+            out.gold.append(out.labels.index(name))
+    return Answers(None, answers, priors, time.perf_counter() - started)
 
 
 def debias_rows(probabilities: np.ndarray, prior: tuple[float, ...]) -> np.ndarray:
@@ -120,16 +152,25 @@ def variants(answers: Answers, name: str, calibration: Calibration | None) -> di
 
 
 def fit_calibration(
-    answers: Answers, *, debias: bool, bias: bool, model: str, fitted_on: Mapping[str, Any]
+    answers: Answers,
+    *,
+    debias: bool,
+    bias: bool,
+    model: str,
+    fitted_on: Mapping[str, Any],
+    bias_sd: float = BIAS_SD,
 ) -> Calibration:
+    """Per field, a temperature (and with ``bias``, per-label biases under a ``N(0, bias_sd**2)``
+    prior) fitted on the raw or the debiased answers.
+    """
     fields = {}
     for name, out in answers.fields.items():
         if not out.gold:
             continue
         rows = variants(answers, name, None)["debiased" if debias else "raw"]
-        temperature, biases = fit(np.log(np.maximum(rows, 1e-300)), out.gold, bias=bias)
+        temperature, biases = fit(np.log(np.maximum(rows, 1e-300)), out.gold, bias=bias, bias_sd=bias_sd)
         fields[name] = FieldCalibration(out.labels, temperature, biases)
-    return Calibration(model, debias, fields, dict(fitted_on))
+    return Calibration(model, debias, fields, dict(fitted_on), bias_sd if bias else None)
 
 
 def _pooled(per_field: dict[str, dict[str, np.ndarray]], answers: Answers, variant: str) -> dict[str, float]:

@@ -10,6 +10,8 @@ are refused with a message that says so: the engine reads text only.
 Each question becomes a `pcd_core.questions` model when it is validated, so the System One rules and
 messages apply here unchanged, and both routes make the same ``engine.decide`` call. Answers come back
 in question order with their names; a choice's values keep their JSON type (``true`` stays a boolean).
+Each answer says, as on ``/v1/systemone``, whether it was debiased and calibrated (``x_debiased``,
+``x_calibrated``); a calibration covers a question by its id here, ``questions[i]``.
 A predicate is a noul; a boolean choice value is shown to the model as ``true``/``false``, so ``true``
 and ``"true"`` in one question are refused as equal options. ``tests/test_questions.py`` covers the
 translation, ``tests/test_decisions_api.py`` the route with the real ``openai`` client.
@@ -33,7 +35,16 @@ from pydantic import (
 )
 
 from .. import questions as systemone
-from ..questions import ChoiceQuestion, DecideResponse, NoulQuestion, ScoreQuestion, Text, check_options
+from ..questions import (
+    CALIBRATED,
+    DEBIASED,
+    ChoiceQuestion,
+    DecideResponse,
+    NoulQuestion,
+    ScoreQuestion,
+    Text,
+    check_options,
+)
 
 #: The most questions one request may ask, as the OpenAI API admits.
 MAX_QUESTIONS = 200
@@ -231,10 +242,17 @@ def question_id(index: int) -> str:
     return f"questions[{index}]"
 
 
+def _flag(description: str) -> Any:
+    """An answer's ``x_debiased`` / ``x_calibrated`` extension, as on ``/v1/systemone``."""
+    return Field(default=False, description=description)
+
+
 class PredicateAnswer(_Model):
     type: Literal["predicate"] = "predicate"
     name: str | None
     probability: float
+    x_debiased: bool = _flag(DEBIASED)
+    x_calibrated: bool = _flag(CALIBRATED)
 
 
 class ChoiceProbability(_Model):
@@ -248,6 +266,8 @@ class DecisionChoiceAnswer(_Model):
     choice: ChoiceValue
     probabilities: list[ChoiceProbability]
     confidence: float
+    x_debiased: bool = _flag(DEBIASED)
+    x_calibrated: bool = _flag(CALIBRATED)
 
 
 class ScoreProbability(_Model):
@@ -262,6 +282,8 @@ class DecisionScoreAnswer(_Model):
     score: float = Field(description="Expected level index, sum of i * p_i.")
     probabilities: list[ScoreProbability]
     confidence: float
+    x_debiased: bool = _flag(DEBIASED)
+    x_calibrated: bool = _flag(CALIBRATED)
 
 
 DecisionAnswer = Annotated[PredicateAnswer | DecisionChoiceAnswer | DecisionScoreAnswer, Field(discriminator="type")]
@@ -286,7 +308,9 @@ class DecisionUsage(_Model):
 
 
 class DecisionResponse(_Model):
-    """The answer of ``POST /v1/decisions``; ``x_forward_passes`` is this engine's extension."""
+    """The answer of ``POST /v1/decisions``; the ``x_`` fields here and on the answers are this engine's
+    extensions.
+    """
 
     model: str
     answers: list[DecisionAnswer]
@@ -295,8 +319,9 @@ class DecisionResponse(_Model):
 
 
 def _answer(question: PredicateQuestion | DecisionChoiceQuestion | DecisionScoreQuestion, answer: Any) -> Any:
+    flags = {"x_debiased": answer.debiased, "x_calibrated": answer.calibrated}
     if isinstance(question, PredicateQuestion) and isinstance(answer, systemone.NoulAnswer):
-        return PredicateAnswer(name=question.name, probability=answer.noul)
+        return PredicateAnswer(name=question.name, probability=answer.noul, **flags)
     if isinstance(question, DecisionChoiceQuestion) and isinstance(answer, systemone.ChoiceAnswer):
         values = {option_name(option.value): option.value for option in question.choices}
         return DecisionChoiceAnswer(
@@ -304,6 +329,7 @@ def _answer(question: PredicateQuestion | DecisionChoiceQuestion | DecisionScore
             choice=values[answer.choice],
             probabilities=[ChoiceProbability(value=values[n], probability=p) for n, p in answer.probabilities.items()],
             confidence=answer.confidence,
+            **flags,
         )
     if isinstance(question, DecisionScoreQuestion) and isinstance(answer, systemone.ScoreAnswer):
         levels = [
@@ -311,7 +337,7 @@ def _answer(question: PredicateQuestion | DecisionChoiceQuestion | DecisionScore
             for i, level in enumerate(question.levels)
         ]
         return DecisionScoreAnswer(
-            name=question.name, score=answer.score, probabilities=levels, confidence=answer.confidence
+            name=question.name, score=answer.score, probabilities=levels, confidence=answer.confidence, **flags
         )
     raise TypeError(f"a {type(answer).__name__} does not answer a {question.type} question")
 
