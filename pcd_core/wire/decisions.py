@@ -286,12 +286,13 @@ class DecisionUsage(_Model):
 
 
 class DecisionResponse(_Model):
-    """The answer of ``POST /v1/decisions``; ``x_forward_passes`` is this engine's extension."""
+    """The answer of ``POST /v1/decisions``; the ``x_`` fields are this engine's extensions."""
 
     model: str
     answers: list[DecisionAnswer]
     usage: DecisionUsage
     x_forward_passes: int
+    x_queue_ms: float = Field(0.0, description="Milliseconds the request waited for the model.")
 
 
 def _answer(question: PredicateQuestion | DecisionChoiceQuestion | DecisionScoreQuestion, answer: Any) -> Any:
@@ -329,4 +330,5 @@ def decision_response(request: DecisionRequest, response: DecideResponse) -> Dec
             total_tokens=usage.input_tokens + usage.output_tokens,
         ),
         x_forward_passes=usage.forward_passes,
+        x_queue_ms=response.stats.queue_ms if response.stats is not None else 0.0,
     )
