@@ -11,12 +11,13 @@ it is read in that same pass, and ``decode`` hands back the prefix extended by i
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from .backends.base import Backend, Prefix, Query
 from .errors import OptionError
+from .fairness import no_pause
 from .readout import Readout, make_readout
 from .trie import STRATEGIES, LabelTrie, Path, Strategy, exact_logmass, greedy_next, settled_logmass
 
@@ -120,12 +121,18 @@ def decode(
     tasks: list[DecisionTask],
     stats: RoundStats,
     trunk: Sequence[int] = (),
+    pause: Callable[[], None] = no_pause,
 ) -> Decoded:
     """Run rounds until no task has pending reads; one ``score`` call per round for all tasks, the
-    first carrying ``trunk``. ``prefix`` may be None when the trunk is the whole prompt.
+    first carrying ``trunk``. ``prefix`` may be None when the trunk is the whole prompt. ``pause`` is
+    called at every pass boundary, between rounds and between the chunks of one (``fairness.py``).
     """
     trunk = tuple(trunk)
+    n_rounds = 0
     while trunk or any(task.pending for task in tasks):
+        if n_rounds:
+            pause()  # greedy descends one level per round
+        n_rounds += 1
         requests = [(task, path) for task in tasks for path in task.pending]
         for task in tasks:
             task.pending = []
@@ -134,11 +141,11 @@ def decode(
             Query(row, position, task.trie.children_ids(path))
             for (task, path), (row, position) in zip(requests, placed)
         ]
-        tokens_before = backend.counter.tokens_read
-        scored = backend.score(prefix, rows, queries, trunk=trunk)
+        tokens_before = backend.counter.mine().tokens_read  # this thread's: others read between chunks
+        scored = backend.score(prefix, rows, queries, trunk=trunk, pause=pause)
         stats.rounds += 1 if requests else 0
         stats.n_rows += len(rows)
-        stats.row_tokens += backend.counter.tokens_read - tokens_before - len(trunk)  # distinct row tokens
+        stats.row_tokens += backend.counter.mine().tokens_read - tokens_before - len(trunk)  # distinct row tokens
         prefix, trunk = scored.prefix, ()
         for (task, path), query, logp in zip(requests, queries, scored.values):
             task.absorb(path, dict(zip(query.ids, logp.tolist())))

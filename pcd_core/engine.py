@@ -9,8 +9,10 @@ before the others are asked (seed 000), and read once, inside the packed pass. E
 the head prefill. ``decide`` reads the state as the trunk of every question's row: one pass warm.
 Both go through ``Engine._read``, which fills the same ``Stats``.
 
-Compiled schemas and head KV live in small LRUs. One lock serialises model access, so threads and
-async callers (``afill``, which runs in a worker thread) may share an engine.
+Compiled schemas and head KV live in small LRUs. One FIFO lock serialises model access, so threads
+and async callers (``afill``, which runs in a worker thread) may share an engine; a request hands the
+model to a waiting one at each pass boundary and comes back after it (``fairness.py``), and its
+``Stats.queue_ms`` says how long it waited.
 ``tests/test_engine.py`` checks the pass counts, every ``Stats`` field and the equality with the
 four-pass reading this replaced, on the real model.
 """
@@ -18,7 +20,6 @@ four-pass reading this replaced, on the real model.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import threading
 import time
@@ -36,6 +37,7 @@ from .debias import CONTENT_FREE, content_free_prior
 from .deciding import plan_decide
 from .decoding import DecisionTask, Decoded, DecodeOptions, RoundStats, decode
 from .errors import PromptError
+from .fairness import ModelLock, no_pause
 from .generation import GeneratedField, GenerationStats, generate_open_fields
 from .grammar import GrammarTokenizer
 from .limits import DEFAULT_LIMITS, Limits, check_decide, check_fill
@@ -101,8 +103,9 @@ class Engine:
         self.backend = backend
         self.tokenizer = tokenizer
         self.model_name = model_name
-        # model access; a backend that batches concurrent calls itself (vLLM) needs no lock
-        self._lock: Any = threading.RLock() if backend.serialises else contextlib.nullcontext()
+        # model access, first come first served; a backend that batches concurrent calls itself
+        # (vLLM) needs no lock
+        self._lock = ModelLock(serialise=backend.serialises)
         self._compile_lock = threading.Lock()  # the compiled-schema LRU: compiling needs no model
         self._compiled = _Lru(schema_cache_size)
         self._heads = _Lru(head_cache_size)
@@ -182,6 +185,7 @@ class Engine:
         stats: Stats,
         rounds: RoundStats,
         use_cache: bool = True,
+        pause: Callable[[], None] = no_pause,
     ) -> tuple[Decoded, list[str]]:
         """Read a head and a request, with the first ``tasks``' rows in the request's pass.
 
@@ -189,7 +193,8 @@ class Engine:
         the cache (or is prefilled); the rest of ``whole`` is the trunk the rows hang from. When the
         request's first token merged with the head's last one, the cached head cannot be extended:
         nothing of it is used, and the whole prompt is the trunk. Fills the head and prefill fields
-        of ``stats``; the caller holds the lock and calls ``_count`` when its passes are done.
+        of ``stats``; the caller holds the lock, whose ``pause`` it passes on, and calls ``_count``
+        when its passes are done.
         """
         stats.row_layout = self.backend.row_layout
         clock = time.perf_counter()
@@ -205,14 +210,16 @@ class Engine:
             trunk = rest
         stats.head_ms = _ms(clock)
         clock = time.perf_counter()
-        decoded = decode(self.backend, head, tasks, rounds, trunk=trunk)
+        decoded = decode(self.backend, head, tasks, rounds, trunk=trunk, pause=pause)
         stats.prefill_ms = _ms(clock)
         stats.prompt_tokens = len(trunk)
         return decoded, warnings
 
     def _count(self, stats: Stats, rounds: RoundStats, passes_before: int, n_head: int) -> None:
-        """The totals of a request, once its last pass is read (under the lock)."""
-        stats.forward_passes = self.backend.forward_passes - passes_before
+        """The totals of a request, once its last pass is read (under the lock). Passes are counted
+        per thread: other requests' passes run between this one's when it hands the model over.
+        """
+        stats.forward_passes = self.backend.counter.mine().forward_passes - passes_before
         stats.n_rows, stats.row_tokens, stats.rounds = rounds.n_rows, rounds.row_tokens, rounds.rounds
         # a bypassed head was read as part of the prompt, so it is in prompt_tokens already
         head_tokens = 0 if stats.head_cache == "bypassed" else n_head
@@ -271,27 +278,29 @@ class Engine:
                 spec = compiled.schema.field(name)
                 results[name] = FieldResult.from_readout(spec, readout, options.strategy, wave_index, **flags)
 
-        with self._lock:
-            passes_before = self.backend.forward_passes
+        with self._lock.turn() as turn:
+            passes_before = self.backend.counter.mine().forward_passes
             decoded, warnings = self._read(
-                compiled.head_ids, whole, self._tasks(compiled, 0, options), stats, rounds, use_head_cache
+                compiled.head_ids, whole, self._tasks(compiled, 0, options), stats, rounds, use_head_cache, turn.pause
             )
             record(0, decoded)
             clock = time.perf_counter()
             for wave_index in range(1, len(compiled.waves)):
+                turn.pause()
                 # the previous wave's answer lines, in schema order, are the trunk of this wave's rows
                 previous = set(compiled.waves[wave_index - 1])
                 lines = [t for f in compiled.fields if f.name in previous for t in f.answer_ids[chosen[f.name]]]
                 tasks = self._tasks(compiled, wave_index, options)
-                decoded = decode(self.backend, decoded.prefix, tasks, rounds, trunk=lines)
+                decoded = decode(self.backend, decoded.prefix, tasks, rounds, trunk=lines, pause=turn.pause)
                 stats.prompt_tokens += len(lines)
                 record(wave_index, decoded)
             stats.decode_ms = _ms(clock)
             generated: dict[str, GeneratedField] = {}
             if compiled.open_rows and generate:
                 clock = time.perf_counter()
+                turn.pause()
                 generated, open_warnings, open_stats = self._generate_open(
-                    compiled, decoded.prefix, chosen, stats, max_new_tokens
+                    compiled, decoded.prefix, chosen, stats, max_new_tokens, turn.pause
                 )
                 warnings += open_warnings
                 stats.generate_ms = _ms(clock)
@@ -299,6 +308,7 @@ class Engine:
             if compiled.open_rows and generate:  # the open rows' tokens are row tokens too, read by grow
                 stats.row_tokens += open_stats.row_tokens
                 stats.input_tokens += open_stats.row_tokens
+        stats.queue_ms = turn.queue_ms
         stats.total_ms = _ms(started)
         decided = {f.name: results[f.name] for f in compiled.schema.fields}
         everything: dict[str, Any] = {**decided, **gather_memberships(compiled.schema, decided), **generated}
@@ -323,6 +333,7 @@ class Engine:
         chosen: dict[str, int],
         stats: Stats,
         max_new_tokens: dict[str, int] | None,
+        pause: Callable[[], None],
     ) -> tuple[dict[str, GeneratedField], list[str], GenerationStats]:
         """Write the closed answers not yet in the prompt (one pass), then generate every open field."""
         written = {name for wave in compiled.waves[:-1] for name in wave}
@@ -330,6 +341,7 @@ class Engine:
         if lines:
             prefix = self.backend.prefill(lines, parent=prefix)
             stats.prompt_tokens += len(lines)
+            pause()
         open_stats = GenerationStats()
         generated, warnings = generate_open_fields(
             self.backend,
@@ -339,6 +351,7 @@ class Engine:
             compiled.schema,
             open_stats,
             max_new_tokens,
+            pause,
         )
         stats.open_steps = open_stats.steps
         stats.output_tokens = sum(g.n_tokens for g in generated.values())
@@ -462,10 +475,11 @@ class Engine:
         )
         stats = Stats(compile_ms=_ms(started))
         rounds = RoundStats()
-        with self._lock:
-            passes_before = self.backend.forward_passes
-            decoded, warnings = self._read(plan.head_ids, plan.whole, plan.tasks(), stats, rounds)
+        with self._lock.turn() as turn:
+            passes_before = self.backend.counter.mine().forward_passes
+            decoded, warnings = self._read(plan.head_ids, plan.whole, plan.tasks(), stats, rounds, pause=turn.pause)
             self._count(stats, rounds, passes_before, len(plan.head_ids))
+        stats.queue_ms = turn.queue_ms
         stats.total_ms = _ms(started)
         readouts = list(decoded.readouts)
         flags: list[dict[str, bool]] = [{} for _ in readouts]

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +28,7 @@ import numpy as np
 from .backends.base import Backend, Prefix
 from .compiler import OpenRowSpec
 from .errors import GenerationError
+from .fairness import no_pause
 from .grammar import GrammarTokenizer, RowMatcher
 from .schema import Schema, open_waves
 
@@ -93,8 +95,11 @@ def generate_open_fields(
     schema: Schema,
     stats: GenerationStats,
     max_new_tokens: dict[str, int] | None = None,
+    pause: Callable[[], None] = no_pause,
 ) -> tuple[dict[str, GeneratedField], list[str]]:
-    """Generate every open field after ``prefix``, wave by wave; returns results and warnings."""
+    """Generate every open field after ``prefix``, wave by wave; returns results and warnings.
+    ``pause`` is called between two passes, where the engine may hand the model over (``fairness.py``).
+    """
     by_name = {spec.field.name: spec for spec in specs}
     results: dict[str, GeneratedField] = {}
     written: dict[str, list[int]] = {}
@@ -103,6 +108,7 @@ def generate_open_fields(
     waves = tuple(w for w in (tuple(n for n in wave if n in by_name) for wave in open_waves(schema)) if w)
     for wave_index, wave in enumerate(waves):
         if wave_index:
+            pause()
             # the previous wave's lines, exactly as generated, become part of the shared prefix
             ids = [t for name in waves[wave_index - 1] for t in (*by_name[name].opening, *written[name])]
             prefix = backend.prefill(ids, parent=prefix)
@@ -115,7 +121,7 @@ def generate_open_fields(
             for name in wave
         ]
         caps = {name: (max_new_tokens or {}).get(name, by_name[name].field.max_new_tokens) for name in wave}
-        _run_rows(backend, grammar_tokenizer, prefix, rows, caps, stats)
+        _run_rows(backend, grammar_tokenizer, prefix, rows, caps, stats, pause)
         for row in rows:
             written[row.spec.field.name] = row.generated
             results[row.spec.field.name] = _result(row, grammar_tokenizer, wave_index)
@@ -130,6 +136,7 @@ def _run_rows(
     rows: list[_Row],
     caps: dict[str, int],
     stats: GenerationStats,
+    pause: Callable[[], None],
 ) -> None:
     """One ``backend.grow`` pass per step over every unfinished row, until each matcher stops.
 
@@ -144,10 +151,12 @@ def _run_rows(
         new = [tuple(row.ids[len(had) :]) if not row.done else () for row, had in zip(rows, seen)]
         if not any(new):
             return
-        tokens_before = backend.counter.tokens_read
+        if state is not None:
+            pause()  # the rows' KV is this generation's own arena: no other request writes it
+        tokens_before = backend.counter.mine().tokens_read
         state = backend.grow(prefix, state, new)
         stats.steps += 1
-        stats.row_tokens += backend.counter.tokens_read - tokens_before
+        stats.row_tokens += backend.counter.mine().tokens_read - tokens_before
         for row, logp in zip(rows, state.logp):
             if logp is None:
                 continue

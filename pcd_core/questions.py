@@ -266,4 +266,5 @@ class DecideResponse(BaseModel):
         wire["x_warnings"] = wire.pop("warnings")  # an engine extra, like every field outside the contract
         if self.stats is not None:
             wire["x_forward_passes"] = int(self.usage.forward_passes)
+            wire["x_queue_ms"] = float(self.stats.queue_ms)  # waiting for the model (pcd_core/fairness.py)
         return wire

@@ -25,6 +25,9 @@ class Stats:
     n_rows: int = 0
     rounds: int = 0
     compile_ms: float = 0.0  # schema compile (cached after the first call) or question rendering
+    # waiting for the model, before the first pass and after each hand-over (pcd_core/fairness.py);
+    # a hand-over's wait also falls inside the phase below that was running when it happened
+    queue_ms: float = 0.0
     head_ms: float = 0.0  # the head: a cache lookup, or its prefill on a miss
     prefill_ms: float = 0.0  # the pass that reads the request, with the first decision points in it
     decode_ms: float = 0.0  # every later wave

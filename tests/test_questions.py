@@ -97,7 +97,7 @@ def response(answers: dict[str, Any], stats: Stats | None = None) -> DecideRespo
 
 
 def test_system_one_wire_has_floats_x_extensions_and_usage_without_engine_fields() -> None:
-    stats = Stats(forward_passes=2, cached_tokens=31)
+    stats = Stats(forward_passes=2, cached_tokens=31, queue_ms=12.5)
     answers = {
         "n": NoulAnswer(noul=1.0, candidate_mass=0.5),
         "c": ChoiceAnswer(
@@ -112,6 +112,7 @@ def test_system_one_wire_has_floats_x_extensions_and_usage_without_engine_fields
     assert resp.usage == Usage(input_tokens=40, cached_tokens=31, forward_passes=2)
     wire = resp.to_wire()
     assert wire["usage"] == {"input_tokens": 40, "output_tokens": 0} and wire["x_forward_passes"] == 2
+    assert wire["x_queue_ms"] == 12.5  # time spent waiting for the model, an engine extension
     raw = {"x_debiased": False, "x_calibrated": False}  # an answer says it is raw, not by leaving it out
     assert wire["answers"]["n"] == {"x_candidate_mass": 0.5, "type": "noul", "noul": 1.0, **raw}
     assert set(wire["answers"]["c"]) == {
@@ -191,7 +192,7 @@ def test_openai_answers_keep_order_names_and_value_types() -> None:
             logits={"0": -1.0, "1": -1.4},
         ),
     }
-    stats = Stats(forward_passes=2, cached_tokens=30)
+    stats = Stats(forward_passes=2, cached_tokens=30, queue_ms=7.25)
     wire = decision_response(request, response(answers, stats)).model_dump(mode="json")
     predicate, choice, score = wire["answers"]
     assert predicate == {
@@ -216,7 +217,7 @@ def test_openai_answers_keep_order_names_and_value_types() -> None:
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": 40,
     }
-    assert wire["x_forward_passes"] == 2
+    assert (wire["x_forward_passes"], wire["x_queue_ms"]) == (2, 7.25)
 
 
 def openai_rejection(**changes: Any) -> list[tuple[Any, str]]:

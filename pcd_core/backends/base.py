@@ -6,7 +6,7 @@ A backend knows nothing about schemas, labels or JSON. It offers:
     Reads ``ids`` after ``parent`` (or from scratch) and returns a new, immutable ``Prefix``.
     The parent is never modified, so one cached head can serve any number of requests.
 
-``score(prefix, rows, queries, trunk=()) -> Scored``
+``score(prefix, rows, queries, trunk=(), pause=None) -> Scored``
     Reads the *trunk* tokens right after ``prefix`` (``prefix`` may be None when the trunk is the
     whole prompt), then hangs every row from the trunk's end: each row token sees the prefix, the
     whole trunk and the earlier tokens of its own row, never another row. The trunk is the common
@@ -17,7 +17,8 @@ A backend knows nothing about schemas, labels or JSON. It offers:
     ``ids``, as float64: ``Scored.values``, one array per query. ``Scored.prefix`` is the prefix
     extended by the trunk, its KV kept as ``prefill(trunk, parent=prefix)`` would return it (to
     float rounding), so that the next pass continues from it; with no trunk it is ``prefix`` itself. Neither the
-    given prefix nor any row is kept.
+    given prefix nor any row is kept. ``pause`` is called between two passes of one call (chunks,
+    below): the engine hands the model to a waiting request there (``pcd_core/fairness.py``).
 
 ``grow(prefix, rows, new) -> Rows``
     The generation primitive: every open row gets its new tokens in ONE forward pass, each row seeing
@@ -36,8 +37,8 @@ with the first chunk and later chunks hang from the extended prefix. ``max_pass_
 2 GiB) caps one pass's estimated KV and attention-mask bytes: a call whose pass would need more is
 refused with ``PromptError`` before any pass runs, instead of building an n-by-n mask that does not
 fit. Each pass's rows reach the backend as one ``TokenTree``, rows that start alike merged, so that
-their shared tokens are read once; ``tokens_read`` counts those distinct tokens plus the trunk.
-Every pass is counted in ``forward_passes``; `pcd_core.testing.check_backend` proves the rest of the
+their shared tokens are read once; ``tokens_read`` counts those distinct tokens plus the trunk,
+and ``counter.mine()`` what the calling thread read. Every pass is counted in ``forward_passes``; `pcd_core.testing.check_backend` proves the rest of the
 contract for any backend, a trunk equal to a prefill followed by a score included.
 """
 
@@ -45,7 +46,7 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -93,17 +94,41 @@ DEFAULT_MAX_PASS_BYTES = 2 * 2**30
 
 @dataclass
 class PassCounter:
-    """Forward passes and tokens read, counted under a lock so that threads may share a backend."""
+    """Forward passes and tokens read, counted under a lock so that threads may share a backend.
+
+    Each thread also keeps its own tally (``mine``): a request runs in one thread, and when it hands
+    the model over between passes (``pcd_core/fairness.py``) other requests' passes fall between its
+    own, so the difference of two totals would count them as its cost.
+    """
 
     forward_passes: int = 0
     tokens_read: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _threads: threading.local = field(default_factory=threading.local, repr=False, compare=False)
 
     def add(self, n_tokens: int) -> None:
         """Count one forward pass over ``n_tokens`` distinct tokens."""
         with self._lock:
             self.forward_passes += 1
             self.tokens_read += n_tokens
+        self._tally(1, n_tokens)
+
+    def _tally(self, n_passes: int, n_tokens: int) -> None:
+        mine = self.mine()
+        self._threads.tally = Tally(mine.forward_passes + n_passes, mine.tokens_read + n_tokens)
+
+    def mine(self) -> Tally:
+        """The passes and tokens this thread has counted so far."""
+        tally: Tally = getattr(self._threads, "tally", Tally(0, 0))
+        return tally
+
+
+@dataclass(frozen=True)
+class Tally:
+    """One thread's running count of forward passes and tokens read."""
+
+    forward_passes: int
+    tokens_read: int
 
 
 def plan_chunks(rows: Sequence[Sequence[int]], max_tokens_per_pass: int | None) -> list[list[int]]:
@@ -249,6 +274,7 @@ class Backend(ABC):
         rows: Sequence[Sequence[int]],
         queries: Sequence[Query],
         trunk: Sequence[int] = (),
+        pause: Callable[[], None] | None = None,
     ) -> Scored:
         given: list[tuple[int, ...]] = [tuple(int(i) for i in row) for row in rows]
         trunk = tuple(int(i) for i in trunk)
@@ -276,7 +302,9 @@ class Backend(ABC):
         if trunk and (not passes or not self.packs_trunk):
             prefix, trunk = self.prefill(trunk, parent=prefix), ()
         results: list[np.ndarray | None] = [None] * len(queries)
-        for tree, picked, chunk_queries in passes:
+        for number, (tree, picked, chunk_queries) in enumerate(passes):
+            if number and pause is not None:
+                pause()  # a pass boundary: ``prefix`` and the chunks left are this call's own
             # a packed pass reads the tree's distinct tokens; a pass of copies reads every row whole
             read = len(tree.tokens) if self.row_layout == "packed" else sum(map(len, tree.node_of))
             self.counter.add(len(trunk) + read)

@@ -28,7 +28,7 @@ import math
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -63,10 +63,12 @@ class _RequestCounter(PassCounter):
     def add(self, n_tokens: int) -> None:
         with self._lock:
             self.tokens_read += n_tokens
+        self._tally(0, n_tokens)
 
     def add_request(self) -> None:
         with self._lock:
             self.forward_passes += 1
+        self._tally(1, 0)
 
 
 def plan_id_chunks(id_sets: Iterable[Iterable[int]], cap: int = MAX_IDS_PER_REQUEST) -> list[tuple[int, ...]]:
@@ -280,6 +282,7 @@ class VllmBackend(Backend):
         rows: Sequence[Sequence[int]],
         queries: Sequence[Query],
         trunk: Sequence[int] = (),
+        pause: Callable[[], None] | None = None,
     ) -> Scored:
         """Reads right after the prefix (``position == -1``) join the rows' request as the prompt
         ``prefix.ids``: the base class would take them from a full-vocabulary read, which costs
@@ -291,12 +294,12 @@ class VllmBackend(Backend):
         else:
             whole = Prefix((prefix.ids if prefix is not None else ()) + tuple(int(t) for t in trunk), state=None)
         if whole.n_tokens < 2 or all(q.position >= 0 for q in queries):
-            return Scored(super().score(whole, rows, queries).values, whole)
+            return Scored(super().score(whole, rows, queries, pause=pause).values, whole)
         last = whole.ids[-1:]
         shifted = Prefix(whole.ids[:-1], state=None)
         moved_rows = [last + tuple(row) for row in rows] or [last]
         moved = [Query(q.row if q.position >= 0 else 0, q.position + 1, q.ids) for q in queries]
-        return Scored(super().score(shifted, moved_rows, moved).values, whole)
+        return Scored(super().score(shifted, moved_rows, moved, pause=pause).values, whole)
 
     def _score_chunk(
         self, prefix: Prefix | None, trunk: tuple[int, ...], tree: TokenTree, queries: list[Query]

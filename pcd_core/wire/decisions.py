@@ -316,6 +316,7 @@ class DecisionResponse(_Model):
     answers: list[DecisionAnswer]
     usage: DecisionUsage
     x_forward_passes: int
+    x_queue_ms: float = Field(0.0, description="Milliseconds the request waited for the model.")
 
 
 def _answer(question: PredicateQuestion | DecisionChoiceQuestion | DecisionScoreQuestion, answer: Any) -> Any:
@@ -355,4 +356,5 @@ def decision_response(request: DecisionRequest, response: DecideResponse) -> Dec
             total_tokens=usage.input_tokens + usage.output_tokens,
         ),
         x_forward_passes=usage.forward_passes,
+        x_queue_ms=response.stats.queue_ms if response.stats is not None else 0.0,
     )

@@ -1,0 +1,190 @@
+"""Fair model access (``pcd_core/fairness.py``): first come first served, handed over between passes.
+
+The lock's order is checked with plain threads. On the real model, the test thread holds the
+engine's lock while a long request and then a short one queue behind it, and lets go: the short one
+must finish first (an order, not a timing), each request must count only its own passes, and both
+answers must equal those of the same calls made one after the other.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Literal
+
+import pytest
+from pydantic import BaseModel, Field
+
+from pcd_core.fairness import ModelLock
+
+STATE = "The invoice for March was charged twice. Please refund the duplicate and confirm by email."
+LONG_QUESTIONS = {
+    f"q{i}": {"type": "noul", "instructions": text}
+    for i, text in enumerate(
+        [
+            "Does the customer ask for money back?",
+            "Is the customer angry?",
+            "Is this about an invoice?",
+            "Does the message mention email?",
+            "Is the message spam?",
+            "Does the customer threaten to cancel?",
+        ]
+    )
+}
+SHORT_STATE = "The app crashes when I open the camera."
+SHORT_QUESTIONS = {"bug": {"type": "noul", "instructions": "Does the message report a software bug?"}}
+
+
+class Note(BaseModel):
+    urgent: bool = Field(description="Whether it must be handled today")
+    topic: Literal["BILLING", "TECHNICAL"]
+    summary: str = Field(max_length=40, description="One short sentence")
+
+
+def wait_until(condition: Any, what: str, deadline_s: float = 120.0) -> None:
+    """Poll ``condition`` until it holds; a deadline, so that a broken lock fails instead of hanging."""
+    end = time.monotonic() + deadline_s
+    while not condition():
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out waiting until {what}")
+        time.sleep(0.005)
+
+
+def run_queued(lock: ModelLock, calls: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
+    """Queue ``calls`` behind a held ``lock`` in their order, let go, and record the finishing order."""
+    finished: list[str] = []
+    results: dict[str, Any] = {}
+
+    def run(name: str, call: Any) -> None:
+        results[name] = call()
+        finished.append(name)
+
+    threads = []
+    with lock:
+        for queued, (name, call) in enumerate(calls.items(), start=1):
+            thread = threading.Thread(target=run, args=(name, call))
+            thread.start()
+            threads.append(thread)
+            wait_until(lambda n=queued: lock.waiting == n, f"{name!r} waits for the model")
+    for thread in threads:
+        thread.join(timeout=600)
+    assert not any(t.is_alive() for t in threads)
+    return finished, results
+
+
+# -- the lock, with threads only ------------------------------------------------------------------
+def test_waiting_threads_get_the_model_in_arrival_order():
+    lock = ModelLock()
+    order: list[int] = []
+
+    def take(index: int) -> None:
+        with lock:
+            order.append(index)
+
+    finished, _ = run_queued(lock, {str(i): (lambda i=i: take(i)) for i in range(5)})
+    assert order == [0, 1, 2, 3, 4] and finished == ["0", "1", "2", "3", "4"]
+
+
+def test_an_offer_hands_over_to_a_waiter_and_comes_back():
+    lock = ModelLock()
+    ran = threading.Event()
+
+    def waiter() -> None:
+        with lock:
+            ran.set()
+
+    with lock:
+        assert lock.offer() == 0.0  # nobody waits: the holder keeps the model
+        thread = threading.Thread(target=waiter)
+        thread.start()
+        wait_until(lambda: lock.waiting == 1, "the waiter queues")
+        waited = lock.offer()
+        assert ran.is_set() and waited > 0.0  # the waiter ran inside the offer, then the holder came back
+    thread.join(timeout=60)
+
+
+def test_a_nested_hold_never_hands_over():
+    lock = ModelLock()
+    ran = threading.Event()
+
+    def waiter() -> None:
+        with lock:
+            ran.set()
+
+    with lock:
+        thread = threading.Thread(target=waiter)
+        thread.start()
+        wait_until(lambda: lock.waiting == 1, "the waiter queues")
+        with lock:  # reentrant: the same thread takes it again at once
+            assert lock.offer() == 0.0 and not ran.is_set()
+        assert not ran.is_set()  # the outer hold still has it
+    thread.join(timeout=60)
+    assert ran.is_set()
+
+
+def test_release_by_a_thread_that_does_not_hold_the_lock_is_refused():
+    lock = ModelLock()
+    with pytest.raises(RuntimeError, match="does not hold"):
+        lock.release()
+
+
+# -- the engine, on the real model ----------------------------------------------------------------
+@pytest.fixture
+def one_row_per_pass(engine):
+    """Every row in a pass of its own, so that a request has many pass boundaries."""
+    saved = engine.backend.max_tokens_per_pass
+    engine.backend.max_tokens_per_pass = 1
+    yield engine
+    engine.backend.max_tokens_per_pass = saved
+
+
+def test_a_short_decide_behind_a_long_one_finishes_first_with_the_sequential_answers(one_row_per_pass):
+    engine = one_row_per_pass
+    engine.decide(SHORT_STATE, SHORT_QUESTIONS)  # the shared head is cached from here on
+    long_alone = engine.decide(STATE, LONG_QUESTIONS)
+    short_alone = engine.decide(SHORT_STATE, SHORT_QUESTIONS)
+    assert long_alone.stats.forward_passes > short_alone.stats.forward_passes + 1
+    assert long_alone.stats.queue_ms == short_alone.stats.queue_ms == 0.0  # nobody was in the way
+
+    finished, results = run_queued(
+        engine._lock,
+        {
+            "long": lambda: engine.decide(STATE, LONG_QUESTIONS),
+            "short": lambda: engine.decide(SHORT_STATE, SHORT_QUESTIONS),
+        },
+    )
+    assert finished == ["short", "long"]
+    print(
+        {
+            name: (r.stats.forward_passes, round(r.stats.queue_ms), round(r.stats.total_ms))
+            for name, r in results.items()
+        }
+    )
+    for name, alone in (("long", long_alone), ("short", short_alone)):
+        together = results[name]
+        assert together.answers == alone.answers, name  # to 0.0: the same passes read the same tensors
+        assert together.stats.forward_passes == alone.stats.forward_passes, name  # its own passes only
+        assert together.stats.row_tokens == alone.stats.row_tokens, name
+        assert together.stats.queue_ms > 0.0, name
+        assert together.to_wire()["x_queue_ms"] == together.stats.queue_ms
+
+
+def test_a_decide_behind_a_fill_with_an_open_field_runs_between_its_generation_steps(engine):
+    engine.warmup(Note)
+    fill_alone = engine.fill(Note, STATE)
+    short_alone = engine.decide(SHORT_STATE, SHORT_QUESTIONS)
+    assert fill_alone.stats.open_steps > 2
+
+    finished, results = run_queued(
+        engine._lock,
+        {"fill": lambda: engine.fill(Note, STATE), "short": lambda: engine.decide(SHORT_STATE, SHORT_QUESTIONS)},
+    )
+    assert finished == ["short", "fill"]
+    together = results["fill"]
+    assert together.value == fill_alone.value
+    assert {n: r.to_dict() for n, r in together.fields.items()} == {
+        n: r.to_dict() for n, r in fill_alone.fields.items()
+    }
+    assert together.stats.forward_passes == fill_alone.stats.forward_passes
+    assert results["short"].answers == short_alone.answers
+    assert together.stats.queue_ms > 0.0 and results["short"].stats.queue_ms > 0.0
