@@ -105,6 +105,8 @@ def test_sdk_parse_with_a_pydantic_model_returns_the_instance(client: Any) -> No
     parsed = client.chat.completions.parse(model=MODEL, messages=ASK, response_format=Ticket)
     ticket = parsed.choices[0].message.parsed
     assert isinstance(ticket, Ticket) and ticket.team in ("billing", "shipping", "sales")
+    team = parsed.x_pcd["fields"]["team"]  # the extension survives the SDK's parsing, as the README shows
+    assert team["value"] == ticket.team == max(team["probabilities"], key=team["probabilities"].get)
 
 
 # -- tools: a PCD choice, then a fill of the arguments -----------------------------------------------
@@ -174,10 +176,12 @@ def test_streamed_deltas_join_to_the_same_greedy_reply_with_usage(client: Any) -
     assert usage_event is events[-1] and usage_event.usage.completion_tokens == whole.usage.completion_tokens <= 12
 
 
-def test_max_tokens_and_stop_bound_the_generated_text(client: Any) -> None:
+def test_max_tokens_and_stop_bound_the_text_and_temperature_changes_nothing(client: Any) -> None:
     short = chat(client, HELLO, max_completion_tokens=2)
     assert short.choices[0].finish_reason == "length" and short.usage.completion_tokens == 2
     full = chat(client, HELLO, max_tokens=12).choices[0].message.content
+    warm = chat(client, HELLO, max_tokens=12, temperature=0.7)  # accepted, and said to change nothing
+    assert warm.choices[0].message.content == full and "temperature=0.7 is ignored" in warm.x_pcd["warnings"][0]
     cut = chat(client, HELLO, max_tokens=12, stop=[full[3:6]]).choices[0]
     assert cut.finish_reason == "stop" and cut.message.content == full[: full.index(full[3:6])]
 
