@@ -57,6 +57,17 @@ def as_messages(messages: str | Sequence[Message]) -> list[Message]:
     return checked
 
 
+def transcript(messages: Sequence[Message]) -> str:
+    """A conversation as the input text of a fill or a decision (the engine writes its own prompt
+    around it): one message alone is its text; several are ``role: text`` paragraphs, so that the
+    decision can tell who said what, the latest tool result included. Empty turns are left out.
+    """
+    turns = [(str(m["role"]), str(m["content"])) for m in messages if m.get("content")]
+    if len(turns) == 1:
+        return turns[0][1]
+    return "\n\n".join(f"{role}: {content}" for role, content in turns)
+
+
 def render_chat(tokenizer: TextTokenizer, messages: list[Message]) -> tuple[str, str]:
     """The prompt split into (head, rest): the head ends where the last message's content starts.
 
@@ -69,9 +80,16 @@ def render_chat(tokenizer: TextTokenizer, messages: list[Message]) -> tuple[str,
     slots = [f"\u27e6pcd:message{index}\u27e7" for index in range(len(messages))]
     marked = [{**message, "content": slot} for message, slot in zip(messages, slots)]
     if tokenizer.chat_template:
-        text = str(
-            tokenizer.apply_chat_template(marked, tokenize=False, add_generation_prompt=True, enable_thinking=False)
-        )
+        try:
+            rendered = tokenizer.apply_chat_template(
+                marked, tokenize=False, add_generation_prompt=True, enable_thinking=False
+            )
+        except Exception as error:  # jinja2's TemplateError: the template refuses these roles or their order
+            raise PromptError(
+                f"the model's chat template cannot render these messages ({type(error).__name__}: {error}); "
+                "change their roles or order (many templates take one system message, first)"
+            ) from error
+        text = str(rendered)
     else:  # a base model: plain role-tagged turns, then the assistant's turn opened
         text = "".join(f"{m['role'].capitalize()}: {m['content']}\n\n" for m in marked) + "Assistant:"
     pieces: list[str] = []

@@ -285,7 +285,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def add_serve(commands: Any) -> None:
-    serve = commands.add_parser("serve", help="serve Jev-style questions over HTTP (POST /v1/systemone)")
+    serve = commands.add_parser(
+        "serve",
+        help="serve the HTTP API: /v1/systemone, /v1/decisions and /v1/chat/completions",
+    )
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument(

@@ -2,8 +2,10 @@
 
 They sit in front of the app, so an oversized body is refused before anything parses it (413) and a
 request without the key never reaches a tool (401); both answer in the servers' error shape,
-``{"detail": {"error_type", "message"}}``. Pure ASGI, no framework import: the MCP SDK's Starlette
-app and the FastAPI app take them alike. ``tests/test_hardening_servers.py`` drives both.
+``{"detail": {"error_type", "message"}}``, except that a 413 on a path in ``openai_paths`` takes
+OpenAI's shape (``pcd_core/wire/errors.py``), as every other error of those routes does. Pure ASGI,
+no framework import: the MCP SDK's Starlette app and the FastAPI app take them alike.
+``tests/test_hardening_servers.py`` drives both; ``tests/test_chat_completions.py`` the OpenAI 413.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 
 from pcd_core.errors import LimitError
 from pcd_core.limits import Limits, check_body_size
+from pcd_core.wire.errors import openai_error_body
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -26,10 +29,23 @@ App = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
 async def send_error(
-    send: Send, status: int, error_type: str, message: str, headers: dict[str, str] | None = None
+    send: Send,
+    status: int,
+    error_type: str,
+    message: str,
+    headers: dict[str, str] | None = None,
+    *,
+    openai: bool = False,
 ) -> None:
-    """One JSON error response; ASCII-escaped, so that no text in it can fail to encode."""
-    body = json.dumps({"detail": {"error_type": error_type, "message": message}}).encode()
+    """One JSON error response, in OpenAI's shape when ``openai``; ASCII-escaped, so that no text in it
+    can fail to encode.
+    """
+    shaped = (
+        openai_error_body(status, error_type, message)
+        if openai
+        else {"detail": {"error_type": error_type, "message": message}}
+    )
+    body = json.dumps(shaped).encode()
     extra = [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
     await send(
         {
@@ -47,9 +63,10 @@ class BodyLimit:
     The body is read here, up to the bound, and handed on whole: the app never sees a byte past it.
     """
 
-    def __init__(self, app: App, limits: Limits) -> None:
+    def __init__(self, app: App, limits: Limits, openai_paths: frozenset[str] = frozenset()) -> None:
         self.app = app
         self.limits = limits
+        self.openai_paths = openai_paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -70,7 +87,8 @@ class BodyLimit:
                 chunks.append(chunk)
                 more = message.get("more_body", False)
         except LimitError as error:
-            await send_error(send, 413, "payload_too_large", str(error))
+            openai = scope.get("path") in self.openai_paths
+            await send_error(send, 413, "payload_too_large", str(error), openai=openai)
             return
         body = b"".join(chunks)
         sent = False

@@ -1,14 +1,17 @@
-"""``pcd serve``: System One (``POST /v1/systemone``) and OpenAI Decisions (``POST /v1/decisions``).
+"""``pcd serve``: System One (``POST /v1/systemone``), OpenAI Decisions (``POST /v1/decisions``) and
+OpenAI Chat Completions (``POST /v1/chat/completions``).
 
-A thin translation layer: JSON in, the wire models of ``pcd_core.questions`` (System One)
-or ``pcd_core.wire.decisions`` (OpenAI, which translates into the System One questions), one
-``await engine.adecide(state, questions)`` shared by both routes, the wire models out. It never builds
-a prompt or touches a token id. The invariants it keeps, each proven on the embedded model in
-``tests/test_http.py`` and, with the real ``openai`` client, in ``tests/test_decisions_api.py``:
+A thin translation layer: JSON in, the wire models of ``pcd_core.questions`` (System One),
+``pcd_core.wire.decisions`` (OpenAI Decisions, which translates into the System One questions) or
+``pcd_core.wire.chat`` (Chat Completions, run by ``pcd_integrations/chat_completions.py``), the engine
+called in a worker thread, the wire models out. It never builds a prompt or touches a token id. The
+invariants it keeps, each proven on the embedded model in ``tests/test_http.py`` and, with the real
+``openai`` client, in ``tests/test_decisions_api.py`` and ``tests/test_chat_completions.py``:
 
 - a bad request is refused before the model is touched, in each protocol's own shape: System One
   422 ``{"detail": [{"loc", "msg", "type"}]}``, OpenAI 400
-  ``{"error": {"message", "type", "param", "code"}}``; nothing a client sends can get a 5xx;
+  ``{"error": {"message", "type", "param", "code"}}`` (a body over the bound: 413, in the same
+  shapes); nothing a client sends can get a 5xx;
 - bodies are read strictly: a repeated key or a NaN is refused, never silently resolved;
 - a request that names another model gets 404 (``model_not_found``) rather than this model's answer;
 - other System One errors have the shape ``{"detail": {"error_type", "message"}}``;
@@ -21,14 +24,18 @@ reads the route signatures at run time, and the routes live inside `create_app`,
 imported FastAPI names they are annotated with.
 """
 
+import asyncio
 import hmac
 import importlib
+import itertools
+import json
 import logging
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from datetime import UTC, datetime
 from http import HTTPStatus
 from types import ModuleType
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, Field
 
@@ -47,10 +54,13 @@ from pcd_core.errors import LimitError, RequestError, TextError
 from pcd_core.limits import DEFAULT_LIMITS, Limits
 from pcd_core.loading import EngineLoader
 from pcd_core.models import EMBEDDED
-from pcd_core.wire import accepts_model
+from pcd_core.wire import accepts_model, chat, decisions
 from pcd_core.wire.body import BodyError, loads_strict
-from pcd_core.wire.decisions import FIELD_NAMES, DecisionRequest, DecisionResponse, decision_response
+from pcd_core.wire.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionRequest
+from pcd_core.wire.decisions import DecisionRequest, DecisionResponse, decision_response
+from pcd_core.wire.errors import OpenAIErrorBody, openai_error_body
 
+from .chat_completions import chunks, completion, reply_steps
 from .guards import BodyLimit, warn_if_exposed
 
 if TYPE_CHECKING:
@@ -74,7 +84,10 @@ _REQUEST_ERRORS = (
     (SchemaError, "schema_error"),
 )
 #: Routes that speak the OpenAI protocol, so that their errors take OpenAI's shape.
-OPENAI_ROUTES = frozenset({"/v1/decisions"})
+OPENAI_ROUTES = frozenset({"/v1/decisions", "/v1/chat/completions"})
+#: The parts of an error location that are a path in an OpenAI body (the rest are union tags).
+_OPENAI_FIELDS = decisions.FIELD_NAMES | chat.FIELD_NAMES
+_T = TypeVar("_T")
 
 
 class ValidationErrorItem(BaseModel):
@@ -100,19 +113,6 @@ class ErrorBody(BaseModel):
     detail: ErrorInfo
 
 
-class OpenAIErrorInfo(BaseModel):
-    message: str
-    type: str
-    param: str | None = None
-    code: str | None = None
-
-
-class OpenAIErrorBody(BaseModel):
-    """Every error of the OpenAI routes, as the ``openai`` SDK reads it into ``APIStatusError``."""
-
-    error: OpenAIErrorInfo
-
-
 class HealthBody(BaseModel):
     status: Literal["loading", "ready", "error"]
     model: str | None
@@ -125,7 +125,18 @@ class ModelCard(BaseModel):
     release_date: str = Field(pattern=r"^\d{4}-\d{2}-\d{2}$")
 
 
+class OpenAIModel(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int = Field(description="The upstream release date, in Unix seconds (0: unknown).")
+    owned_by: str = "pcd-engine"
+
+
 class ModelList(BaseModel):
+    """The served model in both protocols' shapes: System One's ``models`` and OpenAI's ``object``/``data``."""
+
+    object: Literal["list"] = "list"
+    data: list[OpenAIModel]
     models: list[ModelCard]
 
 
@@ -183,6 +194,11 @@ def _model_card(engine: Engine) -> ModelCard:
     return ModelCard(name=engine.model_name, description=description, release_date=release_date)
 
 
+def _openai_model(card: ModelCard) -> OpenAIModel:
+    released = datetime.strptime(card.release_date, "%Y-%m-%d").replace(tzinfo=UTC)
+    return OpenAIModel(id=card.name, created=int(released.timestamp()))
+
+
 def _wire_safe(value: Any) -> Any:
     """Lone surrogates written as escapes, everywhere in a JSON value: a response must always encode."""
     if isinstance(value, str):
@@ -197,8 +213,9 @@ def _wire_safe(value: Any) -> Any:
 def _request_error(error: PcdError, where: dict[str, str | int], state_field: str) -> ApiError:
     """An engine error caused by the request, pointed at the part of the body it is about.
 
-    ``where`` maps each engine question id to its place in the body's ``questions``. A request the
-    question models refused keeps pydantic's first location; bad text names where it is.
+    ``where`` maps each engine question id to its place in the body's ``questions`` (empty: the
+    route has no questions, and a schema error points at the body). A request the question models
+    refused keeps pydantic's first location; bad text names where it is.
     """
     if isinstance(error, RequestError) and error.errors:
         first = error.errors[0]
@@ -211,21 +228,20 @@ def _request_error(error: PcdError, where: dict[str, str | int], state_field: st
         loc: list[str | int] = ["body"]
     elif isinstance(error, PromptError):
         loc = ["body", state_field]
-    else:
+    elif where:
         field = getattr(error, "field", None)
         loc = ["body", "questions", where[field]] if field in where else ["body", "questions"]
+    else:
+        loc = ["body"]
     kind = next((name for cls, name in _REQUEST_ERRORS if isinstance(error, cls)), None)
     kind = kind or re.sub(r"(?<!^)(?=[A-Z])", "_", type(error).__name__).lower().removesuffix("_error") + "_error"
     return ApiError(422, kind, str(error), loc=loc)
 
 
-async def _decide(
-    loader: EngineLoader, state: Any, questions: dict[str, Any], state_field: str, where: dict[str, str | int]
-) -> DecideResponse:
-    """The one engine call behind both routes; caller errors become 422s pointed into the body."""
-    engine = _engine(loader)
+async def _in_engine(call: Callable[[], _T], where: dict[str, str | int], state_field: str) -> _T:
+    """One blocking engine call in a worker thread; caller errors become 422s pointed into the body."""
     try:
-        return await engine.adecide(state, questions)
+        return await asyncio.to_thread(call)
     except PcdError as error:
         if isinstance(error, BackendError):
             logger.exception("the engine failed on a valid request")
@@ -236,21 +252,49 @@ async def _decide(
         raise ApiError(500, "internal_error", f"{type(error).__name__}: {error}") from error
 
 
+async def _decide(
+    loader: EngineLoader, state: Any, questions: dict[str, Any], state_field: str, where: dict[str, str | int]
+) -> DecideResponse:
+    """The one engine call behind both decision routes."""
+    engine = _engine(loader)
+    return await _in_engine(lambda: engine.decide(state, questions), where, state_field)
+
+
+async def _server_sent(events: Iterator[ChatCompletionChunk]) -> AsyncIterator[str]:
+    """Each chunk as a server-sent event, produced in a worker thread, then ``data: [DONE]``.
+
+    The status line is sent by now, so a failure past this point is an error event in OpenAI's shape
+    (the ``openai`` SDK raises it as an ``APIError``), never a cut-off stream.
+    """
+    done = object()
+    while True:
+        try:
+            event = await asyncio.to_thread(next, events, done)
+        except Exception as error:  # the request was valid (its first step ran before the stream began)
+            logger.exception("the engine failed while streaming a reply")
+            body = _openai_error(500, "stream_error", f"{type(error).__name__}: {error}", None)
+            yield f"data: {json.dumps(_wire_safe(body))}\n\n"
+            return
+        if event is done:
+            break
+        assert isinstance(event, ChatCompletionChunk)
+        yield f"data: {json.dumps(event.model_dump(mode='json'), ensure_ascii=False)}\n\n"
+    yield "data: [DONE]\n\n"
+
+
 def _openai_param(loc: Sequence[str | int]) -> str | None:
     """``["body", "questions", 0, "choices"]`` as OpenAI writes it: ``questions[0].choices``."""
     param = ""
     for part in loc[1:] if loc and loc[0] == "body" else loc:
         if isinstance(part, int):
             param += f"[{part}]"
-        elif part in FIELD_NAMES:
+        elif part in _OPENAI_FIELDS:
             param += f".{part}"
     return param.lstrip(".") or None
 
 
 def _openai_error(status_code: int, error_type: str, message: str, loc: Sequence[str | int] | None) -> dict[str, Any]:
-    kind = "server_error" if status_code >= 500 else "invalid_request_error"
-    info = OpenAIErrorInfo(message=message, type=kind, param=_openai_param(loc or []), code=error_type)
-    return OpenAIErrorBody(error=info).model_dump()
+    return openai_error_body(status_code, error_type, message, _openai_param(loc or []))
 
 
 def _speaks_openai(request: "Request") -> bool:
@@ -281,7 +325,7 @@ def create_app(
     _import_optional("fastapi")
     from fastapi import Depends, FastAPI, Request
     from fastapi.exceptions import RequestValidationError
-    from fastapi.responses import JSONResponse
+    from fastapi.responses import JSONResponse, StreamingResponse
     from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
     from starlette.exceptions import HTTPException
 
@@ -390,10 +434,37 @@ def create_app(
         response = await _decide(loader, request.state(), questions, "input", where)
         return JSONResponse(decision_response(request, response).model_dump(mode="json"))
 
+    streamed: dict[int | str, dict[str, Any]] = {
+        200: {
+            "model": ChatCompletion,
+            "description": "The reply; with stream=true, chat.completion.chunk server-sent events, then [DONE]",
+            "content": {"text/event-stream": {}},
+        }
+    }
+
+    @app.post("/v1/chat/completions", dependencies=checked, responses={**streamed, **openai_errors})
+    async def chat_completions(request: ChatCompletionRequest) -> Any:
+        """OpenAI Chat Completions: a tool call chosen by PCD, a json_schema filled (closed fields
+        decided, open ones generated), or greedy text (streamed with stream=true).
+        """
+        _check_model(request.model, loader, "model")
+        engine = _engine(loader)
+        steps = reply_steps(engine, request)
+        if not request.stream:
+            body = await _in_engine(lambda: completion(steps, engine.model_name), {}, "messages")
+            return JSONResponse(body.model_dump(mode="json"))
+        # the first step (the whole fill or tool call; a generation's first token) runs before the
+        # status line, so that every error a request can cause is still a 4xx
+        first = await _in_engine(lambda: next(steps), {}, "messages")
+        include_usage = request.stream_options is not None and request.stream_options.include_usage
+        events = chunks(itertools.chain([first], steps), engine.model_name, include_usage)
+        return StreamingResponse(_server_sent(events), media_type="text/event-stream")
+
     @app.get("/v1/models", dependencies=guarded, responses=errors)
     async def models() -> ModelList:
-        """The one model this server answers with."""
-        return ModelList(models=[_model_card(_engine(loader))])
+        """The one model this server answers with, in the System One and the OpenAI list shapes."""
+        card = _model_card(_engine(loader))
+        return ModelList(data=[_openai_model(card)], models=[card])
 
     @app.get("/healthz", responses={503: {"model": HealthBody}})
     async def healthz() -> JSONResponse:
@@ -432,5 +503,7 @@ def serve(
 
 
 def _guard_body(app: "FastAPI", limits: Limits) -> None:
-    """Bodies over ``limits.max_body_bytes`` get 413 before FastAPI reads them (``pcd serve --max-body-bytes``)."""
-    app.add_middleware(BodyLimit, limits=limits)
+    """Bodies over ``limits.max_body_bytes`` get 413 before FastAPI reads them (``pcd serve --max-body-bytes``),
+    in OpenAI's error shape on the OpenAI routes.
+    """
+    app.add_middleware(BodyLimit, limits=limits, openai_paths=OPENAI_ROUTES)

@@ -27,6 +27,7 @@ from typing import Any, Literal, TypeVar, get_args
 
 from pcd_core import BackendUnavailableError, Engine, Extraction, PromptError
 from pcd_core.chatting import Generation
+from pcd_core.tools import NO_TOOL, ToolDecision, ToolSpec, choose_tool, normalise_tool_choice, tool_arguments
 
 try:
     from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
@@ -60,12 +61,6 @@ __all__ = ["NO_TOOL", "ChatPCD", "PCDDecisionModel", "render_chat_messages", "re
 StructuredOutputMethod = Literal["json_schema", "function_calling", "json_mode"]
 _METHODS = get_args(StructuredOutputMethod)
 
-#: The option of the tool choice that means "call no tool, answer in text" (``tool_choice="auto"``).
-NO_TOOL = "answer_directly"
-_NO_TOOL_DESCRIPTION = "call no tool and answer the user directly"
-_TOOL_QUESTION = "Which tool should be called next to respond to the conversation?"
-
-ToolChoice = Literal["auto", "any", "none"] | str
 _T = TypeVar("_T")
 _ROLES = {"human": "user", "ai": "assistant", "system": "system", "tool": "tool"}
 
@@ -160,19 +155,10 @@ def _response_format_schema(response_format: Any) -> Any:
     return None
 
 
-def _tool_choice(tool_choice: Any, names: Sequence[str]) -> str:
-    """``auto``, ``any``, ``none`` or a tool name, from every form LangChain and OpenAI use."""
-    if tool_choice is None:
-        return "auto"
-    if tool_choice is True or tool_choice == "required":
-        return "any"
-    if isinstance(tool_choice, Mapping):
-        tool_choice = (tool_choice.get("function") or {}).get("name") or tool_choice.get("name")
-    if tool_choice in ("auto", "any", "none"):
-        return str(tool_choice)
-    if tool_choice in names:
-        return str(tool_choice)
-    raise ValueError(f"tool_choice={tool_choice!r} is not 'auto', 'any', 'required', 'none' or one of {list(names)}")
+def _tool_spec(tool: Mapping[str, Any]) -> ToolSpec:
+    """An OpenAI-shaped tool (what ``convert_to_openai_tool`` makes) as the engine's tool."""
+    function = tool["function"]
+    return ToolSpec(function["name"], function.get("description"), function.get("parameters") or {})
 
 
 def _called_this_turn(messages: Sequence[BaseMessage]) -> set[str]:
@@ -205,11 +191,11 @@ class ChatPCD(LazyEngine, BaseChatModel):
       OpenAI tool or function dict (return a dict). Closed fields are decided, open ones generated;
       every ``method`` and ``strict`` value is accepted, output is always schema-valid. The raw
       message carries every field in ``response_metadata["pcd"]``.
-    - ``bind_tools(tools, tool_choice=...)``: which tool is a PCD choice over the tool names and
-      descriptions (plus ``NO_TOOL`` under ``"auto"``), its probabilities in
-      ``response_metadata["pcd"]["tool_choice"]``; the arguments are a fill of the tool's argument
-      schema. One tool call per turn. Under ``"auto"``, a tool already called since the latest human
-      message is not offered again, so that an agent loop ends (a small model keeps choosing tools).
+    - ``bind_tools(tools, tool_choice=...)``: the core tool choice (``pcd_core/tools.py``): which
+      tool is a PCD choice over the tool names and descriptions (plus ``NO_TOOL`` under ``"auto"``),
+      its probabilities in ``response_metadata["pcd"]["tool_choice"]``; the arguments are a fill of
+      the tool's argument schema. One tool call per turn. Under ``"auto"``, a tool already called
+      since the latest human message is not offered again, so that an agent loop ends.
 
     Weights load on first use; pass ``engine=`` to share a loaded ``pcd_core.Engine``. Sampling
     parameters (``temperature``) do not exist: decoding is greedy or decided.
@@ -301,10 +287,8 @@ class ChatPCD(LazyEngine, BaseChatModel):
     ) -> Runnable[LanguageModelInput, AIMessage]:
         """Bind tools in OpenAI's shape; see the class docstring for how a call is chosen and filled."""
         formatted = [convert_to_openai_tool(tool) for tool in tools]
-        names = [tool["function"]["name"] for tool in formatted]
-        if NO_TOOL in names:
-            raise ValueError(f"a tool may not be named {NO_TOOL!r}: that option means 'call no tool'")
-        return self.bind(tools=formatted, tool_choice=_tool_choice(tool_choice, names), **kwargs)
+        names = [_tool_spec(tool).name for tool in formatted]  # a reserved or empty name is refused here
+        return self.bind(tools=formatted, tool_choice=normalise_tool_choice(tool_choice, names), **kwargs)
 
     # -- one call -----------------------------------------------------------------------------
     def _check_model(self, kwargs: dict[str, Any]) -> None:
@@ -335,40 +319,12 @@ class ChatPCD(LazyEngine, BaseChatModel):
         content = json.dumps(extraction.values, ensure_ascii=False)
         return self._filled(extraction, engine, content, _field_metadata(extraction))
 
-    @staticmethod
-    def _choose_tool(
-        engine: Engine, messages: list[BaseMessage], by_name: dict[str, dict[str, Any]], choice: str
-    ) -> tuple[str, dict[str, Any] | None]:
-        """The tool to call (``NO_TOOL`` for none) and how it was chosen; None when nothing was
-        chosen (no tool left to offer under ``"auto"``).
-        """
-        if choice in by_name:
-            return choice, {"chosen": choice, "forced": True}
-        offered = list(by_name)
-        if choice == "auto":
-            offered = [name for name in offered if name not in _called_this_turn(messages)]
-            if not offered:
-                return NO_TOOL, None
-            offered.append(NO_TOOL)
-        if len(offered) == 1:
-            return offered[0], {"chosen": offered[0], "forced": True}
-        criteria = {
-            name: by_name[name].get("description") if name in by_name else _NO_TOOL_DESCRIPTION for name in offered
-        }
-        question = {"type": "choice", "instructions": _TOOL_QUESTION, "criteria": criteria}
-        picked = engine.decide(render_messages(messages), {"tool": question}).answers["tool"]
-        name = str(picked.choice)  # type: ignore[union-attr]
-        return name, {"chosen": name, "forced": False, **picked.model_dump(mode="json", by_alias=True)}
-
-    def _tool_call(
-        self, engine: Engine, messages: list[BaseMessage], function: dict[str, Any], decision: dict[str, Any]
-    ) -> AIMessageChunk:
-        """One call of ``function``: its arguments are a fill of its parameters' schema."""
-        name = function["name"]
-        parameters = function.get("parameters") or {}
-        if parameters.get("properties"):
-            task = f"The arguments of a call to the tool {name!r}: {function.get('description') or ''}".strip()
-            extraction = engine.fill(parameters, render_messages(messages), task=task)
+    def _tool_call(self, engine: Engine, messages: list[BaseMessage], decision: ToolDecision) -> AIMessageChunk:
+        """One call of the chosen tool: its arguments are a fill of its parameters' schema."""
+        tool = decision.tool
+        assert tool is not None  # only a chosen tool is called
+        extraction = tool_arguments(engine, render_messages(messages), tool)
+        if extraction is not None:
             args = extraction.values
             chunk = self._filled(extraction, engine, "", {"arguments": _field_metadata(extraction)})
         else:  # nothing to fill
@@ -376,12 +332,12 @@ class ChatPCD(LazyEngine, BaseChatModel):
             chunk = AIMessageChunk(content="", usage_metadata=_usage(0, 0, 0), chunk_position="last")
             chunk.response_metadata = {"model_name": engine.model_name, "pcd": {"arguments": {}}}
         chunk.response_metadata["finish_reason"] = "tool_calls"
-        chunk.response_metadata["pcd"]["tool_choice"] = decision
+        chunk.response_metadata["pcd"]["tool_choice"] = decision.to_dict()
         call_id = f"call_{uuid.uuid4().hex[:24]}"
         chunk.tool_call_chunks = [
-            tool_call_chunk(name=name, args=json.dumps(args, ensure_ascii=False), id=call_id, index=0)
+            tool_call_chunk(name=tool.name, args=json.dumps(args, ensure_ascii=False), id=call_id, index=0)
         ]
-        chunk.tool_calls = [ToolCall(name=name, args=args, id=call_id, type="tool_call")]
+        chunk.tool_calls = [ToolCall(name=tool.name, args=args, id=call_id, type="tool_call")]
         return chunk
 
     def _chat_stream(
@@ -421,19 +377,17 @@ class ChatPCD(LazyEngine, BaseChatModel):
         schema = kwargs.get("response_schema")
         if schema is None:
             schema = _response_format_schema(kwargs.get("response_format"))
-        tools = kwargs.get("tools") or []
-        choice = kwargs.get("tool_choice") or "auto"
+        specs = [_tool_spec(tool) for tool in kwargs.get("tools") or []]
+        choice = normalise_tool_choice(kwargs.get("tool_choice"), [spec.name for spec in specs])
         pcd: dict[str, Any] = {}
-        if tools and choice != "none":
+        if specs and choice.mode != "none":
             engine = self.load_engine()
-            by_name = {tool["function"]["name"]: tool["function"] for tool in tools}
-            name, decision = self._choose_tool(engine, messages, by_name, choice)
-            if name != NO_TOOL:
-                assert decision is not None  # a tool is only called once chosen
-                yield self._tool_call(engine, messages, by_name[name], decision)
+            decision = choose_tool(engine, render_messages(messages), specs, choice, _called_this_turn(messages))
+            if decision.tool is not None:
+                yield self._tool_call(engine, messages, decision)
                 return
-            if decision is not None:
-                pcd = {"tool_choice": decision}
+            if not decision.forced:  # a choice that was read, and chose to answer
+                pcd = {"tool_choice": decision.to_dict()}
         if schema is not None:  # the answer is the schema, filled
             chunk = self._structured(self.load_engine(), messages, schema)
             chunk.response_metadata.update({f"pcd_{key}": value for key, value in pcd.items()})

@@ -6,11 +6,12 @@ shares a loaded engine. What each call does with the model:
 
 - ``chat``/``complete`` and their stream and async forms *generate* text with `Engine.generate` /
   `Engine.stream` (greedy, token by token); the token counts are in ``additional_kwargs`` and ``raw``.
-- ``chat_with_tools`` (and so a `FunctionAgent`) *decides* which tool to call: one PCD choice question
-  (`Engine.decide`) over the tool names and descriptions, plus an "answer directly" option unless a
-  tool is required; its probabilities are in ``additional_kwargs["pcd_tool_choice"]``. The chosen
-  tool's arguments are an `Engine.fill` of its argument schema (closed fields decided, open ones
-  generated) and come back as `ToolSelection`s from ``get_tool_calls_from_response``.
+- ``chat_with_tools`` (and so a `FunctionAgent`) *decides* which tool to call with the core tool
+  choice (``pcd_core/tools.py``): one PCD choice question over the tool names and descriptions, plus
+  an "answer directly" option unless a tool is required; its probabilities are in
+  ``additional_kwargs["pcd_tool_choice"]``. The chosen tool's arguments are an `Engine.fill` of its
+  argument schema (closed fields decided, open ones generated) and come back as `ToolSelection`s from
+  ``get_tool_calls_from_response``.
 - ``structured_predict`` and its async and stream forms run a `PCDProgram` (one `Engine.fill`),
   inside the same ``dispatcher.span`` and events as `LLM.structured_predict`.
 
@@ -60,8 +61,17 @@ try:
 except ImportError as error:  # pragma: no cover - exercised by a subprocess test without the extra
     raise BackendUnavailableError("llama-index", "llama-index-core") from error
 
-from pcd_core import ChoiceAnswer, Engine, Extraction, PromptError, SchemaError, parse_schema
-from pcd_core.chatting import Generation
+from pcd_core import Engine, Extraction, PromptError, SchemaError, parse_schema
+from pcd_core.chatting import Generation, transcript
+from pcd_core.tools import (
+    NO_TOOL,
+    ToolChoice,
+    ToolDecision,
+    ToolSpec,
+    choose_tool,
+    normalise_tool_choice,
+    tool_arguments,
+)
 
 from .lazy_engine import LazyEngine
 from .llama_index_selector import PCDSelector
@@ -73,13 +83,8 @@ __all__ = ["ANSWER_DIRECTLY", "PCDLLM", "PCDProgram", "PCDSelector", "prompt_to_
 
 dispatcher = get_dispatcher(__name__)
 
-ANSWER_DIRECTLY = "answer_directly"
+ANSWER_DIRECTLY = NO_TOOL
 """The option of the tool choice that means "no tool: write the reply"."""
-
-_TOOL_QUESTION = (
-    "Which tool should the assistant call next to serve the user's last request? "
-    f"Choose {ANSWER_DIRECTLY} when no tool is needed or the tool results already answer it."
-)
 _T = TypeVar("_T")
 
 
@@ -110,10 +115,7 @@ def prompt_to_text(prompt: BasePromptTemplate, prompt_args: Mapping[str, Any], s
 
 def messages_to_text(messages: Sequence[ChatMessage]) -> str:
     """Messages as the input text of a fill or a decision: one alone as it is, else ``role: text``."""
-    texts = [(message.role.value, text) for message in messages if (text := _engine_content(message))]
-    if len(texts) == 1:
-        return texts[0][1]
-    return "\n\n".join(f"{role}: {content}" for role, content in texts)
+    return transcript([{"role": message.role.value, "content": _engine_content(message)} for message in messages])
 
 
 def _engine_content(message: ChatMessage) -> str:
@@ -154,8 +156,9 @@ async def _in_thread(items: Iterator[_T]) -> AsyncGenerator[_T, None]:
         yield item  # type: ignore[misc]
 
 
-def _tool_name(tool: BaseTool) -> str:
-    return tool.metadata.get_name()
+def _tool_spec(tool: BaseTool) -> ToolSpec:
+    metadata = tool.metadata
+    return ToolSpec(metadata.get_name(), metadata.description, metadata.get_parameters_dict())
 
 
 def _called_this_turn(messages: Sequence[ChatMessage]) -> set[str]:
@@ -167,16 +170,6 @@ def _called_this_turn(messages: Sequence[ChatMessage]) -> set[str]:
         for call in message.additional_kwargs.get("tool_calls") or ():
             called.add(call["name"])
     return called
-
-
-def _forced_name(tool_choice: Any) -> str | None:
-    """A tool named by ``tool_choice`` (a name, or OpenAI's ``{"type": "function", ...}`` dict)."""
-    if isinstance(tool_choice, dict):
-        name = (tool_choice.get("function") or {}).get("name") or tool_choice.get("name")
-        return str(name) if name else None
-    if isinstance(tool_choice, str) and tool_choice not in {"auto", "none", "required", "any"}:
-        return tool_choice
-    return None
 
 
 def _checked_output_cls(output_cls: type[Model]) -> type[Model]:
@@ -444,11 +437,11 @@ class PCDLLM(FunctionCallingLLM, LazyEngine):
         self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]
     ) -> Generator[ChatResponse, None, None]:
         if kwargs.get("tools") is not None:
-            chosen = self._choose_tool(messages, kwargs)
-            if chosen["tool"] is not None:
-                yield self._tool_call_response(messages, chosen)
+            decision = self._choose_tool(messages, kwargs)
+            if decision.tool is not None:
+                yield self._tool_call_response(messages, decision)
                 return
-            extra = {"pcd_tool_choice": chosen["record"]}
+            extra = {"pcd_tool_choice": decision.to_dict()}
         else:
             extra = {}
         for delta, generation in self._stream(self._chat_messages(messages), kwargs):
@@ -533,81 +526,44 @@ class PCDLLM(FunctionCallingLLM, LazyEngine):
             raise ValueError(f"expected a tool call, got a reply: {response.message.content!r}")
         return [ToolSelection(tool_id=c["id"], tool_name=c["name"], tool_kwargs=c["arguments"]) for c in calls]
 
-    def _choose_tool(self, messages: Sequence[ChatMessage], kwargs: Mapping[str, Any]) -> dict[str, Any]:
-        """Which tool to call, or none: a PCD choice, with the record that goes into the response.
+    def _choose_tool(self, messages: Sequence[ChatMessage], kwargs: Mapping[str, Any]) -> ToolDecision:
+        """Which tool to call, or none: the core tool choice (``pcd_core/tools.py``).
 
-        ``tool_choice="none"`` answers directly; a named tool is called without a decision. Otherwise
-        the options are the tools not yet called since the user's last message, plus
-        `ANSWER_DIRECTLY` unless a tool is required (``tool_required=True`` or ``tool_choice``
-        ``"required"``/``"any"``). Leaving out the tools already called is what makes an agent loop
-        end on a small model: each tool runs at most once per user turn, then the reply is written.
+        ``tool_choice`` takes every LlamaIndex and OpenAI form; ``tool_required=True`` means
+        ``"required"`` (no "answer directly" option) when the call names no tool. Without tools the
+        reply is written.
         """
-        tools: list[BaseTool] = list(kwargs["tools"])
+        specs = [_tool_spec(tool) for tool in kwargs["tools"]]
         choice = kwargs.get("tool_choice")
-        required = bool(kwargs.get("tool_required")) or choice in {"required", "any"}
-        by_name = {_tool_name(tool): tool for tool in tools}
-        forced = _forced_name(choice)
-        if forced is not None:
-            if forced not in by_name:
-                raise ValueError(f"tool_choice names {forced!r}, which is not among the tools {sorted(by_name)!r}")
-            return {"tool": by_name[forced], "record": {"choice": forced, "forced": True}}
-        if choice == "none" or not tools:
-            return {"tool": None, "record": {"choice": ANSWER_DIRECTLY, "forced": True}}
-        called = _called_this_turn(messages)
-        open_tools = tools if required else [t for t in tools if _tool_name(t) not in called]
-        criteria: dict[str, str | None] = {_tool_name(t): _one_line(t.metadata.description) for t in open_tools}
-        if not required:
-            if ANSWER_DIRECTLY in criteria:
-                raise ValueError(f"a tool is named {ANSWER_DIRECTLY!r}, the name of the no-tool option")
-            criteria[ANSWER_DIRECTLY] = "reply to the user in words, without calling a tool"
-        if len(criteria) == 1:  # nothing to decide between
-            [name] = criteria
-            return {
-                "tool": by_name.get(name),
-                "record": {"choice": name, "forced": True, "called_this_turn": sorted(called)},
-            }
-        response = self.load_engine().decide(
-            messages_to_text(messages),
-            {"tool": {"type": "choice", "instructions": _TOOL_QUESTION, "criteria": criteria}},
+        if kwargs.get("tool_required") and choice in (None, "auto"):
+            choice = "required"
+        if not specs:
+            choice = ToolChoice("none")
+        normalised = normalise_tool_choice(choice, [spec.name for spec in specs])
+        return choose_tool(
+            self.load_engine(), messages_to_text(messages), specs, normalised, _called_this_turn(messages)
         )
-        answer = response.answers["tool"]
-        assert isinstance(answer, ChoiceAnswer)
-        record = {
-            "choice": answer.choice,
-            "probabilities": dict(answer.probabilities),
-            "confidence": answer.confidence,
-            "candidate_mass": answer.candidate_mass,
-            "forced": False,
-            "called_this_turn": sorted(called),
-            "input_tokens": response.usage.input_tokens,
-        }
-        return {"tool": by_name.get(answer.choice), "record": record}
 
-    def _tool_call_response(self, messages: Sequence[ChatMessage], chosen: dict[str, Any]) -> ChatResponse:
-        """The assistant turn that calls ``chosen["tool"]``, its arguments filled by the engine."""
-        tool: BaseTool = chosen["tool"]
-        name = _tool_name(tool)
-        schema = tool.metadata.get_parameters_dict()
-        arguments: dict[str, Any] = {}
-        fields: dict[str, Any] = {}
-        if schema.get("properties"):  # a tool without parameters is called with none, no model call
-            task = f"Write the arguments of a call to the tool {name}: {_one_line(tool.metadata.description)}"
-            extraction = self.load_engine().fill(schema, messages_to_text(messages), task=task)
-            arguments = dict(extraction.value)
-            fields = {key: result.to_dict() for key, result in extraction.fields.items()}
-        call = {"id": f"call_{uuid.uuid4().hex[:24]}", "name": name, "arguments": arguments}
+    def _tool_call_response(self, messages: Sequence[ChatMessage], decision: ToolDecision) -> ChatResponse:
+        """The assistant turn that calls the chosen tool, its arguments filled by the engine."""
+        tool = decision.tool
+        assert tool is not None  # only a chosen tool is called
+        extraction = tool_arguments(self.load_engine(), messages_to_text(messages), tool)
+        arguments = dict(extraction.value) if extraction is not None else {}
+        fields = {key: r.to_dict() for key, r in extraction.fields.items()} if extraction is not None else {}
+        call = {"id": f"call_{uuid.uuid4().hex[:24]}", "name": tool.name, "arguments": arguments}
         return ChatResponse(
             message=ChatMessage(role=MessageRole.ASSISTANT, content="", additional_kwargs={"tool_calls": [call]}),
             raw={"tool_calls": [call]},
-            additional_kwargs={"pcd_tool_choice": chosen["record"], "pcd_arguments": fields},
+            additional_kwargs={"pcd_tool_choice": decision.to_dict(), "pcd_arguments": fields},
         )
 
     def _tool_turn(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> ChatResponse:
-        chosen = self._choose_tool(messages, kwargs)
-        if chosen["tool"] is not None:
-            return self._tool_call_response(messages, chosen)
+        decision = self._choose_tool(messages, kwargs)
+        if decision.tool is not None:
+            return self._tool_call_response(messages, decision)
         generation = self._generate(self._chat_messages(messages), kwargs)
-        return self._chat_response(generation, pcd_tool_choice=chosen["record"])
+        return self._chat_response(generation, pcd_tool_choice=decision.to_dict())
 
     # -- structured calls ---------------------------------------------------------------------
     # The same span and events as `LLM`'s own structured calls, so LlamaIndex observers see PCD
@@ -688,8 +644,3 @@ class PCDLLM(FunctionCallingLLM, LazyEngine):
             dispatcher.event(LLMStructuredPredictEndEvent(output=result))
 
         return gen()
-
-
-def _one_line(text: str | None) -> str | None:
-    """A tool description on one line (LlamaIndex prefixes the signature on its own line)."""
-    return " ".join(text.split()) if text else None

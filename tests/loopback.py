@@ -1,4 +1,5 @@
-"""A real ``pcd serve`` app on a loopback socket, in a background thread, for real HTTP clients.
+"""A real ``pcd serve`` app on a loopback socket, in a background thread, for real HTTP clients; and
+the check of an OpenAI error as the SDK raises it, shared by the OpenAI routes' tests.
 
 The ``openai`` SDK talks over its own HTTP stack, so its tests need a listening server rather than an
 in-process transport. uvicorn binds port 0, and the port it got is read back once it has started.
@@ -13,6 +14,13 @@ from contextlib import contextmanager
 from typing import Any
 
 START_TIMEOUT_S = 30
+
+
+def assert_openai_bad_request(error: Any, param: str, words: str) -> None:
+    """``error`` is the SDK's ``BadRequestError`` for OpenAI's 400 body, pointing at ``param`` and saying ``words``."""
+    assert error.status_code == 400 and error.type == "invalid_request_error", error.body
+    assert error.param == param and words in error.message, error.body
+    assert set(error.body) == {"message", "type", "param", "code"} and error.code
 
 
 @contextmanager

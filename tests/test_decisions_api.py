@@ -19,7 +19,7 @@ openai = pytest.importorskip("openai", reason="the Decisions tests need the 'ope
 pytest.importorskip("uvicorn", reason="the HTTP server needs the 'http' extra")
 httpx = pytest.importorskip("httpx", reason="the HTTP tests need httpx")
 
-from loopback import serving  # noqa: E402
+from loopback import assert_openai_bad_request, serving  # noqa: E402
 
 from pcd_core import Engine  # noqa: E402
 from pcd_integrations.http import create_app  # noqa: E402
@@ -256,10 +256,7 @@ def test_bad_request_is_an_sdk_bad_request_error_in_openai_shape(client: Any, en
     passes = engine.backend.forward_passes
     with pytest.raises(openai.BadRequestError) as caught:
         client.decisions.create(**body)
-    error = caught.value
-    assert error.status_code == 400 and error.type == "invalid_request_error", error.body
-    assert error.param == param and words in error.message, error.body
-    assert set(error.body) == {"message", "type", "param", "code"} and error.code
+    assert_openai_bad_request(caught.value, param, words)
     assert engine.backend.forward_passes == passes
 
 

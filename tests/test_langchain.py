@@ -228,7 +228,9 @@ def test_every_tool_choice_form_is_honoured(llm: ChatPCD) -> None:
         message = llm.bind_tools(tools, tool_choice=forced).invoke("Weather in Oslo?")
         (call,) = message.tool_calls
         assert call["name"] == "get_weather" and isinstance(call["args"]["city"], str)
-        assert message.response_metadata["pcd"]["tool_choice"] == {"chosen": "get_weather", "forced": True}
+        decision = message.response_metadata["pcd"]["tool_choice"]
+        assert (decision["choice"], decision["forced"], decision["offered"]) == ("get_weather", True, ["get_weather"])
+        assert "probabilities" not in decision  # nothing was asked
         assert message.response_metadata["pcd"]["arguments"]["city"]["method"] == "generated"
     for required in ("any", "required"):
         message = llm.bind_tools(tools, tool_choice=required).invoke(REFUND)

@@ -2,12 +2,15 @@
 
 - System One (``POST /v1/systemone``, MCP ``decide``): the question and answer models of
   ``pcd_core/questions.py`` are that wire themselves.
-- OpenAI Decisions (``POST /v1/decisions``): ``openai.py`` declares its request and response and
+- OpenAI Decisions (``POST /v1/decisions``): ``decisions.py`` declares its request and response and
   translates them to and from the System One models, so both routes make the same engine call.
+- OpenAI Chat Completions (``POST /v1/chat/completions``): ``chat.py`` declares its request, reply
+  and stream chunks; ``errors.py`` the error body every OpenAI route answers with.
 - ``body.py`` reads a raw JSON body strictly (duplicate keys and non-finite numbers are errors, not
   silently resolved), for every HTTP route.
 
-Nothing here needs FastAPI or a model; ``tests/test_questions.py`` covers it.
+Nothing here needs FastAPI or a model; ``tests/test_questions.py`` covers the System One and
+Decisions models, ``tests/test_chat_completions.py`` the chat ones.
 """
 
 from __future__ import annotations
