@@ -85,19 +85,25 @@ def test_waiting_threads_get_the_model_in_arrival_order():
     assert order == [0, 1, 2, 3, 4] and finished == ["0", "1", "2", "3", "4"]
 
 
-def test_an_offer_hands_over_to_a_waiter_and_comes_back():
-    lock = ModelLock()
+def queue_waiter(lock: ModelLock) -> tuple[threading.Thread, threading.Event]:
+    """A thread queued for ``lock`` (held by the caller) that sets its event once it gets it."""
     ran = threading.Event()
 
     def waiter() -> None:
         with lock:
             ran.set()
 
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    wait_until(lambda: lock.waiting == 1, "the waiter queues")
+    return thread, ran
+
+
+def test_an_offer_hands_over_to_a_waiter_and_comes_back():
+    lock = ModelLock()
     with lock:
         assert lock.offer() == 0.0  # nobody waits: the holder keeps the model
-        thread = threading.Thread(target=waiter)
-        thread.start()
-        wait_until(lambda: lock.waiting == 1, "the waiter queues")
+        thread, ran = queue_waiter(lock)
         waited = lock.offer()
         assert ran.is_set() and waited > 0.0  # the waiter ran inside the offer, then the holder came back
     thread.join(timeout=60)
@@ -105,16 +111,8 @@ def test_an_offer_hands_over_to_a_waiter_and_comes_back():
 
 def test_a_nested_hold_never_hands_over():
     lock = ModelLock()
-    ran = threading.Event()
-
-    def waiter() -> None:
-        with lock:
-            ran.set()
-
     with lock:
-        thread = threading.Thread(target=waiter)
-        thread.start()
-        wait_until(lambda: lock.waiting == 1, "the waiter queues")
+        thread, ran = queue_waiter(lock)
         with lock:  # reentrant: the same thread takes it again at once
             assert lock.offer() == 0.0 and not ran.is_set()
         assert not ran.is_set()  # the outer hold still has it
