@@ -17,6 +17,7 @@ from .errors import (
     PromptError,
     SchemaError,
     TokenizationError,
+    UpstreamError,
 )
 from .questions import (
     Answer,
@@ -52,6 +53,7 @@ __all__ = [
     "ScoreQuestion",
     "Usage",
     "BackendError",
+    "UpstreamError",
     "BackendUnavailableError",
     "DecodeOptions",
     "Engine",

@@ -52,6 +52,12 @@ class BackendError(PcdError, RuntimeError):
     """A backend broke its contract at run time."""
 
 
+class UpstreamError(BackendError):
+    """A remote model server (vLLM) refused a read or did not answer it: the fault is upstream, neither
+    the caller's nor this engine's, so HTTP reports it as 502 rather than as our own 500.
+    """
+
+
 class BackendUnavailableError(BackendError, ImportError):
     """An optional extra is not installed; the message names the pip command."""
 

@@ -48,6 +48,7 @@ from pcd_core import (
     PromptError,
     SchemaError,
     TokenizationError,
+    UpstreamError,
     __version__,
 )
 from pcd_core.errors import LimitError, RequestError, TextError
@@ -243,6 +244,9 @@ async def _in_engine(call: Callable[[], _T], where: dict[str, str | int], state_
     try:
         return await asyncio.to_thread(call)
     except PcdError as error:
+        if isinstance(error, UpstreamError):  # the remote model server's fault: a bad gateway, not ours
+            logger.error("the model server failed a valid request: %s", error)
+            raise ApiError(502, "upstream_error", str(error)) from error
         if isinstance(error, BackendError):
             logger.exception("the engine failed on a valid request")
             raise ApiError(500, "backend_error", f"{type(error).__name__}: {error}") from error
@@ -371,9 +375,12 @@ def create_app(
         401: {"model": ErrorBody},
         404: {"model": ErrorBody},
         422: {"model": ValidationErrorBody},
+        502: {"model": ErrorBody},
         503: {"model": ErrorBody},
     }
-    openai_errors: dict[int | str, dict[str, Any]] = {code: {"model": OpenAIErrorBody} for code in (400, 401, 404, 503)}
+    openai_errors: dict[int | str, dict[str, Any]] = {
+        code: {"model": OpenAIErrorBody} for code in (400, 401, 404, 502, 503)
+    }
 
     def error_response(request: Request, error: ApiError) -> JSONResponse:
         # every text in an error may come from the request: written so that it always encodes

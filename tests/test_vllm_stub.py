@@ -10,6 +10,7 @@ vLLM, and checks there that the 400 shapes used here are vLLM's.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import threading
@@ -366,3 +367,36 @@ def test_the_vllm_backend_needs_a_base_url_in_every_entry_point(capsys):
         parse_args(["--backend", "vllm"])
     assert exit_info.value.code == 2
     assert "--backend vllm needs --base-url" in capsys.readouterr().err
+
+
+def test_a_model_server_that_stays_busy_is_a_502_on_every_route_never_a_500(stub):
+    from pcd_integrations.http import create_app
+
+    url, state = stub
+    remote = Engine(connect(url, max_retries=1), ByteTokenizer(), "stub")
+    app = create_app(remote)
+    question = {"q": {"type": "noul", "instructions": "Is it urgent?"}}
+
+    async def send() -> list[httpx.Response]:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
+            state.fail_next = [503, 503]  # both tries of the first read
+            system_one = await client.post("/v1/systemone", json={"state": "The site is down.", "questions": question})
+            state.fail_next = [503, 503]
+            decisions = await client.post(
+                "/v1/decisions",
+                json={
+                    "model": "stub",
+                    "input": "The site is down.",
+                    "questions": [{"type": "predicate", "instructions": "Is it urgent?"}],
+                },
+            )
+            return [system_one, decisions]
+
+    system_one, decisions = asyncio.run(send())
+    assert system_one.status_code == 502, system_one.text
+    assert system_one.json()["detail"]["error_type"] == "upstream_error"
+    assert "did not answer" in system_one.json()["detail"]["message"]
+    assert decisions.status_code == 502, decisions.text
+    assert decisions.json()["error"]["type"] == "server_error"  # OpenAI's type for a 5xx
+    assert decisions.json()["error"]["code"] == "upstream_error"

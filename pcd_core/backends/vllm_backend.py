@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import BackendError, BackendUnavailableError
+from ..errors import BackendError, BackendUnavailableError, UpstreamError
 from ..tokenizer import TextTokenizer
 from .base import Backend, PassCounter, Prefix, Query, Scored, TokenTree
 
@@ -175,12 +175,12 @@ class VllmBackend(Backend):
                 logger.warning("vLLM %s %s answered %s, try %d", method, path, failure, attempt + 1)
                 continue
             if response.status_code >= 400:
-                raise BackendError(
+                raise UpstreamError(
                     f"the vLLM server at {self.base_url} refused {method} {path} with HTTP "
                     f"{response.status_code}: {_message(response)}"
                 )
             return response
-        raise BackendError(
+        raise UpstreamError(
             f"the vLLM server at {self.base_url} did not answer {method} {path} after "
             f"{self.max_retries + 1} tries ({failure}); is it running and reachable?"
         )
