@@ -28,13 +28,15 @@ Message = dict[str, Any]
 
 @dataclass
 class Generation:
-    """A generated reply and what it cost."""
+    """A generated reply and what it cost. ``Generation()`` is the empty record that
+    ``Engine.stream(..., result=...)`` fills as the reply is generated.
+    """
 
-    text: str
-    finish_reason: Literal["stop", "length"]
-    input_tokens: int
-    output_tokens: int
-    forward_passes: int
+    text: str = ""
+    finish_reason: Literal["stop", "length"] = "length"
+    input_tokens: int = 0
+    output_tokens: int = 0
+    forward_passes: int = 0
     cached_tokens: int = 0
     logp_sum: float = 0.0
     token_ids: list[int] = field(default_factory=list)

@@ -408,7 +408,7 @@ class Engine:
         self, messages: str | Sequence[Message], *, max_new_tokens: int = 256, stop: Sequence[str] = ()
     ) -> Generation:
         """A greedy reply to chat ``messages`` (``chatting.py``): text, finish reason and cost."""
-        result = self._new_generation()
+        result = Generation()
         for _ in self.stream(messages, max_new_tokens=max_new_tokens, stop=stop, result=result):
             pass
         return result
@@ -422,7 +422,7 @@ class Engine:
         result: Generation | None = None,
     ) -> Iterator[str]:
         """The same reply as text deltas, as they are generated; pass ``result`` to read the cost."""
-        result = result if result is not None else self._new_generation()
+        result = result if result is not None else Generation()
         head_text, rest = render_chat(self.tokenizer, as_messages(messages))
         head_ids = self.tokenizer.encode_head(head_text)
         whole = self.tokenizer.encode_head(head_text + rest)
@@ -446,10 +446,6 @@ class Engine:
             locked=lambda: self._lock,
             result=result,
         )
-
-    @staticmethod
-    def _new_generation() -> Generation:
-        return Generation(text="", finish_reason="length", input_tokens=0, output_tokens=0, forward_passes=0)
 
     # -- questions ----------------------------------------------------------------------------
     def decide(

@@ -134,7 +134,7 @@ def reply_steps(engine: Engine, request: ChatCompletionRequest) -> Iterator[str 
         )
         yield Reply(content=content, finish_reason="stop", usage=cost.usage(), pcd=pcd)
         return
-    generation = Generation(text="", finish_reason="length", input_tokens=0, output_tokens=0, forward_passes=0)
+    generation = Generation()
     yield from engine.stream(
         request.chat_messages(),
         max_new_tokens=request.max_new_tokens(),

@@ -345,7 +345,7 @@ class ChatPCD(LazyEngine, BaseChatModel):
     ) -> Iterator[AIMessageChunk]:
         """Plain chat, one chunk per text delta and a last one with the usage and finish reason."""
         engine = self.load_engine()
-        result = Generation(text="", finish_reason="length", input_tokens=0, output_tokens=0, forward_passes=0)
+        result = Generation()
         deltas = engine.stream(
             render_chat_messages(messages),
             max_new_tokens=kwargs.get("max_tokens") or self.max_tokens,

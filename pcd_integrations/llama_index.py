@@ -410,7 +410,7 @@ class PCDLLM(FunctionCallingLLM, LazyEngine):
 
     def _stream(self, messages: list[dict[str, str]], kwargs: Mapping[str, Any]) -> Iterator[tuple[str, Generation]]:
         """(delta, generation so far) pairs; the last pair has an empty delta and the final counts."""
-        generation = Generation(text="", finish_reason="length", input_tokens=0, output_tokens=0, forward_passes=0)
+        generation = Generation()
         for delta in self.load_engine().stream(messages, **self._options(kwargs), result=generation):
             yield delta, generation
         yield "", generation
