@@ -23,7 +23,7 @@ import json
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from operator import itemgetter
-from typing import Any, Literal, TypeVar, get_args
+from typing import Any, Literal, get_args
 
 from pcd_core import BackendUnavailableError, Engine, Extraction, PromptError
 from pcd_core.chatting import Generation
@@ -52,7 +52,7 @@ except ImportError as error:  # pragma: no cover - exercised by a subprocess tes
     raise BackendUnavailableError("langchain", "langchain-core") from error
 
 from .langchain_decisions import PCDDecisionModel
-from .lazy_engine import LazyEngine
+from .lazy_engine import LazyEngine, iterate_in_thread
 
 __all__ = ["NO_TOOL", "ChatPCD", "PCDDecisionModel", "render_chat_messages", "render_messages"]
 
@@ -61,7 +61,6 @@ __all__ = ["NO_TOOL", "ChatPCD", "PCDDecisionModel", "render_chat_messages", "re
 StructuredOutputMethod = Literal["json_schema", "function_calling", "json_mode"]
 _METHODS = get_args(StructuredOutputMethod)
 
-_T = TypeVar("_T")
 _ROLES = {"human": "user", "ai": "assistant", "system": "system", "tool": "tool"}
 
 
@@ -170,16 +169,6 @@ def _called_this_turn(messages: Sequence[BaseMessage]) -> set[str]:
         if isinstance(message, AIMessage):
             called.update(call["name"] for call in message.tool_calls)
     return called
-
-
-async def _in_thread(iterator: Iterator[_T]) -> AsyncIterator[_T]:
-    """Each step of a blocking iterator in a worker thread, so the event loop stays free."""
-    done = object()
-    while True:
-        item = await asyncio.to_thread(next, iterator, done)
-        if item is done:
-            return
-        yield item  # type: ignore[misc]
 
 
 class ChatPCD(LazyEngine, BaseChatModel):
@@ -447,7 +436,7 @@ class ChatPCD(LazyEngine, BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
-        async for message in _in_thread(self._chunks(messages, stop, kwargs)):
+        async for message in iterate_in_thread(self._chunks(messages, stop, kwargs)):
             chunk = ChatGenerationChunk(message=message)
             if run_manager is not None:
                 await run_manager.on_llm_new_token(chunk.text, chunk=chunk)

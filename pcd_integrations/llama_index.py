@@ -28,7 +28,7 @@ import asyncio
 import json
 import uuid
 from collections.abc import AsyncGenerator, Generator, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from pcd_core import BackendUnavailableError
 
@@ -73,7 +73,7 @@ from pcd_core.tools import (
     tool_arguments,
 )
 
-from .lazy_engine import LazyEngine
+from .lazy_engine import LazyEngine, iterate_in_thread
 from .llama_index_selector import PCDSelector
 
 if TYPE_CHECKING:
@@ -85,7 +85,6 @@ dispatcher = get_dispatcher(__name__)
 
 ANSWER_DIRECTLY = NO_TOOL
 """The option of the tool choice that means "no tool: write the reply"."""
-_T = TypeVar("_T")
 
 
 def _text_of(message: ChatMessage) -> str:
@@ -147,13 +146,6 @@ def _raw(generation: Generation) -> dict[str, Any]:
         "forward_passes": generation.forward_passes,
         "method": "generated",
     }
-
-
-async def _in_thread(items: Iterator[_T]) -> AsyncGenerator[_T, None]:
-    """A blocking iterator as an async generator: each step runs in a worker thread."""
-    done = object()
-    while (item := await asyncio.to_thread(next, items, done)) is not done:
-        yield item  # type: ignore[misc]
 
 
 def _tool_spec(tool: BaseTool) -> ToolSpec:
@@ -467,7 +459,7 @@ class PCDLLM(FunctionCallingLLM, LazyEngine):
     @llm_chat_callback()
     async def astream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseAsyncGen:
         await self.aload_engine()
-        return _in_thread(self._stream_chat(messages, kwargs))
+        return iterate_in_thread(self._stream_chat(messages, kwargs))
 
     @llm_completion_callback()
     def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
@@ -486,7 +478,7 @@ class PCDLLM(FunctionCallingLLM, LazyEngine):
     @llm_completion_callback()
     async def astream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseAsyncGen:
         await self.aload_engine()
-        return _in_thread(self._stream_complete(prompt, kwargs))
+        return iterate_in_thread(self._stream_complete(prompt, kwargs))
 
     # -- tool calls ---------------------------------------------------------------------------
     def _prepare_chat_with_tools(
