@@ -63,6 +63,7 @@ from pcd_core.wire.errors import OpenAIErrorBody, openai_error_body
 
 from .chat_completions import chunks, completion, reply_steps
 from .guards import BodyLimit, warn_if_exposed
+from .threads import iterate_in_thread
 
 if TYPE_CHECKING:
     from fastapi import FastAPI, Request
@@ -270,19 +271,14 @@ async def _server_sent(events: Iterator[ChatCompletionChunk]) -> AsyncIterator[s
     The status line is sent by now, so a failure past this point is an error event in OpenAI's shape
     (the ``openai`` SDK raises it as an ``APIError``), never a cut-off stream.
     """
-    done = object()
-    while True:
-        try:
-            event = await asyncio.to_thread(next, events, done)
-        except Exception as error:  # the request was valid (its first step ran before the stream began)
-            logger.exception("the engine failed while streaming a reply")
-            body = _openai_error(500, "stream_error", f"{type(error).__name__}: {error}", None)
-            yield f"data: {json.dumps(_wire_safe(body))}\n\n"
-            return
-        if event is done:
-            break
-        assert isinstance(event, ChatCompletionChunk)
-        yield f"data: {json.dumps(event.model_dump(mode='json'), ensure_ascii=False)}\n\n"
+    try:
+        async for event in iterate_in_thread(events):
+            yield f"data: {json.dumps(event.model_dump(mode='json'), ensure_ascii=False)}\n\n"
+    except Exception as error:  # the request was valid (its first step ran before the stream began)
+        logger.exception("the engine failed while streaming a reply")
+        body = _openai_error(500, "stream_error", f"{type(error).__name__}: {error}", None)
+        yield f"data: {json.dumps(_wire_safe(body))}\n\n"
+        return
     yield "data: [DONE]\n\n"
 
 

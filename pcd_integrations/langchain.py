@@ -52,7 +52,8 @@ except ImportError as error:  # pragma: no cover - exercised by a subprocess tes
     raise BackendUnavailableError("langchain", "langchain-core") from error
 
 from .langchain_decisions import PCDDecisionModel
-from .lazy_engine import LazyEngine, iterate_in_thread
+from .lazy_engine import LazyEngine
+from .threads import iterate_in_thread
 
 __all__ = ["NO_TOOL", "ChatPCD", "PCDDecisionModel", "render_chat_messages", "render_messages"]
 

@@ -6,16 +6,13 @@ model load. ``LazyEngine`` holds the model name and loads it once, on the first 
 with concurrent callers. It imports no framework, so every adapter whose objects are pydantic models can
 mix it in. ``calibration=`` (a ``pcd calibrate`` file) and ``debias=`` go to ``Engine.load``; the file is
 read at construction. ``tests/test_langchain.py`` and ``tests/test_langchain_decisions.py`` check that
-construction loads nothing and that a shared engine names the model. ``iterate_in_thread`` is the
-async side of the same objects: their streams step the engine in a worker thread.
+construction loads nothing and that a shared engine names the model.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncGenerator, Iterator
-from typing import TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
@@ -23,18 +20,7 @@ from pcd_core import Engine
 from pcd_core.calibration import Calibration
 from pcd_core.models import DEFAULT_MODEL
 
-__all__ = ["LazyEngine", "iterate_in_thread"]
-
-_T = TypeVar("_T")
-
-
-async def iterate_in_thread(items: Iterator[_T]) -> AsyncGenerator[_T, None]:
-    """A blocking iterator as an async generator: each step runs in a worker thread, so the event loop
-    stays free while the engine reads or generates.
-    """
-    done = object()
-    while (item := await asyncio.to_thread(next, items, done)) is not done:
-        yield item  # type: ignore[misc]
+__all__ = ["LazyEngine"]
 
 
 class LazyEngine(BaseModel):

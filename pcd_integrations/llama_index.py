@@ -73,8 +73,9 @@ from pcd_core.tools import (
     tool_arguments,
 )
 
-from .lazy_engine import LazyEngine, iterate_in_thread
+from .lazy_engine import LazyEngine
 from .llama_index_selector import PCDSelector
+from .threads import iterate_in_thread
 
 if TYPE_CHECKING:
     from llama_index.core.tools.types import BaseTool
