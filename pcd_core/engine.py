@@ -49,6 +49,8 @@ from .schema import open_waves, parse_schema
 from .tokenizer import TextTokenizer
 
 #: the warning of a request whose input merged with the head's last token
+#: reply tokens a plain generation reserves room for behind its prompt's KV (``Backend.prefill``)
+REPLY_ROOM = 1024
 BYPASSED = "the input merged with the cached head's last token; the whole prompt was read anew"
 
 
@@ -338,10 +340,7 @@ class Engine:
         """Write the closed answers not yet in the prompt (one pass), then generate every open field."""
         written = {name for wave in compiled.waves[:-1] for name in wave}
         lines = [t for f in compiled.fields if f.name not in written for t in f.answer_ids[chosen[f.name]]]
-        if lines:
-            prefix = self.backend.prefill(lines, parent=prefix)
-            stats.prompt_tokens += len(lines)
-            pause()
+        stats.prompt_tokens += len(lines)
         open_stats = GenerationStats()
         generated, warnings = generate_open_fields(
             self.backend,
@@ -352,6 +351,7 @@ class Engine:
             open_stats,
             max_new_tokens,
             pause,
+            written_in=tuple(lines),
         )
         stats.open_steps = open_stats.steps
         stats.output_tokens = sum(g.n_tokens for g in generated.values())
@@ -434,7 +434,13 @@ class Engine:
         with self._lock:
             head, hit = self._heads.get_or(head_ids, lambda: self.backend.prefill(head_ids))
             after = after_head(whole, head_ids)
-            prefix = self.backend.prefill(after, parent=head) if after else self.backend.prefill(whole)
+            # room for the reply behind the prompt's KV, so the steps write there instead of copying
+            # it; a longer reply outgrows it and the backend's buffers grow
+            room = min(max_new_tokens, REPLY_ROOM)
+            if after:
+                prefix = self.backend.prefill(after, parent=head, room=room)
+            else:
+                prefix = self.backend.prefill(whole, room=room)
         result.forward_passes = (0 if hit else 1) + 1
         result.input_tokens, result.cached_tokens = len(whole), len(head_ids) if hit and after else 0
         yield from stream_tokens(

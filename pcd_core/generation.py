@@ -96,8 +96,12 @@ def generate_open_fields(
     stats: GenerationStats,
     max_new_tokens: dict[str, int] | None = None,
     pause: Callable[[], None] = no_pause,
+    written_in: tuple[int, ...] = (),
 ) -> tuple[dict[str, GeneratedField], list[str]]:
     """Generate every open field after ``prefix``, wave by wave; returns results and warnings.
+
+    ``written_in`` (the closed answer lines not yet in ``prefix``) is read first, in one pass. Each
+    wave's prefix is read with room for its rows (``Backend.prefill``), so the steps never copy it.
     ``pause`` is called between two passes, where the engine may hand the model over (``fairness.py``).
     """
     by_name = {spec.field.name: spec for spec in specs}
@@ -107,11 +111,17 @@ def generate_open_fields(
     # only the fields given are generated (a subset keeps its waves, minus the fields left out)
     waves = tuple(w for w in (tuple(n for n in wave if n in by_name) for wave in open_waves(schema)) if w)
     for wave_index, wave in enumerate(waves):
-        if wave_index:
-            pause()
-            # the previous wave's lines, exactly as generated, become part of the shared prefix
+        caps = {name: (max_new_tokens or {}).get(name, by_name[name].field.max_new_tokens) for name in wave}
+        room = sum(len(by_name[name].opening) + caps[name] for name in wave)
+        if wave_index:  # the previous wave's lines, exactly as generated, join the shared prefix
             ids = [t for name in waves[wave_index - 1] for t in (*by_name[name].opening, *written[name])]
-            prefix = backend.prefill(ids, parent=prefix)
+        else:
+            ids = list(written_in)
+        if ids:
+            if wave_index:
+                pause()
+            prefix = backend.prefill(ids, parent=prefix, room=room)
+            pause()
         rows = [
             _Row(
                 by_name[name],
@@ -120,7 +130,6 @@ def generate_open_fields(
             )
             for name in wave
         ]
-        caps = {name: (max_new_tokens or {}).get(name, by_name[name].field.max_new_tokens) for name in wave}
         _run_rows(backend, grammar_tokenizer, prefix, rows, caps, stats, pause)
         for row in rows:
             written[row.spec.field.name] = row.generated

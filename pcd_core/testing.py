@@ -64,7 +64,7 @@ class OracleBackend(Backend):
         top = values.max()
         return values - top - np.log(np.exp(values - top).sum())
 
-    def _prefill(self, ids: tuple[int, ...], parent: Prefix | None) -> tuple[int, ...]:
+    def _prefill(self, ids: tuple[int, ...], parent: Prefix | None, room: int = 0) -> tuple[int, ...]:
         return (parent.ids if parent is not None else ()) + ids
 
     def _score_chunk(
@@ -227,13 +227,18 @@ def _check_trunk(
 
 
 def check_grow(
-    backend: Backend, prompt: Sequence[int], steps: Sequence[Sequence[Sequence[int]]], atol: float = 1e-4
+    backend: Backend,
+    prompt: Sequence[int],
+    steps: Sequence[Sequence[Sequence[int]]],
+    atol: float = 1e-4,
+    room: int = 0,
 ) -> None:
     """Assert that ``grow`` over several steps equals a plain prefill of each row after the prompt.
 
-    ``steps[s][i]`` are the tokens row ``i`` gains at step ``s`` (empty: the row is not read then).
+    ``steps[s][i]`` are the tokens row ``i`` gains at step ``s`` (empty: the row is not read then);
+    the prompt is read with ``room`` (``Backend.prefill``).
     """
-    prefix = backend.prefill(prompt)
+    prefix = backend.prefill(prompt, room=room)
     snapshot = backend.next_logp(prefix)
     rows = None
     for new in steps:

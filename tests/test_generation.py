@@ -9,7 +9,7 @@ import pytest
 from pydantic import BaseModel, Field
 
 from pcd_core import parse_schema
-from pcd_core.errors import GenerationError
+from pcd_core.errors import BackendError, GenerationError
 from pcd_core.generation import GenerationStats, generate_open_fields
 from pcd_core.grammar import GrammarTokenizer
 from pcd_core.prompt import INSTRUCTIONS, MIXED_INSTRUCTIONS
@@ -59,8 +59,33 @@ def open_steps(result):
     return {name: f.n_tokens - f.n_forced for name, f in result.fields.items() if f.method == "generated"}
 
 
-def test_grow_equals_prefills_on_the_torch_backend(engine):
-    check_grow(engine.backend, list(range(200, 260)), [[(5, 6, 7), (8, 9)], [(10,), (11, 12)], [(13,), ()]])
+@pytest.mark.parametrize("room", [0, 3, 64], ids=["no room", "outgrown room", "room"])
+def test_grow_equals_prefills_on_the_torch_backend(engine, room):
+    steps = [[(5, 6, 7), (8, 9)], [(10,), (11, 12)], [(13,), ()]]
+    check_grow(engine.backend, list(range(200, 260)), steps, room=room)
+
+
+def test_a_generation_writes_into_the_room_after_its_prefix_and_a_second_one_gets_its_own(engine):
+    backend = engine.backend
+    prefix = backend.prefill(list(range(100, 140)), room=16)
+    room = prefix.state.room
+    first = backend.grow(prefix, None, [(5, 6), (7,)])
+    first = backend.grow(prefix, first, [(8,), (9,)])
+    # the rows sit right behind the prefix in the room's own buffers: no copy of the prefix
+    assert first.state.arena.keys[0].data_ptr() == room.keys[0].data_ptr()
+    assert first.state.arena.offset == prefix.n_tokens
+    other = backend.grow(prefix, None, [(10,), (11, 12)])  # the room is taken: an arena of its own
+    assert other.state.arena.offset == 0
+    assert other.state.arena.keys[0].data_ptr() != room.keys[0].data_ptr()
+    for rows in (first, other):
+        for i in range(2):
+            want = backend.next_logp(backend.prefill(rows.ids[i], parent=prefix))
+            np.testing.assert_allclose(rows.logp[i], want, atol=1e-4)
+
+
+def test_a_negative_room_is_refused(engine):
+    with pytest.raises(BackendError, match="room"):
+        engine.backend.prefill([1, 2, 3], room=-1)
 
 
 def test_grow_equals_prefills_on_the_oracle():

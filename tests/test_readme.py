@@ -66,3 +66,7 @@ def test_the_open_fields_figures_are_the_recorded_run():
     assert f"({mixed['arc_ratio']:.1f}× PCD) | {mixed['arc_forward_passes']} |" in readme
     assert f"({mixed['seq_ratio']:.1f}× PCD) | {mixed['seq_forward_passes']} |" in readme
     assert f"| {mixed['peak_mem_mb']:.0f} MB | yes |" in readme
+    before, after = bench_records("mixed_before.json")[0], bench_records("mixed_after.json")[0]
+    assert f"took {before['pcd_ms']:,.0f} ms before".replace(",", " ") in readme
+    assert f"and {after['pcd_ms']:,.0f} ms after".replace(",", " ") in readme
+    assert f"gave {after['arc_ratio']:.1f}×: PCD took {after['pcd_ms']:,.0f} ms".replace(",", " ") in readme

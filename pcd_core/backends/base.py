@@ -257,15 +257,21 @@ class Backend(ABC):
         return self.row_layout == "packed"
 
     # -- the contract -------------------------------------------------------------------------
-    def prefill(self, ids: Sequence[int], parent: Prefix | None = None) -> Prefix:
+    def prefill(self, ids: Sequence[int], parent: Prefix | None = None, *, room: int = 0) -> Prefix:
+        """Read ``ids`` after ``parent``. ``room`` is a hint: about how many tokens a ``grow`` after
+        this prefix will write, which a backend may reserve behind the prefix's state so that the
+        generation never copies it (the torch backend does); it never changes a result.
+        """
         ids = tuple(int(i) for i in ids)
         if not ids:
             raise BackendError("prefill needs at least one token")
         start = parent.n_tokens if parent is not None else 0
         if start + len(ids) > self.context_length:
             raise PromptError(f"{start + len(ids)} tokens do not fit the model's context of {self.context_length}")
+        if room < 0:
+            raise BackendError(f"room must be 0 or more tokens, got {room}")
         self.counter.add(len(ids))
-        state = self._prefill(ids, parent)
+        state = self._prefill(ids, parent, room)
         return Prefix(ids=(parent.ids if parent is not None else ()) + ids, state=state)
 
     def score(
@@ -368,8 +374,10 @@ class Backend(ABC):
 
     # -- hooks --------------------------------------------------------------------------------
     @abstractmethod
-    def _prefill(self, ids: tuple[int, ...], parent: Prefix | None) -> Any:
-        """Read ``ids`` after ``parent`` and return the new prefix's state, leaving the parent's intact."""
+    def _prefill(self, ids: tuple[int, ...], parent: Prefix | None, room: int) -> Any:
+        """Read ``ids`` after ``parent`` and return the new prefix's state, leaving the parent's intact;
+        ``room`` as in ``prefill`` (a backend that keeps no KV of its own ignores it).
+        """
 
     @abstractmethod
     def _score_chunk(

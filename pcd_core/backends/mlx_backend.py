@@ -115,7 +115,7 @@ class MlxBackend(Backend):
     def vocab_size(self) -> int:
         return int(self._head().weight.shape[0])
 
-    def _prefill(self, ids: tuple[int, ...], parent: Prefix | None) -> _PrefixState:
+    def _prefill(self, ids: tuple[int, ...], parent: Prefix | None, room: int = 0) -> _PrefixState:
         start = parent.n_tokens if parent is not None else 0
         q_pos = np.arange(start, start + len(ids))[:, None]
         k_pos = np.arange(start + len(ids))[None]

@@ -7,6 +7,9 @@ at the trunk's end. The trunk's keys and values are kept, so the pass also retur
 layers (Gemma 3) get a second mask with the window applied. The output head runs only at queried
 positions: on this CPU the head over every row token cost as much as the whole input prefill.
 
+Generation (``grow``) keeps the rows' own KV in an arena. After a prefix read with ``room``, the
+arena is that room, right behind the prefix in the same buffers, so a step copies nothing.
+
 The packed path is checked against a plain full forward pass when the backend is built. A model whose
 attention ignores custom masks fails that check and falls back to ``copies`` (one broadcast KV per
 row, padded), which ``stats.row_layout`` reports; if that fails too the backend refuses to load. The
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,34 +42,75 @@ os.environ.setdefault("TRANSFORMERS_SDPA_FORCE_GQA", "1")
 logger = logging.getLogger(__name__)
 
 
+class _Room:
+    """Space reserved after a prefix's KV in the same buffers, which one generation may claim.
+
+    A prefix read with ``room`` keeps its keys and values as views at the start of larger buffers;
+    the first ``grow`` after it writes the rows' tokens right behind them, so every step attends
+    over one contiguous view instead of joining a copy of the prefix to the rows in each layer.
+    Only one generation may own the space: a second one after the same prefix gets the ordinary
+    arena. The prefix's own views never reach the room, so nothing written there changes it.
+    """
+
+    def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor], n_prefix: int) -> None:
+        self.keys, self.values, self.n_prefix = keys, values, n_prefix
+        self._claimed = False
+        self._claim_lock = threading.Lock()
+
+    def claim(self) -> bool:
+        with self._claim_lock:
+            taken, self._claimed = self._claimed, True
+            return not taken
+
+
 @dataclass(frozen=True)
 class TorchState:
     keys: tuple[torch.Tensor, ...]
     values: tuple[torch.Tensor, ...]
     last_hidden: torch.Tensor
+    room: _Room | None = None
 
 
 class _Arena:
     """One buffer per layer for the row tokens of a generation, written in place step by step.
 
-    Only the rows' own keys and values live here; the prefix KV stays in its ``Prefix`` and is
-    joined with the rows inside each layer for one attention call, then dropped, so a generation
-    holds no copy of the prefix. ``used`` says how far the buffer is written; a state that does not
-    own the buffer's end (an older ``Rows`` grown a second time) gets a fresh buffer.
+    Two kinds. In a prefix's claimed ``_Room`` (``offset`` is the prefix's length) the rows follow
+    the prefix in the same buffers, and a layer attends over one view of both: no copy at all. In
+    a buffer of its own (``offset`` 0) only the rows live there, and the prefix KV is joined with
+    them inside each layer for one attention call, then dropped; either way a generation holds no
+    copy of the prefix. ``used`` says how many row tokens are written; a state that does not own
+    the buffer's end (an older ``Rows`` grown a second time) gets a fresh buffer.
     """
 
-    def __init__(self, like: torch.Tensor, n_layers: int, capacity: int) -> None:
-        shape = (*like.shape[:-2], capacity, like.shape[-1])
-        self.keys = [torch.empty(shape, dtype=like.dtype, device=like.device) for _ in range(n_layers)]
-        self.values = [torch.empty(shape, dtype=like.dtype, device=like.device) for _ in range(n_layers)]
+    def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor], offset: int = 0) -> None:
+        self.keys, self.values, self.offset = keys, values, offset
         self.used = 0
 
+    @classmethod
+    def empty(cls, like: torch.Tensor, n_layers: int, capacity: int) -> _Arena:
+        shape = (*like.shape[:-2], capacity, like.shape[-1])
+        keys = [torch.empty(shape, dtype=like.dtype, device=like.device) for _ in range(n_layers)]
+        values = [torch.empty(shape, dtype=like.dtype, device=like.device) for _ in range(n_layers)]
+        return cls(keys, values)
+
+    @property
+    def end(self) -> int:
+        """Where the next row token goes in the buffers."""
+        return self.offset + self.used
+
+    def rows_of(self, layer: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The first ``n`` row tokens' keys and values of one layer."""
+        span = slice(self.offset, self.offset + n)
+        return self.keys[layer][..., span, :], self.values[layer][..., span, :]
+
     def reserve(self, n_new: int) -> None:
-        needed = self.used + n_new
+        needed = self.end + n_new
         if needed > self.keys[0].shape[-2]:
+            if self.offset:  # past the reserved room: from here the buffers hold a prefix copy
+                logger.debug("a generation outgrew the room after its prefix; its buffers grow")
             size = max(needed, 2 * self.keys[0].shape[-2])
-            self.keys = [_grown(k, self.used, size) for k in self.keys]
-            self.values = [_grown(v, self.used, size) for v in self.values]
+            self.keys = [_grown(k, self.end, size) for k in self.keys]
+            self.values = [_grown(v, self.end, size) for v in self.values]
 
 
 def _grown(buffer: torch.Tensor, used: int, size: int) -> torch.Tensor:
@@ -99,25 +144,28 @@ class _ArenaLayer(DynamicLayer):
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        start, n = self.arena.used, key_states.shape[-2]
-        rows_k, rows_v = self.arena.keys[self.index], self.arena.values[self.index]
-        rows_k[..., start : start + n, :] = key_states
-        rows_v[..., start : start + n, :] = value_states
+        start, n = self.arena.end, key_states.shape[-2]
+        buffer_k, buffer_v = self.arena.keys[self.index], self.arena.values[self.index]
+        buffer_k[..., start : start + n, :] = key_states
+        buffer_v[..., start : start + n, :] = value_states
+        if self.arena.offset:  # the prefix sits before the rows in the same buffers
+            return buffer_k[..., : start + n, :], buffer_v[..., : start + n, :]
         assert self.keys is not None and self.values is not None
-        keys = torch.cat([self.keys, rows_k[..., : start + n, :]], dim=-2)
-        values = torch.cat([self.values, rows_v[..., : start + n, :]], dim=-2)
-        return keys, values
+        rows_k, rows_v = self.arena.rows_of(self.index, self.arena.used + n)
+        return torch.cat([self.keys, rows_k], dim=-2), torch.cat([self.values, rows_v], dim=-2)
 
 
 class _PrefixLayer(DynamicLayer):
     """A cache layer over existing tensors. ``update`` returns prefix + new states and keeps the first
     ``keep`` of them (all for a prefill, prefix + trunk for a pass with a trunk, none otherwise); what
-    it does not keep lives for one layer, then goes.
+    it does not keep lives for one layer, then goes. A prefill with ``room`` writes prefix + new
+    states into buffers ``room`` tokens longer and keeps views of them (``buffers``), for a ``_Room``.
     """
 
-    def __init__(self, keys: torch.Tensor | None, values: torch.Tensor | None, keep: int | None) -> None:
+    def __init__(self, keys: torch.Tensor | None, values: torch.Tensor | None, keep: int | None, room: int = 0) -> None:
         super().__init__()
-        self.keep = keep
+        self.keep, self.room = keep, room
+        self.buffers: tuple[torch.Tensor, torch.Tensor] | None = None
         if keys is not None:
             self.keys, self.values = keys, values
             self.device = keys.device
@@ -129,6 +177,8 @@ class _PrefixLayer(DynamicLayer):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         assert self.keys is not None and self.values is not None
+        if self.room and self.keep is None:
+            return self._into_room(key_states, value_states)
         keys = torch.cat([self.keys, key_states], dim=-2)
         values = torch.cat([self.values, value_states], dim=-2)
         if self.keep is None:
@@ -137,6 +187,21 @@ class _PrefixLayer(DynamicLayer):
             # a copy, so that the rows' states are not held alive behind a view
             self.keys, self.values = keys[..., : self.keep, :].clone(), values[..., : self.keep, :].clone()
         return keys, values
+
+    def _into_room(self, key_states: torch.Tensor, value_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        assert self.keys is not None and self.values is not None
+        n_old = self.keys.shape[-2] if self.keys.dim() == key_states.dim() else 0  # lazy init: a 1-D empty
+        n = n_old + key_states.shape[-2]
+        buffers = []
+        for old, new in ((self.keys, key_states), (self.values, value_states)):
+            buffer = new.new_empty((*new.shape[:-2], n + self.room, new.shape[-1]))
+            if n_old:
+                buffer[..., :n_old, :] = old
+            buffer[..., n_old:n, :] = new
+            buffers.append(buffer)
+        self.buffers = (buffers[0], buffers[1])
+        self.keys, self.values = buffers[0][..., :n, :], buffers[1][..., :n, :]
+        return self.keys, self.values
 
 
 class TorchBackend(Backend):
@@ -169,11 +234,11 @@ class TorchBackend(Backend):
         return self._vocab
 
     # -- prefill ------------------------------------------------------------------------------
-    def _cache(self, prefix: Prefix | None, keep: int | None) -> Cache:
+    def _cache(self, prefix: Prefix | None, keep: int | None, room: int = 0) -> Cache:
         if prefix is None:
-            return Cache(layers=[_PrefixLayer(None, None, keep) for _ in range(self.n_layers)])
+            return Cache(layers=[_PrefixLayer(None, None, keep, room) for _ in range(self.n_layers)])
         state: TorchState = prefix.state
-        return Cache(layers=[_PrefixLayer(k, v, keep) for k, v in zip(state.keys, state.values)])
+        return Cache(layers=[_PrefixLayer(k, v, keep, room) for k, v in zip(state.keys, state.values)])
 
     @staticmethod
     def _kept(cache: Cache, last_hidden: torch.Tensor) -> TorchState:
@@ -181,12 +246,16 @@ class TorchBackend(Backend):
         assert len(layers) == len(cache.layers), "every layer of the engine's caches is a _PrefixLayer"
         keys = tuple(layer.keys for layer in layers if layer.keys is not None)
         values = tuple(layer.values for layer in layers if layer.values is not None)
-        return TorchState(keys=keys, values=values, last_hidden=last_hidden.detach())
+        room = None
+        buffers = [layer.buffers for layer in layers if layer.buffers is not None]
+        if buffers and len(buffers) == len(layers):
+            room = _Room([k for k, _ in buffers], [v for _, v in buffers], keys[0].shape[-2])
+        return TorchState(keys=keys, values=values, last_hidden=last_hidden.detach(), room=room)
 
     @torch.inference_mode()
-    def _prefill(self, ids: tuple[int, ...], parent: Prefix | None) -> TorchState:
+    def _prefill(self, ids: tuple[int, ...], parent: Prefix | None, room: int = 0) -> TorchState:
         start = parent.n_tokens if parent is not None else 0
-        cache = self._cache(parent, keep=None)
+        cache = self._cache(parent, keep=None, room=room)
         out = self.decoder(
             input_ids=torch.tensor([ids], device=self.device),
             position_ids=torch.arange(start, start + len(ids), device=self.device)[None],
@@ -354,14 +423,19 @@ class TorchBackend(Backend):
             kept.arena.reserve(n_new)
             return kept.arena
         state: TorchState = prefix.state
+        if kept is None and state.room is not None and state.room.claim():
+            arena = _Arena(state.room.keys, state.room.values, offset=state.room.n_prefix)
+            arena.reserve(n_new)
+            return arena
         # room for every row to grow to twice its present length before the buffer must grow
         capacity = max(64, 2 * sum(len(row) for row in extended) + n_new)
-        arena = _Arena(state.keys[0], self.n_layers, capacity)
+        arena = _Arena.empty(state.keys[0], self.n_layers, capacity)
         if kept is not None:
             arena.reserve(kept.used + n_new)
             for i in range(self.n_layers):
-                arena.keys[i][..., : kept.used, :] = kept.arena.keys[i][..., : kept.used, :]
-                arena.values[i][..., : kept.used, :] = kept.arena.values[i][..., : kept.used, :]
+                rows_k, rows_v = kept.arena.rows_of(i, kept.used)
+                arena.keys[i][..., : kept.used, :] = rows_k
+                arena.values[i][..., : kept.used, :] = rows_v
             arena.used = kept.used
         return arena
 

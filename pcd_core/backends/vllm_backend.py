@@ -273,7 +273,7 @@ class VllmBackend(Backend):
         return found or None
 
     # -- the primitives -----------------------------------------------------------------------
-    def _prefill(self, ids: tuple[int, ...], parent: Prefix | None) -> None:
+    def _prefill(self, ids: tuple[int, ...], parent: Prefix | None, room: int = 0) -> None:
         return None  # the ids are the whole state; the server reads them with the first row
 
     def score(
