@@ -337,7 +337,7 @@ class Engine:
         max_new_tokens: dict[str, int] | None,
         pause: Callable[[], None],
     ) -> tuple[dict[str, GeneratedField], list[str], GenerationStats]:
-        """Write the closed answers not yet in the prompt (one pass), then generate every open field."""
+        """Generate every open field; the first step also writes in the closed answers not yet in the prompt."""
         written = {name for wave in compiled.waves[:-1] for name in wave}
         lines = [t for f in compiled.fields if f.name not in written for t in f.answer_ids[chosen[f.name]]]
         stats.prompt_tokens += len(lines)

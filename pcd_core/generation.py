@@ -1,13 +1,14 @@
 """Open fields, generated in parallel: every open row grows by one token per forward pass.
 
-Closed fields are decided first and their answer lines written in; then every open field is one row
-after that shared prefix (its key line, ``"summary":``), and each step is one ``backend.score`` call
-that reads every unfinished row and returns the next-token log-probs at each row's end. Each row has
-its own llguidance matcher (``grammar.py``): the log-probs are masked to what the field's JSON Schema
-allows, the likeliest legal token is taken, and tokens the grammar forces are appended without a pass
-(jump-forward). So a fill costs the closed passes, one pass that writes the closed answers in, and
-max(open lengths) steps, not their sum. A field whose ``depends_on`` names another open field waits
-one wave, with that field's text written in first.
+Closed fields are decided first; then every open field is one row after the prompt and the closed
+answer lines (its key line, ``"summary":``), and each step is one ``backend.grow`` call that reads
+every unfinished row and returns the next-token log-probs at each row's end. The first step reads
+the answer lines too, as the trunk the rows hang from. Each row has its own llguidance matcher
+(``grammar.py``): the log-probs are masked to what the field's JSON Schema allows, the likeliest
+legal token is taken, and tokens the grammar forces are appended without a pass (jump-forward). So
+a fill costs the closed passes and max(open lengths) steps, not their sum. A field whose
+``depends_on`` names another open field waits one wave, with that field's text as the trunk of the
+wave's first step.
 
 Every value is valid by construction: a row ends only when its matcher stops after the line ending.
 A row that reaches ``max_new_tokens`` is closed where the grammar allows it (a string gets its closing
@@ -31,6 +32,10 @@ from .errors import GenerationError
 from .fairness import no_pause
 from .grammar import GrammarTokenizer, RowMatcher
 from .schema import Schema, open_waves
+
+#: row tokens a wave reserves room for behind its prefix's KV; rows that outgrow it still work
+#: (the backend's buffers grow), and a schema of many uncapped strings does not reserve them all
+MAX_ROOM = 1024
 
 
 @dataclass
@@ -100,8 +105,9 @@ def generate_open_fields(
 ) -> tuple[dict[str, GeneratedField], list[str]]:
     """Generate every open field after ``prefix``, wave by wave; returns results and warnings.
 
-    ``written_in`` (the closed answer lines not yet in ``prefix``) is read first, in one pass. Each
-    wave's prefix is read with room for its rows (``Backend.prefill``), so the steps never copy it.
+    ``written_in`` (the closed answer lines not yet in ``prefix``) is the trunk of the first wave's
+    first step, as the previous wave's lines are of each later wave's: read in the same pass as the
+    rows' openings, with room for the rows behind it (``Backend.grow``), so the steps never copy it.
     ``pause`` is called between two passes, where the engine may hand the model over (``fairness.py``).
     """
     by_name = {spec.field.name: spec for spec in specs}
@@ -112,16 +118,12 @@ def generate_open_fields(
     waves = tuple(w for w in (tuple(n for n in wave if n in by_name) for wave in open_waves(schema)) if w)
     for wave_index, wave in enumerate(waves):
         caps = {name: (max_new_tokens or {}).get(name, by_name[name].field.max_new_tokens) for name in wave}
-        room = sum(len(by_name[name].opening) + caps[name] for name in wave)
+        room = min(MAX_ROOM, sum(len(by_name[name].opening) + caps[name] for name in wave))
         if wave_index:  # the previous wave's lines, exactly as generated, join the shared prefix
             ids = [t for name in waves[wave_index - 1] for t in (*by_name[name].opening, *written[name])]
+            pause()
         else:
             ids = list(written_in)
-        if ids:
-            if wave_index:
-                pause()
-            prefix = backend.prefill(ids, parent=prefix, room=room)
-            pause()
         rows = [
             _Row(
                 by_name[name],
@@ -130,7 +132,7 @@ def generate_open_fields(
             )
             for name in wave
         ]
-        _run_rows(backend, grammar_tokenizer, prefix, rows, caps, stats, pause)
+        prefix = _run_rows(backend, grammar_tokenizer, prefix, rows, caps, stats, pause, tuple(ids), room)
         for row in rows:
             written[row.spec.field.name] = row.generated
             results[row.spec.field.name] = _result(row, grammar_tokenizer, wave_index)
@@ -146,11 +148,15 @@ def _run_rows(
     caps: dict[str, int],
     stats: GenerationStats,
     pause: Callable[[], None],
-) -> None:
-    """One ``backend.grow`` pass per step over every unfinished row, until each matcher stops.
+    trunk: tuple[int, ...],
+    room: int,
+) -> Prefix:
+    """One ``backend.grow`` pass per step over every unfinished row, until each matcher stops;
+    returns the prefix extended by ``trunk``, which the first pass reads before the rows.
 
-    The first pass reads every row's opening; each later pass reads only the tokens a row gained
-    since (the model's last pick and any forced ones), with the rows' own KV kept by the backend.
+    The first pass reads the trunk and every row's opening, with ``room`` reserved for the rows;
+    each later pass reads only the tokens a row gained since (the model's last pick and any forced
+    ones), with the rows' own KV kept by the backend.
     """
     state = None
     while True:
@@ -158,14 +164,16 @@ def _run_rows(
             _jump_forward(row, tokenizer, caps, stats)
         seen = state.ids if state is not None else tuple(() for _ in rows)
         new = [tuple(row.ids[len(had) :]) if not row.done else () for row, had in zip(rows, seen)]
-        if not any(new):
-            return
+        if state is not None and not any(new):
+            return state.prefix
         if state is not None:
             pause()  # the rows' KV is this generation's own arena: no other request writes it
         tokens_before = backend.counter.mine().tokens_read
-        state = backend.grow(prefix, state, new)
+        read_trunk = trunk if state is None else ()  # the prompt's tokens, not row tokens
+        state = backend.grow(prefix, state, new, trunk=read_trunk, room=room if state is None else 0)
+        prefix = state.prefix
         stats.steps += 1
-        stats.row_tokens += backend.counter.mine().tokens_read - tokens_before
+        stats.row_tokens += backend.counter.mine().tokens_read - tokens_before - len(read_trunk)
         for row, logp in zip(rows, state.logp):
             if logp is None:
                 continue

@@ -232,18 +232,25 @@ def check_grow(
     steps: Sequence[Sequence[Sequence[int]]],
     atol: float = 1e-4,
     room: int = 0,
+    trunk: Sequence[int] = (),
 ) -> None:
     """Assert that ``grow`` over several steps equals a plain prefill of each row after the prompt.
 
-    ``steps[s][i]`` are the tokens row ``i`` gains at step ``s`` (empty: the row is not read then);
-    the prompt is read with ``room`` (``Backend.prefill``).
+    ``steps[s][i]`` are the tokens row ``i`` gains at step ``s`` (empty: the row is not read then).
+    The prompt is read with ``room`` (``Backend.prefill``); a ``trunk`` is read by the first step,
+    and the rows must then equal prefills after prompt + trunk.
     """
-    prefix = backend.prefill(prompt, room=room)
+    prefix = backend.prefill(prompt, room=0 if trunk else room)
     snapshot = backend.next_logp(prefix)
+    start = prefix
     rows = None
     for new in steps:
         passes = backend.forward_passes
-        rows = backend.grow(prefix, rows, new)
+        if rows is None:
+            rows = backend.grow(prefix, None, new, trunk=trunk, room=room)
+            prefix = rows.prefix
+        else:
+            rows = backend.grow(prefix, rows, new)
         assert backend.forward_passes - passes <= (1 if backend.max_tokens_per_pass is None else len(new)), (
             "grow took more than one pass for one step"
         )
@@ -251,8 +258,11 @@ def check_grow(
             if not tokens:
                 assert rows.logp[i] is None, "a row without new tokens was read"
                 continue
-            want = backend.next_logp(backend.prefill(rows.ids[i], parent=prefix))
+            want = backend.next_logp(backend.prefill(tuple(trunk) + rows.ids[i], parent=start))
             got = rows.logp[i]
             assert got is not None
             np.testing.assert_allclose(got, want, atol=atol, err_msg=f"grown row {i} differs from a prefill")
-    np.testing.assert_allclose(backend.next_logp(prefix), snapshot, atol=0, err_msg="grow changed the prefix")
+    np.testing.assert_allclose(backend.next_logp(start), snapshot, atol=0, err_msg="grow changed the prefix")
+    if trunk:
+        want = backend.next_logp(backend.prefill(trunk, parent=start))
+        np.testing.assert_allclose(backend.next_logp(prefix), want, atol=atol, err_msg="the trunk's prefix differs")

@@ -59,10 +59,14 @@ def open_steps(result):
     return {name: f.n_tokens - f.n_forced for name, f in result.fields.items() if f.method == "generated"}
 
 
-@pytest.mark.parametrize("room", [0, 3, 64], ids=["no room", "outgrown room", "room"])
-def test_grow_equals_prefills_on_the_torch_backend(engine, room):
+@pytest.mark.parametrize(
+    ("room", "trunk"),
+    [(0, ()), (3, ()), (64, ()), (0, (300, 301, 302)), (64, (300, 301, 302))],
+    ids=["no room", "outgrown room", "room", "trunk", "trunk with room"],
+)
+def test_grow_equals_prefills_on_the_torch_backend(engine, room, trunk):
     steps = [[(5, 6, 7), (8, 9)], [(10,), (11, 12)], [(13,), ()]]
-    check_grow(engine.backend, list(range(200, 260)), steps, room=room)
+    check_grow(engine.backend, list(range(200, 260)), steps, room=room, trunk=trunk)
 
 
 def test_a_generation_writes_into_the_room_after_its_prefix_and_a_second_one_gets_its_own(engine):
@@ -88,9 +92,24 @@ def test_a_negative_room_is_refused(engine):
         engine.backend.prefill([1, 2, 3], room=-1)
 
 
+def test_a_trunk_is_read_in_the_first_step_and_refused_later(engine):
+    backend = engine.backend
+    prefix = backend.prefill(list(range(100, 140)))
+    passes = backend.forward_passes
+    rows = backend.grow(prefix, None, [(5, 6), (7,)], trunk=(40, 41), room=8)
+    assert backend.forward_passes - passes == 1
+    assert rows.prefix.ids == prefix.ids + (40, 41)
+    want = backend.next_logp(backend.prefill([40, 41], parent=prefix))
+    np.testing.assert_allclose(backend.next_logp(rows.prefix), want, atol=1e-4)
+    with pytest.raises(BackendError, match="trunk"):
+        backend.grow(rows.prefix, rows, [(8,), (9,)], trunk=(42,))
+
+
 def test_grow_equals_prefills_on_the_oracle():
     oracle = oracle_engine()
     check_grow(oracle.backend, list(range(1, 30)), [[(5, 6), (7,)], [(8,), (9, 10)]], atol=1e-9)
+    # the base class reads a trunk through score, in the first step's pass
+    check_grow(oracle.backend, list(range(1, 30)), [[(5, 6), (7,)], [(8,), (9, 10)]], atol=1e-9, trunk=(3, 4))
 
 
 def test_joke_schema_fills_valid(engine):
@@ -123,8 +142,9 @@ def test_pass_count_is_the_longest_open_row_not_the_sum(engine):
     result = engine.fill(Mixed, TICKET)
     steps = open_steps(result)
     assert result.stats.open_steps == max(steps.values())
-    assert result.stats.forward_passes == base + 1 + max(steps.values())
-    assert result.stats.forward_passes < base + 1 + sum(steps.values())
+    # the first step also writes the closed answers in, as the trunk the open rows hang from
+    assert result.stats.forward_passes == base + max(steps.values())
+    assert result.stats.forward_passes < base + sum(steps.values())
     assert result.stats.output_tokens == sum(result.fields[n].n_tokens for n in steps)
 
 
@@ -198,8 +218,8 @@ def test_open_field_with_depends_on_waits_one_wave(engine):
     summary, title = result.fields["summary"], result.fields["title"]
     assert (summary.wave, title.wave) == (0, 1)
     steps = open_steps(result)
-    # request prefill, summary's steps, its line written in, title's steps
-    assert result.stats.forward_passes == 1 + steps["summary"] + 1 + steps["title"]
+    # request prefill, summary's steps, then title's steps, the first reading summary's line as its trunk
+    assert result.stats.forward_passes == 1 + steps["summary"] + steps["title"]
 
 
 def test_unicode_and_quotes_survive_generation(engine):

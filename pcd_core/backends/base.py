@@ -328,8 +328,27 @@ class Backend(ABC):
                 results[k] = logp[list(queries[k].ids)].astype(np.float64)
         return Scored([r if r is not None else np.zeros(0) for r in results], prefix)
 
-    def grow(self, prefix: Prefix, rows: Rows | None, new: Sequence[Sequence[int]]) -> Rows:
-        """Append ``new[i]`` to row ``i`` (``rows=None`` starts the rows) in one pass; see the contract."""
+    def grow(
+        self,
+        prefix: Prefix,
+        rows: Rows | None,
+        new: Sequence[Sequence[int]],
+        *,
+        trunk: Sequence[int] = (),
+        room: int = 0,
+    ) -> Rows:
+        """Append ``new[i]`` to row ``i`` (``rows=None`` starts the rows) in one pass; see the contract.
+
+        Starting rows may carry a ``trunk``: tokens that continue the prompt, read causally in the
+        same pass, with every row hung after them. The returned ``Rows.prefix`` is then prefix +
+        trunk, the prefix every later step and later reader continues from. ``room`` is the hint
+        of ``prefill``, for the rows that will grow after that prefix.
+        """
+        trunk = tuple(int(t) for t in trunk)
+        if trunk and rows is not None:
+            raise BackendError("only a grow that starts rows can read a trunk")
+        if room < 0:
+            raise BackendError(f"room must be 0 or more tokens, got {room}")
         old = rows.ids if rows is not None else tuple(() for _ in new)
         if rows is not None and rows.prefix is not prefix:
             raise BackendError("grow continues rows only after the prefix they started from")
@@ -337,25 +356,36 @@ class Backend(ABC):
             raise BackendError(f"grow got {len(new)} extensions for {len(old)} rows")
         extended = tuple(o + tuple(int(t) for t in n) for o, n in zip(old, new))
         if not any(new):
+            if trunk:
+                prefix = self.prefill(trunk, parent=prefix, room=room)
             return Rows(prefix, extended, tuple(None for _ in new), rows.state if rows is not None else None)
-        longest = max(len(row) for row in extended)
-        if prefix.n_tokens + longest > self.context_length:
+        reach = prefix.n_tokens + len(trunk) + max(len(row) for row in extended)
+        if reach > self.context_length:
             raise PromptError(
-                f"a generated row reaches {prefix.n_tokens + longest} tokens, over the model's context of "
-                f"{self.context_length}"
+                f"a generated row reaches {reach} tokens, over the model's context of {self.context_length}"
             )
-        return self._grow(prefix, rows, extended, [len(n) for n in new])
+        return self._grow(prefix, rows, extended, [len(n) for n in new], trunk, room)
 
-    def _grow(self, prefix: Prefix, rows: Rows | None, extended: tuple[tuple[int, ...], ...], n_new: list[int]) -> Rows:
-        """Re-read every extended row with ``score`` and gather the whole vocabulary at its end."""
+    def _grow(
+        self,
+        prefix: Prefix,
+        rows: Rows | None,
+        extended: tuple[tuple[int, ...], ...],
+        n_new: list[int],
+        trunk: tuple[int, ...] = (),
+        room: int = 0,
+    ) -> Rows:
+        """Re-read every extended row with ``score`` (the trunk with them) and gather the whole
+        vocabulary at each row's end; ``room`` is for backends that keep the rows' KV.
+        """
         active = [k for k, n in enumerate(n_new) if n]
         every_id = tuple(range(self.vocab_size))
         queries = [Query(j, len(extended[k]) - 1, every_id) for j, k in enumerate(active)]
-        values = self.score(prefix, [extended[k] for k in active], queries).values
+        scored = self.score(prefix, [extended[k] for k in active], queries, trunk=trunk)
         logp: list[np.ndarray | None] = [None] * len(extended)
-        for k, value in zip(active, values):
+        for k, value in zip(active, scored.values):
             logp[k] = value
-        return Rows(prefix, extended, tuple(logp))
+        return Rows(scored.prefix, extended, tuple(logp))
 
     def next_logp(self, prefix: Prefix) -> np.ndarray:
         """Full-vocabulary log-softmax after the prefix (for token-by-token baselines)."""

@@ -357,47 +357,77 @@ class TorchBackend(Backend):
 
     # -- growing rows (generation) -----------------------------------------------------------
     @torch.inference_mode()
-    def _grow(self, prefix: Prefix, rows: Rows | None, extended: tuple[tuple[int, ...], ...], n_new: list[int]) -> Rows:
-        """Read only each row's new tokens, after the prefix and the rows' kept KV, in one pass.
+    def _grow(
+        self,
+        prefix: Prefix,
+        rows: Rows | None,
+        extended: tuple[tuple[int, ...], ...],
+        n_new: list[int],
+        trunk: tuple[int, ...] = (),
+        room: int = 0,
+    ) -> Rows:
+        """Read only each row's new tokens, after the prefix (and a trunk) and the rows' kept KV, in one pass.
 
         The rows' tokens live packed after the prefix in one buffer per layer (``_Arena``) that
-        every step writes its tokens' keys and values into in place; the prefix KV is joined with
-        them inside each layer for that layer's attention only, so no copy of it is ever held. New tokens attend to the whole prefix, to the
-        kept tokens of their own row and to their own row's earlier new tokens; positions continue
-        each row's own length. The ``Prefix`` itself is never modified.
+        every step writes its tokens' keys and values into in place (see ``_Arena`` for how the
+        prefix KV is joined without a copy). New tokens attend to the whole prefix and trunk, to
+        the kept tokens of their own row and to their own row's earlier new tokens; positions
+        continue each row's own length. A trunk is read causally before the rows; its keys and
+        values go into the same buffers as the prompt's, with room behind them for the rows, and
+        become the returned prefix. The given ``Prefix`` itself is never modified.
         """
         if self.row_layout != "packed":
-            return super()._grow(prefix, rows, extended, n_new)
+            return super()._grow(prefix, rows, extended, n_new, trunk, room)
         kept: _GrownRows | None = rows.state if rows is not None else None
-        n_prefix = prefix.n_tokens
+        n_prefix, n_trunk = prefix.n_tokens, len(trunk)
+        base = n_prefix + n_trunk  # where the rows' positions start
         owner, depth, tokens = [], [], []
         for k, (row, n) in enumerate(zip(extended, n_new)):
             for j in range(len(row) - n, len(row)):
                 owner.append(k)
                 depth.append(j)
                 tokens.append(row[j])
-        self.counter.add(len(tokens))
-        new_owner = torch.tensor(owner, device=self.device)
-        new_depth = torch.tensor(depth, device=self.device)
+        self.counter.add(n_trunk + len(tokens))
+        device = self.device
+        new_owner = torch.tensor(owner, device=device)
+        new_depth = torch.tensor(depth, device=device)
         old_owner = kept.owner if kept is not None else new_owner[:0]
         old_depth = kept.depth if kept is not None else new_depth[:0]
-        q_pos = n_prefix + new_depth
-        k_pos = torch.cat([torch.arange(n_prefix, device=self.device), n_prefix + old_depth, q_pos])
+        trunk_pos = torch.arange(n_prefix, base, device=device)
+        q_pos = torch.cat([trunk_pos, base + new_depth])
+        k_pos = torch.cat([torch.arange(n_prefix, device=device), trunk_pos, base + old_depth, base + new_depth])
+        n_old, n_rows = len(old_owner), len(tokens)
         to_kept = new_owner[:, None] == old_owner[None, :]
         to_new = (new_owner[:, None] == new_owner[None, :]) & (new_depth[None, :] <= new_depth[:, None])
-        allowed = torch.cat(
-            [torch.ones(len(tokens), n_prefix, dtype=torch.bool, device=self.device), to_kept, to_new], 1
+        from_rows = torch.cat([torch.ones(n_rows, base, dtype=torch.bool, device=device), to_kept, to_new], 1)
+        from_trunk = torch.cat(
+            [
+                torch.ones(n_trunk, n_prefix, dtype=torch.bool, device=device),
+                torch.ones(n_trunk, n_trunk, dtype=torch.bool, device=device).tril(),
+                torch.zeros(n_trunk, n_old + n_rows, dtype=torch.bool, device=device),
+            ],
+            1,
         )
-        arena = self._arena_for(prefix, kept, len(tokens), extended)
+        allowed = torch.cat([from_trunk, from_rows])
         state: TorchState = prefix.state
+        if trunk:  # the prompt's KV, the trunk's and the rows' land in new buffers with room
+            cache = self._cache(prefix, keep=None, room=n_rows + room)
+        else:
+            arena = self._arena_for(prefix, kept, n_rows, extended)
+            cache = Cache(
+                layers=[_ArenaLayer(arena, i, k, v) for i, (k, v) in enumerate(zip(state.keys, state.values))]
+            )
         out = self.decoder(
-            input_ids=torch.tensor([tokens], device=self.device),
+            input_ids=torch.tensor([list(trunk) + tokens], device=device),
             position_ids=q_pos[None],
             attention_mask=self._masks(q_pos[None], k_pos[None], allowed[None]),
-            cache=Cache(layers=[_ArenaLayer(arena, i, k, v) for i, (k, v) in enumerate(zip(state.keys, state.values))]),
+            cache=cache,
             use_cache=True,
         )
-        arena.used += len(tokens)
+        hidden_all = out.last_hidden_state[0]
+        if trunk:
+            prefix, arena = self._trunk_prefix(prefix, trunk, cache, hidden_all[n_trunk - 1], n_rows)
+        arena.used += n_rows
         grown = _GrownRows(
             arena=arena,
             used=arena.used,
@@ -405,13 +435,33 @@ class TorchBackend(Backend):
             depth=torch.cat([old_depth, new_depth]),
         )
         # the last new token of each extended row carries its next-token distribution
-        last = {k: index for index, k in enumerate(owner)}
-        hidden = out.last_hidden_state[0, list(last.values())]
-        logp = self._logp(hidden).double().cpu().numpy()
+        last = {k: n_trunk + index for index, k in enumerate(owner)}
+        logp = self._logp(hidden_all[list(last.values())]).double().cpu().numpy()
         by_row: list[np.ndarray | None] = [None] * len(extended)
         for position, k in enumerate(last):
             by_row[k] = logp[position]
         return Rows(prefix, extended, tuple(by_row), grown)
+
+    def _trunk_prefix(
+        self, prefix: Prefix, trunk: tuple[int, ...], cache: Cache, last_hidden: torch.Tensor, n_rows: int
+    ) -> tuple[Prefix, _Arena]:
+        """After a pass with a trunk: the prefix it extends to (views of the new buffers), and the
+        arena of the rows read with it, which owns the room behind that prefix.
+        """
+        layers = [layer for layer in cache.layers if isinstance(layer, _PrefixLayer) and layer.buffers is not None]
+        assert len(layers) == self.n_layers, "a pass with a trunk writes every layer into a room"
+        n = prefix.n_tokens + len(trunk)
+        keys = [layer.buffers[0] for layer in layers if layer.buffers is not None]
+        values = [layer.buffers[1] for layer in layers if layer.buffers is not None]
+        room = _Room(keys, values, n)
+        room.claim()
+        state = TorchState(
+            keys=tuple(k[..., :n, :] for k in keys),
+            values=tuple(v[..., :n, :] for v in values),
+            last_hidden=last_hidden.detach(),
+            room=room,
+        )
+        return Prefix(ids=prefix.ids + trunk, state=state), _Arena(keys, values, offset=n)
 
     def _arena_for(
         self, prefix: Prefix, kept: _GrownRows | None, n_new: int, extended: tuple[tuple[int, ...], ...]
