@@ -35,6 +35,7 @@ RECORD_KEYS = {
     "agreement",
     "prefill_ms",
     "peak_mem_mb",
+    "prefill_peak_mem_mb",
     "arc_ms",
     "arc_ratio",
     "arc_valid",

@@ -67,6 +67,11 @@ def test_the_open_fields_figures_are_the_recorded_run():
     assert f"({mixed['seq_ratio']:.1f}× PCD) | {mixed['seq_forward_passes']} |" in readme
     assert f"| {mixed['peak_mem_mb']:.0f} MB | yes |" in readme
     assert f"{mixed['arc_ratio']:.1f}× over constrained AR (target 5×)" in readme
+    prefill_row = (
+        f"| the request's prefill alone | {mixed['prefill_ms']:,.0f} | 1 | {mixed['prefill_peak_mem_mb']:.0f} MB |"
+    )
+    assert prefill_row.replace(",", " ") in readme
+    assert f"With both changes the fill took {mixed['pcd_ms']:,.0f} ms".replace(",", " ") in readme
     second = bench_records("mixed_second.json")[0]
     assert f"`docs/bench/mixed_second.json`) gave {second['arc_ratio']:.1f}×" in readme
     assert f"PCD's median was {second['pcd_ms']:,.0f} ms".replace(",", " ") in readme

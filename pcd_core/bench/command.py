@@ -138,7 +138,7 @@ def run_bench(args: argparse.Namespace) -> int:
 
         return run_vllm_bench(args, cases)
     backends = ("torch", "mlx") if args.backend == "all" else (args.backend,)
-    steps = 1 + args.repeat * (2 + len(baselines))
+    steps = 2 + args.repeat * (2 + len(baselines))  # warm-up, repeats, the memory runs
     total = len(backends) * (1 if args.throughput else len(cases) * steps)
     records: list[dict[str, Any]] = []
     meta = {

@@ -28,6 +28,7 @@ _COLUMNS = (
     ("agreement", "agree AR", "{}"),
     ("seq_agreement", "agree seq", "{}"),
     ("peak_mem_mb", "PCD +MB", "{:.0f}"),
+    ("prefill_peak_mem_mb", "prefill +MB", "{:.0f}"),
 )
 
 

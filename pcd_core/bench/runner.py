@@ -98,6 +98,9 @@ def bench_case(
         for name in order:
             runs[name].append(timed(backend, methods[name]))
             tick()
+    # memory from one more run each, untimed, on pages handed back first (``measure.py``)
+    memory = {name: timed(backend, methods[name], fresh_memory=True).peak_mem_mb for name in order}
+    tick()
 
     pcd_values = runs["pcd"][-1].result.values
     record: dict[str, Any] = {
@@ -116,18 +119,26 @@ def bench_case(
         ),
         "prefill_ms": _median_ms(runs["prefill"]),
         "pcd_over_prefill": _median_ratio(runs["pcd"], runs["prefill"]),
-        "peak_mem_mb": max(run.peak_mem_mb for run in runs["pcd"]),
+        "peak_mem_mb": memory["pcd"],
+        # the request's prefill alone: what the rows and the answers add shows beside it
+        "prefill_peak_mem_mb": memory["prefill"],
         "pcd_output": pcd_values,
         "pcd_stats": runs["pcd"][-1].result.stats.to_dict(),  # where PCD's time went, by phase
     }
     for name in BASELINES:
-        record.update(_baseline_fields(name, runs.get(name), runs["pcd"], case, schema, pcd_values))
+        record.update(_baseline_fields(name, runs.get(name), runs["pcd"], case, schema, pcd_values, memory.get(name)))
     record["arc_engine"] = ARC_ENGINE if "arc" in runs else None
     return record
 
 
 def _baseline_fields(
-    name: str, runs: list[Timed] | None, pcd: list[Timed], case: BenchCase, schema: Any, pcd_values: dict[str, Any]
+    name: str,
+    runs: list[Timed] | None,
+    pcd: list[Timed],
+    case: BenchCase,
+    schema: Any,
+    pcd_values: dict[str, Any],
+    peak_mem_mb: float | None,
 ) -> dict[str, Any]:
     """The ``<name>_*`` keys of a record; all None when the baseline was skipped."""
     ratio_key = "ratio" if name == "ar" else f"{name}_ratio"
@@ -158,7 +169,7 @@ def _baseline_fields(
         f"{name}_tokens": last.tokens,
         f"{name}_valid": valid,
         agree_key: agreement(schema, pcd_values, written),
-        f"{name}_peak_mem_mb": max(run.peak_mem_mb for run in runs),
+        f"{name}_peak_mem_mb": peak_mem_mb,
     }
     if name != "seq":
         fields[f"{name}_stop"] = last.stop
