@@ -307,15 +307,21 @@ QUALITY_HEAD = (
 
 
 def quality_row(report: dict[str, Any]) -> str:
-    """The README's decision-quality row of one ``pcd calibrate --json`` report (tests/test_eval.py
-    checks that every row there is one of docs/eval/*.json).
+    """The README's decision-quality row of one ``pcd calibrate --debias --bias --json`` report
+    (tests/test_eval.py checks that every row there is one of docs/eval/*.json). The fitted columns:
+    temperature alone on the debiased answers, temperature and per-label bias on the debiased answers
+    (the saved file), and the same on the raw answers (what ``--bias`` without ``--debias`` saves).
     """
     meta, overall = report["meta"], report["overall"]
-    raw, debiased, calibrated = overall["raw"], overall["debiased"], overall.get("calibrated", {})
+    raw, debiased = overall["raw"], overall["debiased"]
+    calibrated, nan = overall.get("calibrated", {}), math.nan
+    temperature_only, on_raw = overall.get("calibrated_temperature_only", {}), overall.get("calibrated_raw", {})
     ar = overall.get("constrained_ar")
     ar_cell = f"{ar['accuracy']:.3f} ({ar['n']:.0f}; {ar['pcd_accuracy_same_examples']:.3f})" if ar else "–"
+    trained = meta.get("calibration", {}).get("fitted_on", {}).get("n", "–")
     return (
-        f"| {meta['model']} | {meta['data']} | {meta['n']} | {raw['accuracy']:.3f} | {debiased['accuracy']:.3f} "
-        f"| {ar_cell} | {raw['ece']:.3f} | {calibrated.get('ece', math.nan):.3f} | {raw['brier']:.3f} "
-        f"| {calibrated.get('brier', math.nan):.3f} | {raw['auroc_candidate_mass']:.3f} |"
+        f"| {meta['model']} | {meta['data']} | {meta['n']} / {trained} | {raw['accuracy']:.3f} "
+        f"| {debiased['accuracy']:.3f} | {calibrated.get('accuracy', nan):.3f} | {ar_cell} | {raw['ece']:.3f} "
+        f"| {temperature_only.get('ece', nan):.3f} | {calibrated.get('ece', nan):.3f} | {on_raw.get('ece', nan):.3f} "
+        f"| {raw['brier']:.3f} | {calibrated.get('brier', nan):.3f} | {raw['auroc_candidate_mass']:.3f} |"
     )
