@@ -5,7 +5,6 @@ in decide and says so.
 
 import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -89,9 +88,19 @@ def test_a_calibration_file_round_trips(tmp_path):
     assert json.loads(path.read_text())["version"] == CALIBRATION_VERSION == 2
 
 
-def test_a_version_1_file_still_loads_and_applies_as_it_did():
-    path = Path(__file__).resolve().parents[1] / "docs" / "eval" / "smollm2-135m.polarity.calibration.json"
-    assert json.loads(path.read_text())["version"] == 1
+#: a file as the first release's ``pcd calibrate --debias`` wrote it (temperature only, no bias prior)
+VERSION_1_FILE = {
+    "version": 1,
+    "model": "smollm2-135m",
+    "debias": True,
+    "fields": {"sentiment": {"labels": ["positive", "negative"], "temperature": 1.796536697327704, "bias": [0.0, 0.0]}},
+    "fitted_on": {"data": "polarity", "split": "train", "seed": 0, "n": 150},
+}
+
+
+def test_a_version_1_file_still_loads_and_applies_as_it_did(tmp_path):
+    path = tmp_path / "v1.calibration.json"
+    path.write_text(json.dumps(VERSION_1_FILE, indent=2))
     loaded = Calibration.load(path)
     assert loaded.debias and loaded.bias_sd is None
     found = loaded.for_field("sentiment", ["positive", "negative"])
