@@ -38,7 +38,7 @@ from .deciding import plan_decide
 from .decoding import DecisionTask, Decoded, DecodeOptions, RoundStats, decode
 from .errors import PromptError
 from .fairness import ModelLock, no_pause
-from .generation import GeneratedField, GenerationStats, generate_open_fields
+from .generation import MAX_ROOM, GeneratedField, GenerationStats, generate_open_fields
 from .grammar import GrammarTokenizer
 from .limits import DEFAULT_LIMITS, Limits, check_decide, check_fill
 from .models import DEFAULT_MODEL, load_backend
@@ -49,8 +49,6 @@ from .schema import open_waves, parse_schema
 from .tokenizer import TextTokenizer
 
 #: the warning of a request whose input merged with the head's last token
-#: reply tokens a plain generation reserves room for behind its prompt's KV (``Backend.prefill``)
-REPLY_ROOM = 1024
 BYPASSED = "the input merged with the cached head's last token; the whole prompt was read anew"
 
 
@@ -436,7 +434,7 @@ class Engine:
             after = after_head(whole, head_ids)
             # room for the reply behind the prompt's KV, so the steps write there instead of copying
             # it; a longer reply outgrows it and the backend's buffers grow
-            room = min(max_new_tokens, REPLY_ROOM)
+            room = min(max_new_tokens, MAX_ROOM)
             if after:
                 prefix = self.backend.prefill(after, parent=head, room=room)
             else:

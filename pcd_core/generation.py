@@ -33,8 +33,9 @@ from .fairness import no_pause
 from .grammar import GrammarTokenizer, RowMatcher
 from .schema import Schema, open_waves
 
-#: row tokens a wave reserves room for behind its prefix's KV; rows that outgrow it still work
-#: (the backend's buffers grow), and a schema of many uncapped strings does not reserve them all
+#: row tokens a wave (or a plain reply, ``Engine.stream``) reserves room for behind its prefix's KV;
+#: rows that outgrow it still work (the backend's buffers grow), and many uncapped strings do not
+#: reserve them all
 MAX_ROOM = 1024
 
 
