@@ -1,6 +1,6 @@
 """Fitted calibration: the file round-trips (and version 1 still reads), a known temperature and known
-per-label biases are recovered, the bias prior holds an unseen label, the engine applies it in fill and
-in decide and says so.
+per-label biases are recovered, the bias prior holds an unseen label, the top-label step fits the
+confidence where the NLL fit does not, the engine applies it in fill and in decide and says so.
 """
 
 import json
@@ -189,3 +189,28 @@ def test_the_fill_table_says_what_its_probabilities_are():
     engine.calibration = Calibration("oracle", False, {"size": FieldCalibration(("small", "large"), 2.0, (0.0, 0.0))})
     line = next(x for x in fill_table(engine.fill(schema, "a small red ball")).splitlines() if x.startswith("prob"))
     assert line == f"probabilities: colour: {MEANING['raw']}; size: {MEANING['calibrated']}"
+
+
+def test_the_top_label_step_makes_the_confidence_match_accuracy_where_the_nll_fit_does_not():
+    """A model that exaggerates only its top label (not a temperature): the NLL fit compromises between
+    the top label and the rest, the top-label step then fits the confidence to how often it is right.
+    """
+    rng = np.random.default_rng(4)
+    z = rng.normal(0.0, 1.0, (6000, 10))
+    gold = np.array([rng.choice(10, p=row) for row in np.exp(_log_softmax(z))])
+    logp = _log_softmax(z + 2.5 * (z == z.max(axis=1, keepdims=True)))
+
+    def gap(temperature, bias):
+        p = np.exp(_log_softmax(logp / temperature + np.array(bias)))
+        return p.max(axis=1).mean() - np.mean(p.argmax(axis=1) == gold)
+
+    nll_only = fit(logp, gold, top_label=False)
+    with_step = fit(logp, gold)
+    assert abs(gap(*nll_only)) > 0.03
+    assert abs(gap(*with_step)) < 0.01
+    assert with_step[0] != nll_only[0]
+
+
+def test_the_top_label_step_leaves_a_binary_fit_where_the_nll_put_it():
+    logp, gold = _overconfident(2.0, n=3000, k=2, seed=5)
+    assert fit(logp, gold)[0] == pytest.approx(fit(logp, gold, top_label=False)[0], rel=1e-3)

@@ -176,6 +176,29 @@ def test_streamed_deltas_join_to_the_same_greedy_reply_with_usage(client: Any) -
     assert usage_event is events[-1] and usage_event.usage.completion_tokens == whole.usage.completion_tokens <= 12
 
 
+def test_a_failure_mid_stream_is_an_error_event_the_sdk_raises_not_a_cut_stream(
+    client: Any, engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = engine.stream
+
+    def fails_after_one_token(*args: Any, **kwargs: Any) -> Any:
+        tokens = real(*args, **kwargs)
+        yield next(tokens)
+        tokens.close()
+        raise RuntimeError("the backend fell over")
+
+    monkeypatch.setattr(engine, "stream", fails_after_one_token)
+    received = []
+    with pytest.raises(openai.APIError, match="the backend fell over") as caught:
+        for event in chat(client, HELLO, max_tokens=12, stream=True):
+            received.append(event)
+    # the status line (200) was out before the failure, so the SDK raises the event, not a status error
+    assert not isinstance(caught.value, openai.APIStatusError)
+    assert received[0].choices[0].delta.role == "assistant" and received[1].choices[0].delta.content
+    monkeypatch.undo()
+    assert chat(client, HELLO, max_tokens=2).choices[0].message.content  # the engine serves on
+
+
 def test_max_tokens_and_stop_bound_the_text_and_temperature_changes_nothing(client: Any) -> None:
     short = chat(client, HELLO, max_completion_tokens=2)
     assert short.choices[0].finish_reason == "length" and short.usage.completion_tokens == 2

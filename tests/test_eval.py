@@ -10,6 +10,7 @@ import pytest
 from pcd_core.calibration import Calibration
 from pcd_core.cli import main
 from pcd_core.evaluation import datasets
+from pcd_core.evaluation.cache import AnswerCache
 from pcd_core.evaluation.runner import build_report, fit_calibration, read_answers, read_question_answers, variants
 from pcd_core.testing import oracle_engine
 
@@ -171,10 +172,11 @@ def test_the_readme_quality_table_is_the_recorded_runs():
     """Every docs/eval report is a row of the README's decision-quality table, as quality_row renders it."""
     from pathlib import Path
 
-    from pcd_core.evaluation.command import quality_row
+    from pcd_core.evaluation.command import QUALITY_HEAD, quality_row
 
     root = Path(__file__).resolve().parents[1]
     readme = (root / "README.md").read_text()
+    assert QUALITY_HEAD in readme
     reports = [
         json.loads(p.read_text())
         for p in sorted((root / "docs" / "eval").glob("*.json"))
@@ -183,3 +185,85 @@ def test_the_readme_quality_table_is_the_recorded_runs():
     assert reports
     for report in reports:
         assert quality_row(report) in readme, quality_row(report)
+
+
+class _Unreadable:
+    """An engine whose model must not be asked: every answer has to come from the answers file."""
+
+    def __init__(self, engine):
+        self._engine = engine
+        self.model_name = engine.model_name
+
+    def __getattr__(self, name):
+        if name in ("fill", "decide"):
+            raise AssertionError(f"engine.{name} was called for an answer the file holds")
+        return getattr(self._engine, name)
+
+
+def test_an_answers_file_gives_the_report_fresh_answers_give_without_asking_the_model(tmp_path):
+    engine = oracle_engine(window=6)
+    path = tmp_path / "answers.jsonl"
+    fresh = read_answers(engine, SCHEMA, RECORDS, progress=False, cache=AnswerCache(path))
+    assert len(path.read_text().splitlines()) == len(RECORDS)
+    cached = read_answers(_Unreadable(engine), SCHEMA, RECORDS, progress=False, cache=AnswerCache(path))
+    assert build_report(cached)["fields"] == build_report(fresh)["fields"]
+    assert (fresh.reused, cached.reused) == (0, len(RECORDS))
+    assert cached.fields["colour"].constrained_ar == fresh.fields["colour"].constrained_ar
+    # another schema is another key: those answers are read, not mixed in
+    other = {"colour": ["red", "green", "blue", "black"], "size": ["small", "large"]}
+    read_answers(engine, other, RECORDS[:2], progress=False, cache=AnswerCache(path))
+    assert len(path.read_text().splitlines()) == len(RECORDS) + 2
+
+
+def test_an_answer_kept_without_the_baseline_is_read_again_when_the_baseline_is_wanted(tmp_path):
+    engine = oracle_engine(window=6)
+    path = tmp_path / "answers.jsonl"
+    without = read_answers(engine, SCHEMA, RECORDS, constrained=0, progress=False, cache=AnswerCache(path))
+    assert without.fields["size"].constrained_ar == []
+    again = read_answers(engine, SCHEMA, RECORDS, constrained=2, progress=False, cache=AnswerCache(path))
+    assert len(again.fields["size"].constrained_ar) == 2
+    assert len(path.read_text().splitlines()) == len(RECORDS) + 2  # the two now read with it, appended
+    reread = read_answers(_Unreadable(engine), SCHEMA, RECORDS, constrained=2, progress=False, cache=AnswerCache(path))
+    assert reread.fields["size"].constrained_ar == again.fields["size"].constrained_ar
+
+
+def test_question_answers_are_kept_too(tmp_path):
+    engine = oracle_engine(window=6)
+    path = tmp_path / "answers.jsonl"
+    fresh = read_question_answers(engine, QUESTIONS, QUESTION_RECORDS, progress=False, cache=AnswerCache(path))
+    cached = read_question_answers(
+        _Unreadable(engine), QUESTIONS, QUESTION_RECORDS, progress=False, cache=AnswerCache(path)
+    )
+    assert build_report(cached)["fields"] == build_report(fresh)["fields"]
+
+
+def test_a_malformed_answers_file_fails_before_the_model_loads(tmp_path, monkeypatch, capsys):
+    def no_model(args):
+        raise AssertionError("the model loaded")
+
+    monkeypatch.setattr("pcd_core.cli._load_engine", no_model)
+    data, schema, answers = tmp_path / "d.jsonl", tmp_path / "s.json", tmp_path / "a.jsonl"
+    data.write_text("".join(json.dumps({**r, "split": "test"}) + "\n" for r in RECORDS))
+    schema.write_text(json.dumps(SCHEMA))
+    answers.write_text('{"version": 1, "key": "k"}\n')
+    assert main(["eval", "--data", str(data), "--schema", str(schema), "--answers", str(answers)]) == 2
+    err = capsys.readouterr().err
+    assert f"{answers}:1 is not a line of a pcd answers file" in err and "delete the file" in err
+
+
+def test_calibrate_with_an_answers_file_reads_each_example_once_and_reports_the_same(tmp_path, monkeypatch, capsys):
+    engine = oracle_engine(window=6)
+    monkeypatch.setattr("pcd_core.cli._load_engine", lambda args: engine)
+    data, schema, answers = tmp_path / "d.jsonl", tmp_path / "s.json", tmp_path / "a.jsonl"
+    data.write_text("".join(json.dumps({**r, "split": split}) + "\n" for r in RECORDS for split in ("train", "test")))
+    schema.write_text(json.dumps(SCHEMA))
+    reports = []
+    for run in range(2):
+        out, report_path = tmp_path / f"cal{run}.json", tmp_path / f"r{run}.json"
+        argv = ["calibrate", "--data", str(data), "--schema", str(schema), "--answers", str(answers)]
+        assert main([*argv, "--out", str(out), "--json", str(report_path), "--train-limit", "4"]) == 0
+        reports.append(json.loads(report_path.read_text()))
+    err = capsys.readouterr().err
+    assert "0 of 4 answers were in" in err and "4 of 4 answers were in" in err and "6 of 6 answers were in" in err
+    assert reports[0]["overall"] == reports[1]["overall"] and reports[1]["reused_answers"] == len(RECORDS)
+    assert reports[1]["meta"]["train_reused_answers"] == 4

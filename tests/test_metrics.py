@@ -2,6 +2,7 @@
 
 import math
 
+import numpy as np
 import pytest
 
 from pcd_core.evaluation import metrics
@@ -56,6 +57,27 @@ def test_ece_weights_each_bins_gap_by_its_count():
 def test_ece_pools_answers_that_share_a_bin():
     # both confidences (0.95, 0.97) are in bin 14: mean confidence 0.96, accuracy 0.5
     assert metrics.ece([[0.95, 0.05], [0.03, 0.97]], [0, 0]) == pytest.approx(0.46)
+
+
+def test_ece_if_calibrated_is_the_exact_mean_gap_of_answers_right_with_their_confidence():
+    # alone in its bin, 0.75 is right (gap 0.25) three times in four and wrong (gap 0.75) once
+    assert metrics.ece_if_calibrated([[0.75, 0.25]]) == pytest.approx(0.375)
+    # 0.68 and 0.72 share bin 10 (mean 0.70): none right 0.32*0.28, both 0.68*0.72, one the rest,
+    # with gaps 0.7, 0.3 and 0.2
+    pair = 0.32 * 0.28 * 0.7 + 0.68 * 0.72 * 0.3 + (1 - 0.32 * 0.28 - 0.68 * 0.72) * 0.2
+    assert pair == pytest.approx(0.29376)
+    assert metrics.ece_if_calibrated([[0.68, 0.32], [0.28, 0.72]]) == pytest.approx(pair)
+    # bins are weighted by their counts, as in ece
+    together = [[0.75, 0.25], [0.68, 0.32], [0.28, 0.72]]
+    assert metrics.ece_if_calibrated(together) == pytest.approx((0.375 + 2 * pair) / 3)
+
+
+def test_ece_if_calibrated_is_what_calibrated_answers_score_on_average():
+    rng = np.random.default_rng(1)
+    confidence = rng.uniform(0.5, 1.0, size=60)
+    rows = np.stack([confidence, 1 - confidence], axis=1)
+    draws = [metrics.ece(rows, (rng.random(60) >= confidence).astype(int)) for _ in range(4000)]
+    assert np.mean(draws) == pytest.approx(metrics.ece_if_calibrated(rows), abs=0.003)
 
 
 def test_reliability_puts_an_edge_value_in_the_bin_below():

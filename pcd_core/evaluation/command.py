@@ -21,6 +21,7 @@ from ..calibration import BIAS_SD, Calibration
 from ..errors import PcdError
 from ..schema import parse_schema
 from . import datasets
+from .cache import AnswerCache
 from .metrics import reliability
 from .runner import Answers, build_report, fit_calibration, read_answers, read_question_answers, variants
 
@@ -31,6 +32,7 @@ COLUMNS = (
     "nll",
     "brier",
     "ece",
+    "ece_if_calibrated",
     "auroc_probability",
     "auroc_candidate_mass",
     "pcd_accuracy_same_examples",
@@ -63,6 +65,13 @@ def _add_data_options(parser: argparse.ArgumentParser, split: str) -> None:
         default=None,
         metavar="N",
         help="run the AR-constrained baseline on the first N examples only (default all; 0 skips it)",
+    )
+    parser.add_argument(
+        "--answers",
+        metavar="JSONL",
+        help="keep the model's raw answers in this file, one line per example read; an example already in it "
+        "(same model, schema or questions, and text) is not read again, so a refit or a larger limit reads "
+        "only new examples. Delete it when the model or pcd-engine changes",
     )
     _add_model_options(parser)
 
@@ -151,12 +160,21 @@ def _selected(args: argparse.Namespace, records: list[dict[str, Any]], split: st
 
 
 def _read(
-    args: argparse.Namespace, engine: Any, source: Any, records: list[dict[str, Any]], constrained: int | None
+    args: argparse.Namespace,
+    engine: Any,
+    source: Any,
+    records: list[dict[str, Any]],
+    constrained: int | None,
+    cache: AnswerCache | None,
 ) -> Answers:
     """Fill (a schema) or decide (``--questions``) every record raw; AR-constrained only for schemas."""
     if args.questions is not None:
-        return read_question_answers(engine, source, records)
-    return read_answers(engine, source, records, constrained=constrained)
+        answers = read_question_answers(engine, source, records, cache=cache)
+    else:
+        answers = read_answers(engine, source, records, constrained=constrained, cache=cache)
+    if cache is not None:
+        print(f"{answers.reused} of {len(records)} answers were in {cache.path}; the rest were read", file=sys.stderr)
+    return answers
 
 
 def _meta(args: argparse.Namespace, engine: Any, split: str, n: int) -> dict[str, Any]:
@@ -192,10 +210,11 @@ def run_eval(args: argparse.Namespace) -> int:
     calibration = Calibration.load(args.calibration) if args.calibration else None
     schema, records = _load_data(args)
     chosen = _selected(args, records, args.split, args.limit)
+    cache = AnswerCache(args.answers) if args.answers else None
     from ..cli import _load_engine
 
     engine = _load_engine(args)
-    answers = _read(args, engine, schema, chosen, args.constrained_limit)
+    answers = _read(args, engine, schema, chosen, args.constrained_limit, cache)
     report = {"meta": _meta(args, engine, args.split, len(chosen)), **build_report(answers, calibration)}
     _finish(args, report, answers, calibration)
     return 0
@@ -207,11 +226,12 @@ def run_calibrate(args: argparse.Namespace) -> int:
     schema, records = _load_data(args)
     train = _selected(args, records, "train", args.train_limit)
     test = _selected(args, records, "test", args.limit)
+    cache = AnswerCache(args.answers) if args.answers else None
     from ..cli import _load_engine
 
     engine = _load_engine(args)
     fitted_on = {"data": args.data, "split": "train", "seed": args.seed, "n": len(train)}
-    train_answers = _read(args, engine, schema, train, 0)
+    train_answers = _read(args, engine, schema, train, 0, cache)
 
     def fitted(debias: bool, bias: bool) -> Calibration:
         return fit_calibration(
@@ -223,7 +243,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
     for name, found in calibration.fields.items():
         biases = f", biases {', '.join(f'{b:+.2f}' for b in found.bias)}" if args.bias else ""
         print(f"{name}: temperature {found.temperature:.3f}{biases} (fitted on {len(train)} examples)", file=sys.stderr)
-    answers = _read(args, engine, schema, test, args.constrained_limit)
+    answers = _read(args, engine, schema, test, args.constrained_limit, cache)
     report = {"meta": _meta(args, engine, "test", len(test)), **build_report(answers, calibration)}
     report["meta"]["calibration"] = calibration.to_dict()
     # the other choices, fitted on the same train answers and reported on the same held-out ones:
@@ -235,6 +255,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
     for variant, other in others.items():
         report["overall"][variant] = build_report(answers, other)["overall"]["calibrated"]
     report["meta"]["train_seconds"] = round(train_answers.seconds, 1)
+    report["meta"]["train_reused_answers"] = train_answers.reused
     _finish(args, report, answers, calibration)
     return 0
 
@@ -300,9 +321,11 @@ def write_plot(answers: Any, calibration: Calibration | None, path: str, title: 
     plt.close(figure)
 
 
+#: the README's decision-quality table head; ``quality_row`` renders its rows
 QUALITY_HEAD = (
-    "| model | data | n | accuracy raw | debiased | AR-constrained (n; PCD on those) | ECE raw | ECE calibrated "
-    "| Brier raw | Brier calibrated | AUROC of candidate mass |\n|---|---|---|---|---|---|---|---|---|---|---|"
+    "| model | data | n held-out / train | accuracy raw | debiased | calibrated | AR-constrained (n; PCD on those) "
+    "| ECE raw | ECE T | ECE T + bias | ECE T + bias, raw | ECE if calibrated | Brier raw | Brier calibrated "
+    "| AUROC of candidate mass |\n|" + "---|" * 15
 )
 
 
@@ -310,7 +333,9 @@ def quality_row(report: dict[str, Any]) -> str:
     """The README's decision-quality row of one ``pcd calibrate --debias --bias --json`` report
     (tests/test_eval.py checks that every row there is one of docs/eval/*.json). The fitted columns:
     temperature alone on the debiased answers, temperature and per-label bias on the debiased answers
-    (the saved file), and the same on the raw answers (what ``--bias`` without ``--debias`` saves).
+    (the saved file), and the same on the raw answers (what ``--bias`` without ``--debias`` saves);
+    then the ECE the saved fit's confidences would show if they were exactly right
+    (``metrics.ece_if_calibrated``), the yardstick for the three before it.
     """
     meta, overall = report["meta"], report["overall"]
     raw, debiased = overall["raw"], overall["debiased"]
@@ -323,5 +348,5 @@ def quality_row(report: dict[str, Any]) -> str:
         f"| {meta['model']} | {meta['data']} | {meta['n']} / {trained} | {raw['accuracy']:.3f} "
         f"| {debiased['accuracy']:.3f} | {calibrated.get('accuracy', nan):.3f} | {ar_cell} | {raw['ece']:.3f} "
         f"| {temperature_only.get('ece', nan):.3f} | {calibrated.get('ece', nan):.3f} | {on_raw.get('ece', nan):.3f} "
-        f"| {raw['brier']:.3f} | {calibrated.get('brier', nan):.3f} | {raw['auroc_candidate_mass']:.3f} |"
+        f"| {calibrated.get('ece_if_calibrated', nan):.3f} | {raw['brier']:.3f} | {calibrated.get('brier', nan):.3f} | {raw['auroc_candidate_mass']:.3f} |"
     )

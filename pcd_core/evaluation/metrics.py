@@ -6,6 +6,11 @@ labels and ``gold`` as ``n`` label indices. Nothing here knows about models, so
 
 - ``ece``: expected calibration error over 15 equal-width confidence bins (Guo et al. 2017), the
   confidence being the top probability; bin ``b`` holds ``(b/15, (b+1)/15]`` and the first also holds 0.
+- ``ece_if_calibrated``: the ECE that answers with these same confidences would show on average if
+  they were perfectly calibrated, i.e. if each were right with exactly its confidence. On a few hundred
+  examples it is far from 0 (a bin of 20 answers at 0.5 is off by 0.09 on average by chance alone), so
+  it is the yardstick a measured ECE is read against: an ECE near it is as good as this many examples
+  can show.
 - ``auroc``: the probability that a random right answer scores above a random wrong one, ties counted
   half (the Mann-Whitney statistic). It says whether a score can tell right from wrong, whatever its scale.
 """
@@ -110,6 +115,36 @@ def ece(probabilities: Rows, gold: Indices, n_bins: int = ECE_BINS) -> float:
     return float(sum(b["count"] * abs(b["accuracy"] - b["confidence"]) for b in bins if b["count"]) / total)
 
 
+def _poisson_binomial(chances: np.ndarray) -> np.ndarray:
+    """The distribution of the number of successes of independent trials with these chances."""
+    counts = np.zeros(len(chances) + 1)
+    counts[0] = 1.0
+    for i, chance in enumerate(chances, 1):
+        counts[1 : i + 1] = counts[1 : i + 1] * (1 - chance) + counts[:i] * chance
+        counts[0] *= 1 - chance
+    return counts
+
+
+def ece_if_calibrated(probabilities: Rows, n_bins: int = ECE_BINS) -> float:
+    """The expected ECE of answers with these confidences if each were right with exactly its
+    confidence: per bin, the exact mean of ``|accuracy - confidence|`` when the number right follows
+    the Poisson-binomial law of the confidences (no sampling, so no seed).
+    """
+    p = np.asarray(probabilities, dtype=np.float64)
+    if p.ndim != 2 or not len(p):
+        return math.nan
+    confidence = p.max(axis=1)
+    index = np.clip(np.ceil(confidence * n_bins).astype(np.int64) - 1, 0, n_bins - 1)
+    total = 0.0
+    for b in range(n_bins):
+        chances = confidence[index == b]
+        if len(chances):
+            law = _poisson_binomial(chances)
+            gaps = np.abs(np.arange(len(chances) + 1) / len(chances) - chances.mean())
+            total += len(chances) * float(law @ gaps)
+    return total / len(p)
+
+
 def auroc(scores: Scores, positive: Scores) -> float:
     """Area under the ROC curve of ``scores`` for telling ``positive`` (e.g. right answers) from the
     rest, with tied scores counted half. NaN when either class is empty: there is nothing to tell apart.
@@ -150,6 +185,7 @@ def summarise(
         "nll": nll(p, g),
         "brier": brier(p, g),
         "ece": ece(p, g),
+        "ece_if_calibrated": ece_if_calibrated(p),
         "auroc_probability": auroc(p.max(axis=1), correct),
     }
     if candidate_mass is not None:

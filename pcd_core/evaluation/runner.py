@@ -24,6 +24,7 @@ from ..debias import PRIOR_FLOOR
 from ..errors import PcdError
 from ..schema import Schema, parse_schema
 from . import metrics
+from .cache import AnswerCache, CachedAnswer, answer_key
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +47,7 @@ class Answers:
     fields: dict[str, FieldAnswers]
     priors: dict[str, tuple[float, ...]]
     seconds: float = 0.0
+    reused: int = 0  # examples whose answer came from an answers file, not the model (their time is not in seconds)
 
 
 def gold_index(schema: Schema, name: str, value: Any) -> int:
@@ -63,12 +65,14 @@ def read_answers(
     *,
     constrained: int | None = None,
     progress: bool = True,
+    cache: AnswerCache | None = None,
 ) -> Answers:
     """Fill every record raw; the first ``constrained`` records (all when None) are also decided by AR
-    constrained by the schema's grammar, which costs a forward pass per written token.
+    constrained by the schema's grammar, which costs a forward pass per written token. A record whose
+    answer ``cache`` holds (pcd_core/evaluation/cache.py) is not read again.
     """
     from ..bench.baselines import ar_cap, generate_grammar
-    from ..bench.checks import label_of, parse_lenient
+    from ..bench.checks import parse_lenient
 
     parsed = parse_schema(schema)
     names = [f.name for f in parsed.fields]
@@ -77,35 +81,65 @@ def read_answers(
     head = engine.warmup(schema)
     priors = engine.content_free_priors(schema)
     compiled = engine.compile(schema)
+    reused = 0
     for number, record in enumerate(tqdm(records, desc="eval", unit="ex", disable=not progress, mininterval=2.0)):
-        gold = {name: gold_index(parsed, name, record["labels"][name]) for name in names if name in record["labels"]}
-        result = engine.fill(
-            schema, record["text"], debias=False, calibrate=False
-        )  # raw, whatever the engine's defaults
         with_ar = constrained is None or number < constrained
-        # AR under llguidance's mask over the whole object, as pcd bench runs it; its written values are
-        # read back leniently, and a value it never wrote counts as wrong
-        run = generate_grammar(engine, compiled, head, record["text"], 4 * ar_cap(len(names))) if with_ar else None
-        written = parse_lenient(compiled.schema, run.text) if run is not None else {}
-        for name, index in gold.items():
-            found, out = result.fields[name], answers[name]
-            out.probabilities.append(list(found.probabilities.values()))
-            out.candidate_mass.append(found.candidate_mass)
-            out.gold.append(index)
-            if run is not None:
-                picked = label_of(parsed.field(name), written[name]) if name in written else None
-                out.constrained_ar.append(-1 if picked is None else picked)
-    return Answers(parsed, answers, priors, time.perf_counter() - started)
+        key = answer_key(engine.model_name, schema, record["text"])
+        answer = cache.get(key, needs_constrained=with_ar) if cache is not None else None
+        reused += answer is not None
+        if answer is None:
+            result = engine.fill(schema, record["text"], debias=False, calibrate=False)  # raw, whatever the defaults
+            picks = None
+            if with_ar:
+                # AR under llguidance's mask over the whole object, as pcd bench runs it; its written values
+                # are read back leniently, and a value it never wrote counts as wrong
+                run = generate_grammar(engine, compiled, head, record["text"], 4 * ar_cap(len(names)))
+                written = parse_lenient(compiled.schema, run.text)
+                picks = {name: _written_label(parsed, name, written) for name in names}
+            answer = CachedAnswer(
+                {name: list(result.fields[name].probabilities.values()) for name in names},
+                {name: result.fields[name].candidate_mass for name in names},
+                picks,
+            )
+            if cache is not None:
+                cache.put(key, answer)
+        gold = {name: gold_index(parsed, name, record["labels"][name]) for name in names if name in record["labels"]}
+        _keep(answers, gold, answer, with_ar)
+    return Answers(parsed, answers, priors, time.perf_counter() - started, reused)
+
+
+def _written_label(schema: Schema, name: str, written: Mapping[str, Any]) -> int:
+    """The label index the baseline wrote for ``name``; -1 for a value it never wrote or that means none."""
+    from ..bench.checks import label_of
+
+    picked = label_of(schema.field(name), written[name]) if name in written else None
+    return -1 if picked is None else picked
+
+
+def _keep(answers: dict[str, FieldAnswers], gold: Mapping[str, int], answer: CachedAnswer, with_ar: bool) -> None:
+    """Add one example's answer to every decision it has a gold label for."""
+    for name, index in gold.items():
+        out = answers[name]
+        out.probabilities.append(answer.probabilities[name])
+        out.candidate_mass.append(answer.candidate_mass[name])
+        out.gold.append(index)
+        if with_ar and answer.constrained_ar is not None:
+            out.constrained_ar.append(answer.constrained_ar[name])
 
 
 def read_question_answers(
-    engine: Any, questions: dict[str, Any], records: list[dict[str, Any]], *, progress: bool = True
+    engine: Any,
+    questions: dict[str, Any],
+    records: list[dict[str, Any]],
+    *,
+    progress: bool = True,
+    cache: AnswerCache | None = None,
 ) -> Answers:
     """Decide every record's questions raw (``engine.decide``, the call behind ``/v1/systemone``), so
     that a calibration is fitted on the prompt it will be applied to. A record's ``labels`` are keyed by
     question id: a boolean (or ``"true"``/``"false"``) for a noul, an option for a choice, a level index
     for a score. The answers' names are the labels (``answer_names``), as ``Engine.decide`` looks
-    them up in a calibration.
+    them up in a calibration. A record whose answer ``cache`` holds is not read again.
     """
     from ..questions import DecideRequest, answer_names, distribution
 
@@ -113,19 +147,31 @@ def read_question_answers(
     answers = {qid: FieldAnswers(answer_names(q)) for qid, q in asked.items()}
     started = time.perf_counter()
     priors = engine.question_priors(asked)
+    reused = 0
     for record in tqdm(records, desc="eval", unit="ex", disable=not progress, mininterval=2.0):
-        response = engine.decide(record["text"], asked, debias=False, calibrate=False)
+        key = answer_key(engine.model_name, questions, record["text"])
+        answer = cache.get(key, needs_constrained=False) if cache is not None else None
+        reused += answer is not None
+        if answer is None:
+            response = engine.decide(record["text"], asked, debias=False, calibrate=False)
+            answer = CachedAnswer(
+                {qid: distribution(response.answers[qid]) for qid in asked},
+                {qid: response.answers[qid].candidate_mass for qid in asked},
+                None,
+            )
+            if cache is not None:
+                cache.put(key, answer)
+        gold = {}
         for qid, out in answers.items():
             if qid not in record["labels"]:
                 continue
-            gold = record["labels"][qid]
-            name = ("true" if gold else "false") if isinstance(gold, bool) else str(gold)
+            value = record["labels"][qid]
+            name = ("true" if value else "false") if isinstance(value, bool) else str(value)
             if name not in out.labels:
-                raise PcdError(f"question {qid!r}: gold value {gold!r} is not one of {list(out.labels)}")
-            out.probabilities.append(distribution(response.answers[qid]))
-            out.candidate_mass.append(response.answers[qid].candidate_mass)
-            out.gold.append(out.labels.index(name))
-    return Answers(None, answers, priors, time.perf_counter() - started)
+                raise PcdError(f"question {qid!r}: gold value {value!r} is not one of {list(out.labels)}")
+            gold[qid] = out.labels.index(name)
+        _keep(answers, gold, answer, False)
+    return Answers(None, answers, priors, time.perf_counter() - started, reused)
 
 
 def debias_rows(probabilities: np.ndarray, prior: tuple[float, ...]) -> np.ndarray:
@@ -235,4 +281,5 @@ def build_report(answers: Answers, calibration: Calibration | None = None) -> di
             "pcd_accuracy_same_examples": float(np.mean(pcd)),
         }
     report["seconds"] = round(answers.seconds, 1)
+    report["reused_answers"] = answers.reused
     return report

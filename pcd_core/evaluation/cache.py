@@ -1,0 +1,99 @@
+"""The model's raw answers on labelled examples, kept in a JSONL file so that no example is read twice.
+
+Reading the examples is the whole cost of ``pcd eval`` and ``pcd calibrate``; fitting and scoring take
+milliseconds. With ``--answers FILE`` each example's raw answer (per field or question: the probability
+row and the candidate mass; and the AR-constrained baseline's pick, when it ran) is appended to FILE as
+it is read, and an example already there is taken from it. So a refit (``--bias``, ``--bias-sd``,
+``--debias``), a larger ``--train-limit``, or a run that was stopped half way, costs only the examples
+not yet read.
+
+An entry is keyed by a hash of the model's name, the schema (or questions) and the example's text, so
+answers of another model, schema or text are never mixed in. The key does not see the weights or the
+engine's code: the file belongs to one model install and one pcd-engine version, and is deleted when
+either changes. ``tests/test_eval.py`` checks that cached answers give the report fresh ones give.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import PcdError
+
+#: the line format written; a file of another version is refused rather than misread
+CACHE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class CachedAnswer:
+    probabilities: dict[str, list[float]]  # per field (or question id), in label order
+    candidate_mass: dict[str, float]
+    constrained_ar: dict[str, int] | None  # the baseline's label index per field (-1: not written); None: not run
+
+
+def answer_key(model: str, source: Any, text: str) -> str:
+    """The entry's key: the model's name, the schema or questions, and the text, hashed together."""
+    scope = json.dumps([model, source, text], sort_keys=True, ensure_ascii=False)
+    return hashlib.sha256(scope.encode("utf-8")).hexdigest()
+
+
+class AnswerCache:
+    """One JSONL file of raw answers; read whole when opened, so a malformed file fails before any model loads."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._entries: dict[str, CachedAnswer] = {}
+        if self.path.exists():
+            self._read()
+
+    def _read(self) -> None:
+        try:
+            lines = self.path.read_text(encoding="utf-8").splitlines()
+        except OSError as error:
+            raise PcdError(f"cannot read the answers file {str(self.path)!r}: {error}") from error
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                entry = json.loads(line)
+                if entry["version"] != CACHE_VERSION:
+                    raise ValueError(f"version {entry['version']!r}, not {CACHE_VERSION}")
+                ar = entry["constrained_ar"]
+                answer = CachedAnswer(
+                    {name: [float(p) for p in row] for name, row in entry["probabilities"].items()},
+                    {name: float(m) for name, m in entry["candidate_mass"].items()},
+                    None if ar is None else {name: int(i) for name, i in ar.items()},
+                )
+            except (ValueError, KeyError, TypeError, AttributeError) as error:
+                raise PcdError(
+                    f"{self.path}:{number} is not a line of a pcd answers file ({error}); delete the file to "
+                    "read the examples again"
+                ) from error
+            self._entries[str(entry["key"])] = answer  # a later line (the baseline added) wins
+
+    def get(self, key: str, *, needs_constrained: bool) -> CachedAnswer | None:
+        """The cached answer under ``key``, or None when there is none, or it lacks a needed baseline pick."""
+        found = self._entries.get(key)
+        if found is None or (needs_constrained and found.constrained_ar is None):
+            return None
+        return found
+
+    def put(self, key: str, answer: CachedAnswer) -> None:
+        """Keep ``answer`` and append it to the file at once, so a stopped run keeps what it read."""
+        self._entries[key] = answer
+        line = {
+            "version": CACHE_VERSION,
+            "key": key,
+            "probabilities": answer.probabilities,
+            "candidate_mass": answer.candidate_mass,
+            "constrained_ar": answer.constrained_ar,
+        }
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with self.path.open("a", encoding="utf-8") as out:
+                out.write(json.dumps(line) + "\n")
+        except OSError as error:
+            raise PcdError(f"cannot write the answers file {str(self.path)!r}: {error}") from error
