@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from pcd_core.calibration import Calibration
+from pcd_core.calibration import Calibration, fit
 from pcd_core.cli import main
 from pcd_core.evaluation import datasets
 from pcd_core.evaluation.cache import AnswerCache
@@ -267,3 +267,13 @@ def test_calibrate_with_an_answers_file_reads_each_example_once_and_reports_the_
     assert "0 of 4 answers were in" in err and "4 of 4 answers were in" in err and "6 of 6 answers were in" in err
     assert reports[0]["overall"] == reports[1]["overall"] and reports[1]["reused_answers"] == len(RECORDS)
     assert reports[1]["meta"]["train_reused_answers"] == 4
+    # the fit without the top-label step, from the same answers: the NLL fit's temperature, as saved
+    out = tmp_path / "plain.json"
+    argv = ["calibrate", "--data", str(data), "--schema", str(schema), "--answers", str(answers), "--out", str(out)]
+    assert main([*argv, "--train-limit", "4", "--no-top-label"]) == 0
+    plain = Calibration.load(out)
+    train = datasets.select(datasets.read_jsonl(data), "train", 0, None)[:4]
+    rows = read_answers(engine, SCHEMA, train, constrained=0, progress=False).fields["colour"]
+    expected, _ = fit(np.log(rows.array()), rows.gold, top_label=False)
+    assert plain.fitted_on["top_label"] is False and plain.fields["colour"].temperature == pytest.approx(expected)
+    assert expected != pytest.approx(fit(np.log(rows.array()), rows.gold)[0])  # the step did move this one

@@ -50,9 +50,11 @@ def tempered(p: float) -> float:
 
 @pytest.fixture(scope="module")
 def calibration_file(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """The question ``refund``, the first question of a /v1/decisions request, and the field ``wants_refund``."""
+    """The question ``refund``, the first question of a /v1/decisions request, the MCP tools' one
+    question ``q``, and the field ``wants_refund``.
+    """
     path = tmp_path_factory.mktemp("calibration") / "refund.calibration.json"
-    fields = {"refund": YES_NO, "questions[0]": YES_NO, "wants_refund": YES_NO}
+    fields = {"refund": YES_NO, "questions[0]": YES_NO, "q": YES_NO, "wants_refund": YES_NO}
     Calibration("smollm2-135m", False, fields, {"data": "hand-written", "n": 0}).save(path)
     return path
 
@@ -110,6 +112,18 @@ async def test_mcp_tools_apply_the_calibration_and_flag_it(engine: Engine, calib
     assert wants["calibrated"] is True and filled["fields"]["angry"]["calibrated"] is False
     p = raw_fill.fields["wants_refund"].probabilities["true"]
     assert wants["probability"] == pytest.approx(max(tempered(p), 1 - tempered(p)), abs=1e-6)
+
+
+@pytest.mark.asyncio
+async def test_the_mcp_noul_tool_applies_a_calibration_fitted_under_the_id_q(
+    engine: Engine, calibrated: Engine
+) -> None:
+    question = REFUND["instructions"]
+    p = engine.decide(STATE, {"q": REFUND}).answers["q"].noul
+    async with Client(build_server(calibrated), raise_exceptions=True) as client:
+        answer = (await client.call_tool("noul", {"state": STATE, "question": question})).structured_content
+    assert answer["noul"] == pytest.approx(tempered(p), abs=1e-6) and abs(tempered(p) - p) > 0.01
+    assert answer["calibrated"] is True and answer["debiased"] is False
 
 
 def test_a_bad_calibration_file_stops_pcd_serve_and_pcd_mcp_before_any_load(tmp_path: Any, capsys: Any) -> None:

@@ -117,6 +117,12 @@ def add_eval_parsers(subparsers: Any) -> None:
         metavar="NATS",
         help=f"the biases' Gaussian prior, its standard deviation (default {BIAS_SD}); smaller shrinks them more",
     )
+    calibrate.add_argument(
+        "--no-top-label",
+        dest="top_label",
+        action="store_false",
+        help="leave out the step that scales the fit so the confidence matches how often the top label is right",
+    )
     calibrate.set_defaults(run=run_calibrate)
 
 
@@ -173,7 +179,8 @@ def _read(
     else:
         answers = read_answers(engine, source, records, constrained=constrained, cache=cache)
     if cache is not None:
-        print(f"{answers.reused} of {len(records)} answers were in {cache.path}; the rest were read", file=sys.stderr)
+        read = len(records) - answers.reused
+        print(f"{answers.reused} of {len(records)} answers were in {cache.path}; {read} read now", file=sys.stderr)
     return answers
 
 
@@ -230,12 +237,18 @@ def run_calibrate(args: argparse.Namespace) -> int:
     from ..cli import _load_engine
 
     engine = _load_engine(args)
-    fitted_on = {"data": args.data, "split": "train", "seed": args.seed, "n": len(train)}
+    fitted_on = {"data": args.data, "split": "train", "seed": args.seed, "n": len(train), "top_label": args.top_label}
     train_answers = _read(args, engine, schema, train, 0, cache)
 
     def fitted(debias: bool, bias: bool) -> Calibration:
         return fit_calibration(
-            train_answers, debias=debias, bias=bias, bias_sd=args.bias_sd, model=engine.model_name, fitted_on=fitted_on
+            train_answers,
+            debias=debias,
+            bias=bias,
+            bias_sd=args.bias_sd,
+            top_label=args.top_label,
+            model=engine.model_name,
+            fitted_on=fitted_on,
         )
 
     calibration = fitted(args.debias, args.bias)

@@ -205,16 +205,19 @@ def fit_calibration(
     model: str,
     fitted_on: Mapping[str, Any],
     bias_sd: float = BIAS_SD,
+    top_label: bool = True,
 ) -> Calibration:
     """Per field, a temperature (and with ``bias``, per-label biases under a ``N(0, bias_sd**2)``
-    prior) fitted on the raw or the debiased answers.
+    prior) fitted on the raw or the debiased answers; with ``top_label``, then scaled to fit the
+    confidence (pcd_core/calibration.py).
     """
     fields = {}
     for name, out in answers.fields.items():
         if not out.gold:
             continue
         rows = variants(answers, name, None)["debiased" if debias else "raw"]
-        temperature, biases = fit(np.log(np.maximum(rows, 1e-300)), out.gold, bias=bias, bias_sd=bias_sd)
+        logp = np.log(np.maximum(rows, 1e-300))
+        temperature, biases = fit(logp, out.gold, bias=bias, bias_sd=bias_sd, top_label=top_label)
         fields[name] = FieldCalibration(out.labels, temperature, biases)
     return Calibration(model, debias, fields, dict(fitted_on), bias_sd if bias else None)
 
