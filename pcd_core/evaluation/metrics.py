@@ -83,13 +83,19 @@ def brier(probabilities: Rows, gold: Indices) -> float:
     return float(np.mean(np.sum((p - onehot) ** 2, axis=1)))
 
 
+def _bin_of(confidence: np.ndarray, n_bins: int) -> np.ndarray:
+    """Each confidence's bin: bin b holds (b/n, (b+1)/n]; ceil puts an edge value in the bin below it,
+    and 0 goes to bin 0. ``reliability`` and ``ece_if_calibrated`` bin alike through it.
+    """
+    return np.clip(np.ceil(confidence * n_bins).astype(np.int64) - 1, 0, n_bins - 1)
+
+
 def reliability(probabilities: Rows, gold: Indices, n_bins: int = ECE_BINS) -> list[dict[str, float]]:
     """Per confidence bin: its edges, how many answers fall in it, their mean confidence and accuracy."""
     p, g = _arrays(probabilities, gold)
     confidence = p.max(axis=1)
     correct = predictions(p) == g
-    # bin b holds (b/n, (b+1)/n]; ceil puts an edge value in the bin below it, and 0 goes to bin 0
-    index = np.clip(np.ceil(confidence * n_bins).astype(np.int64) - 1, 0, n_bins - 1)
+    index = _bin_of(confidence, n_bins)
     bins = []
     for b in range(n_bins):
         inside = index == b
@@ -134,7 +140,7 @@ def ece_if_calibrated(probabilities: Rows, n_bins: int = ECE_BINS) -> float:
     if p.ndim != 2 or not len(p):
         return math.nan
     confidence = p.max(axis=1)
-    index = np.clip(np.ceil(confidence * n_bins).astype(np.int64) - 1, 0, n_bins - 1)
+    index = _bin_of(confidence, n_bins)
     total = 0.0
     for b in range(n_bins):
         chances = confidence[index == b]
