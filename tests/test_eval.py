@@ -245,10 +245,13 @@ def test_a_malformed_answers_file_fails_before_the_model_loads(tmp_path, monkeyp
     data, schema, answers = tmp_path / "d.jsonl", tmp_path / "s.json", tmp_path / "a.jsonl"
     data.write_text("".join(json.dumps({**r, "split": "test"}) + "\n" for r in RECORDS))
     schema.write_text(json.dumps(SCHEMA))
-    answers.write_text('{"version": 1, "key": "k"}\n')
-    assert main(["eval", "--data", str(data), "--schema", str(schema), "--answers", str(answers)]) == 2
-    err = capsys.readouterr().err
-    assert f"{answers}:1 is not a line of a pcd answers file" in err and "delete the file" in err
+    argv = ["eval", "--data", str(data), "--schema", str(schema), "--answers", str(answers)]
+    keyless = {"version": 1, "probabilities": {}, "candidate_mass": {}, "constrained_ar": None}
+    for line in ({"version": 1, "key": "k"}, keyless):
+        answers.write_text(json.dumps(line) + "\n")
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert f"{answers}:1 is not a line of a pcd answers file" in err and "delete the file" in err
 
 
 def test_calibrate_with_an_answers_file_reads_each_example_once_and_reports_the_same(tmp_path, monkeypatch, capsys):

@@ -61,7 +61,7 @@ class AnswerCache:
                 entry = json.loads(line)
                 if entry["version"] != CACHE_VERSION:
                     raise ValueError(f"version {entry['version']!r}, not {CACHE_VERSION}")
-                ar = entry["constrained_ar"]
+                key, ar = str(entry["key"]), entry["constrained_ar"]
                 answer = CachedAnswer(
                     {name: [float(p) for p in row] for name, row in entry["probabilities"].items()},
                     {name: float(m) for name, m in entry["candidate_mass"].items()},
@@ -72,7 +72,7 @@ class AnswerCache:
                     f"{self.path}:{number} is not a line of a pcd answers file ({error}); delete the file to "
                     "read the examples again"
                 ) from error
-            self._entries[str(entry["key"])] = answer  # a later line (the baseline added) wins
+            self._entries[key] = answer  # a later line (the baseline added) wins
 
     def get(self, key: str, *, needs_constrained: bool) -> CachedAnswer | None:
         """The cached answer under ``key``, or None when there is none, or it lacks a needed baseline pick."""
