@@ -7,8 +7,8 @@ log-likelihood of the gold labels, ``b`` under a Gaussian prior (a ridge); the l
 ``(1/T, b)``, so a damped Newton iteration finds the optimum with numpy alone.
 
 The NLL weighs every label's probability, but what a caller acts on is the answer's confidence, its
-top probability. With many labels the two part: on 20 Newsgroups' five coarse topics the NLL fit left
-SmolLM2-135M's confidences 0.05 above its accuracy on the very answers it was fitted on. So a second,
+top probability. With many labels the two part: on 20 Newsgroups' five coarse topics, fitted on 500
+examples, the NLL fit left SmolLM2-135M's ECE at 0.066 on the very answers it was fitted on. So a second,
 one-parameter step scales the fitted scores, ``(log p / T + b) * c``, with ``c`` fitted by the log
 loss of "the top label is right" against the confidence. ``c`` never changes which label wins. With
 two labels the two losses are the same, so ``c`` only undoes what the bias prior pulled the NLL fit in.
