@@ -329,6 +329,7 @@ def build_server(
                 input_tokens=ex.stats.input_tokens,
                 cached_tokens=ex.stats.cached_tokens,
                 forward_passes=ex.stats.forward_passes,
+                queue_ms=ex.stats.queue_ms,
             ),
         )
 

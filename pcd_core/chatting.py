@@ -12,7 +12,7 @@ a reply is deterministic. It stops at an end-of-turn token, a stop string or ``m
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -20,6 +20,7 @@ import numpy as np
 
 from .backends.base import Backend, Prefix, Rows
 from .errors import PromptError
+from .fairness import ModelLock
 from .limits import check_text
 from .tokenizer import TextTokenizer
 
@@ -38,6 +39,7 @@ class Generation:
     output_tokens: int = 0
     forward_passes: int = 0
     cached_tokens: int = 0
+    queue_ms: float = 0.0  # waiting for the model behind other requests, summed over the steps
     logp_sum: float = 0.0
     token_ids: list[int] = field(default_factory=list)
 
@@ -111,13 +113,13 @@ def stream_tokens(
     *,
     max_new_tokens: int,
     stop: Sequence[str],
-    locked: Callable[[], Any],
+    lock: ModelLock,
     result: Generation,
 ) -> Iterator[str]:
     """Yield text deltas as tokens are chosen; ``result`` is filled in as they come.
 
     The model lock is taken per step, not for the whole reply, so a long stream does not starve other
-    requests on the same engine.
+    requests on the same engine; the time each step waits for it adds to ``result.queue_ms``.
     """
     if max_new_tokens < 1:
         raise PromptError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
@@ -126,7 +128,7 @@ def stream_tokens(
     new: tuple[int, ...] = ()
     shown = ""
     while True:
-        with locked():
+        with lock.turn() as turn:
             if rows is None:
                 read: np.ndarray | None = backend.next_logp(prefix)
                 rows = Rows(prefix, ((),), (None,))
@@ -134,6 +136,7 @@ def stream_tokens(
                 rows = backend.grow(prefix, rows, [new])
                 read = rows.logp[0]
                 result.forward_passes += 1
+        result.queue_ms += turn.queue_ms
         assert read is not None  # the one row always has a new token here
         logp = read
         token = int(np.argmax(logp))

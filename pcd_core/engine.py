@@ -429,7 +429,7 @@ class Engine:
                 f"the messages take {len(whole)} tokens and up to {max_new_tokens} may be generated, over "
                 f"the model's context of {self.context_length}; shorten them or lower max_new_tokens"
             )
-        with self._lock:
+        with self._lock.turn() as turn:
             head, hit = self._heads.get_or(head_ids, lambda: self.backend.prefill(head_ids))
             after = after_head(whole, head_ids)
             # room for the reply behind the prompt's KV, so the steps write there instead of copying
@@ -439,7 +439,7 @@ class Engine:
                 prefix = self.backend.prefill(after, parent=head, room=room)
             else:
                 prefix = self.backend.prefill(whole, room=room)
-        result.forward_passes = (0 if hit else 1) + 1
+        result.forward_passes, result.queue_ms = (0 if hit else 1) + 1, turn.queue_ms
         result.input_tokens, result.cached_tokens = len(whole), len(head_ids) if hit and after else 0
         yield from stream_tokens(
             self.backend,
@@ -447,7 +447,7 @@ class Engine:
             prefix,
             max_new_tokens=max_new_tokens,
             stop=stop,
-            locked=lambda: self._lock,
+            lock=self._lock,
             result=result,
         )
 

@@ -228,17 +228,19 @@ def distribution(answer: NoulAnswer | ChoiceAnswer | ScoreAnswer) -> list[float]
 
 
 class Usage(BaseModel):
-    """What one request cost: every token read, none generated, and the model's forward passes.
+    """What one request cost: every token read, none generated, the model's forward passes, and
+    the milliseconds it waited for the model behind other requests (``pcd_core/fairness.py``).
 
     ``cached_tokens`` are the head tokens served from the cache. The System One wire carries only
-    ``input_tokens`` and ``output_tokens`` here (forward passes go in ``x_forward_passes``); MCP results
-    and the OpenAI usage read all of it.
+    ``input_tokens`` and ``output_tokens`` here (passes and waiting go in ``x_forward_passes`` and
+    ``x_queue_ms``); MCP results and the OpenAI usage read all of it.
     """
 
     input_tokens: int
     output_tokens: int = 0
     cached_tokens: int = 0
     forward_passes: int = 0
+    queue_ms: float = 0.0
 
 
 class DecideResponse(BaseModel):
@@ -252,7 +254,11 @@ class DecideResponse(BaseModel):
     def _usage_from_stats(self) -> DecideResponse:
         # the engine measures passes and cache hits in its Stats; usage reports them
         if self.stats is not None:
-            measured = {"forward_passes": self.stats.forward_passes, "cached_tokens": self.stats.cached_tokens}
+            measured = {
+                "forward_passes": self.stats.forward_passes,
+                "cached_tokens": self.stats.cached_tokens,
+                "queue_ms": self.stats.queue_ms,
+            }
             self.usage = self.usage.model_copy(update=measured)
         return self
 
@@ -266,5 +272,5 @@ class DecideResponse(BaseModel):
         wire["x_warnings"] = wire.pop("warnings")  # an engine extra, like every field outside the contract
         if self.stats is not None:
             wire["x_forward_passes"] = int(self.usage.forward_passes)
-            wire["x_queue_ms"] = float(self.stats.queue_ms)  # waiting for the model (pcd_core/fairness.py)
+            wire["x_queue_ms"] = float(self.usage.queue_ms)  # waiting for the model (pcd_core/fairness.py)
         return wire

@@ -52,6 +52,7 @@ class _Cost:
     completion_tokens: int = 0
     cached_tokens: int = 0
     forward_passes: int = 0
+    queue_ms: float = 0.0
 
     def usage(self) -> CompletionUsage:
         return CompletionUsage.of(self.prompt_tokens, self.completion_tokens, self.cached_tokens)
@@ -78,6 +79,7 @@ def _add_decision(cost: _Cost, decision: ToolDecision | None) -> None:
         cost.prompt_tokens += decision.usage.input_tokens
         cost.cached_tokens += decision.usage.cached_tokens
         cost.forward_passes += decision.usage.forward_passes
+        cost.queue_ms += decision.usage.queue_ms
 
 
 def _add_fill(cost: _Cost, extraction: Extraction) -> None:
@@ -86,6 +88,7 @@ def _add_fill(cost: _Cost, extraction: Extraction) -> None:
     cost.completion_tokens += stats.output_tokens
     cost.cached_tokens += stats.cached_tokens
     cost.forward_passes += stats.forward_passes
+    cost.queue_ms += stats.queue_ms
 
 
 def _tool_reply(engine: Engine, text: str, decision: ToolDecision, cost: _Cost, warnings: list[str]) -> Reply:
@@ -102,6 +105,7 @@ def _tool_reply(engine: Engine, text: str, decision: ToolDecision, cost: _Cost, 
         tool_choice=decision.to_dict(),
         fields=_fields(extraction) if extraction is not None else {},
         forward_passes=cost.forward_passes,
+        queue_ms=cost.queue_ms,
         warnings=warnings,
     )
     return Reply(content=None, finish_reason="tool_calls", usage=cost.usage(), pcd=pcd, tool_call=call)
@@ -130,6 +134,7 @@ def reply_steps(engine: Engine, request: ChatCompletionRequest) -> Iterator[str 
             fields=_fields(extraction),
             tool_choice=recorded,
             forward_passes=cost.forward_passes,
+            queue_ms=cost.queue_ms,
             warnings=[*warnings, *extraction.warnings],
         )
         yield Reply(content=content, finish_reason="stop", usage=cost.usage(), pcd=pcd)
@@ -145,7 +150,14 @@ def reply_steps(engine: Engine, request: ChatCompletionRequest) -> Iterator[str 
     cost.completion_tokens += generation.output_tokens
     cost.cached_tokens += generation.cached_tokens
     cost.forward_passes += generation.forward_passes
-    pcd = PcdExtension(method="generated", tool_choice=recorded, forward_passes=cost.forward_passes, warnings=warnings)
+    cost.queue_ms += generation.queue_ms
+    pcd = PcdExtension(
+        method="generated",
+        tool_choice=recorded,
+        forward_passes=cost.forward_passes,
+        queue_ms=cost.queue_ms,
+        warnings=warnings,
+    )
     yield Reply(
         content=generation.text, finish_reason=generation.finish_reason, usage=cost.usage(), pcd=pcd, streamed=True
     )

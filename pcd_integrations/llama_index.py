@@ -145,6 +145,7 @@ def _raw(generation: Generation) -> dict[str, Any]:
         "usage": _usage(generation),
         "cached_tokens": generation.cached_tokens,
         "forward_passes": generation.forward_passes,
+        "queue_ms": generation.queue_ms,
         "method": "generated",
     }
 

@@ -186,3 +186,50 @@ def test_a_decide_behind_a_fill_with_an_open_field_runs_between_its_generation_s
     assert together.stats.forward_passes == fill_alone.stats.forward_passes
     assert results["short"].answers == short_alone.answers
     assert together.stats.queue_ms > 0.0 and results["short"].stats.queue_ms > 0.0
+
+
+# -- every protocol reports the wait ------------------------------------------------------------
+HELLO = [{"role": "user", "content": "Say hello."}]
+
+
+def _last_reply(engine: Any, body: dict[str, Any]) -> Any:
+    from pcd_core.wire.chat import ChatCompletionRequest
+    from pcd_integrations.chat_completions import reply_steps
+
+    request = ChatCompletionRequest.model_validate({"model": engine.model_name, "max_tokens": 4, **body})
+    *_, reply = reply_steps(engine, request)
+    return reply
+
+
+def test_chat_replies_behind_a_busy_model_report_their_wait_on_the_wire(engine):
+    schema = {"type": "json_schema", "json_schema": {"name": "Note", "schema": Note.model_json_schema()}}
+    refund = {
+        "type": "function",
+        "function": {
+            "name": "refund",
+            "description": "Refund a duplicate payment.",
+            "parameters": {"type": "object", "properties": {"urgent": {"type": "boolean"}}, "required": ["urgent"]},
+        },
+    }
+    bodies = {
+        "generated": {"messages": HELLO},
+        "filled": {"messages": [{"role": "user", "content": STATE}], "response_format": schema},
+        "tool_call": {"messages": [{"role": "user", "content": STATE}], "tools": [refund], "tool_choice": "required"},
+    }
+    for body in bodies.values():  # heads cached, so that the runs below read the same passes
+        _last_reply(engine, body)
+    alone = {name: _last_reply(engine, body) for name, body in bodies.items()}
+    generation_alone = engine.generate(HELLO, max_new_tokens=4)
+    calls: dict[str, Any] = {name: (lambda body=body: _last_reply(engine, body)) for name, body in bodies.items()}
+    calls["generate"] = lambda: engine.generate(HELLO, max_new_tokens=4)
+    _, results = run_queued(engine._lock, calls)
+
+    assert generation_alone.queue_ms == 0.0
+    assert results["generate"].text == generation_alone.text
+    assert results["generate"].queue_ms > 0.0  # it queued behind the test's hold and the three replies
+    for name, reply in alone.items():
+        together = results[name]
+        assert (reply.pcd.method, together.pcd.method) == (name, name)
+        assert reply.pcd.queue_ms == 0.0, name
+        assert together.pcd.queue_ms > 0.0, name
+        assert (together.content, together.pcd.forward_passes) == (reply.content, reply.pcd.forward_passes), name

@@ -132,6 +132,7 @@ def test_include_raw_carries_the_decisions(llm: ChatPCD, engine: Engine) -> None
         assert decision["confidence"] == pytest.approx(expected[name].confidence, abs=1e-6)
     assert raw.response_metadata["model_name"] == engine.model_name
     assert raw.response_metadata["forward_passes"] > 0
+    assert raw.response_metadata["queue_ms"] == 0.0  # nothing else asked the model meanwhile
     assert isinstance(raw.response_metadata["pcd_warnings"], list)
     usage = raw.usage_metadata
     assert usage is not None and usage["output_tokens"] == 0

@@ -177,6 +177,42 @@ async def test_concurrent_calls_give_the_sequential_answers(server, engine: Engi
         check_result(name, results[name], schemas[name], engine)
 
 
+@pytest.mark.asyncio
+async def test_calls_behind_a_busy_model_report_their_wait(server, engine: Engine) -> None:
+    """The test thread holds the model while two tool calls queue behind it; both say they waited."""
+    held, let_go = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with engine._lock:
+            held.set()
+            let_go.wait(60)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert held.wait(60)
+    results: dict[str, Any] = {}
+    try:
+        async with Client(server, raise_exceptions=True) as client:
+
+            async def call(name: str) -> None:
+                results[name] = await client.call_tool(name, CALLS[name])
+
+            async with anyio.create_task_group() as tg:
+                for name in ("fill", "noul"):
+                    tg.start_soon(call, name)
+                with anyio.fail_after(60):
+                    while engine._lock.waiting < 2:
+                        await anyio.sleep(0.005)
+                await anyio.sleep(0.2)
+                let_go.set()
+    finally:
+        let_go.set()
+        holder.join(60)
+    for name in ("fill", "noul"):
+        assert not results[name].is_error, results[name].content
+        assert results[name].structured_content["usage"]["queue_ms"] >= 200.0, name
+
+
 def _levels(n: int) -> list[str]:
     return [f"level {i}" for i in range(n)]
 

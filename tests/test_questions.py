@@ -109,7 +109,7 @@ def test_system_one_wire_has_floats_x_extensions_and_usage_without_engine_fields
         ),
     }
     resp = response(answers, stats)
-    assert resp.usage == Usage(input_tokens=40, cached_tokens=31, forward_passes=2)
+    assert resp.usage == Usage(input_tokens=40, cached_tokens=31, forward_passes=2, queue_ms=12.5)
     wire = resp.to_wire()
     assert wire["usage"] == {"input_tokens": 40, "output_tokens": 0} and wire["x_forward_passes"] == 2
     assert wire["x_queue_ms"] == 12.5  # time spent waiting for the model, an engine extension

@@ -455,6 +455,7 @@ class PcdExtension(_Model):
     )
     tool_choice: dict[str, Any] | None = Field(default=None, description="The tool choice: ToolDecision.to_dict().")
     forward_passes: int
+    queue_ms: float = Field(0.0, description="Milliseconds the request waited for the model behind other requests.")
     warnings: list[str] = Field(default_factory=list)
 
 
