@@ -10,6 +10,8 @@ exactly what must never happen. One server for the module, small ``max_tokens``:
 from __future__ import annotations
 
 import json
+import threading
+import time
 from typing import Any, Literal
 
 import pytest
@@ -107,6 +109,21 @@ def test_sdk_parse_with_a_pydantic_model_returns_the_instance(client: Any) -> No
     assert isinstance(ticket, Ticket) and ticket.team in ("billing", "shipping", "sales")
     team = parsed.x_pcd["fields"]["team"]  # the extension survives the SDK's parsing, as the README shows
     assert team["value"] == ticket.team == max(team["probabilities"], key=team["probabilities"].get)
+
+
+def test_a_reply_behind_a_busy_model_says_how_long_it_waited(client: Any, engine: Engine) -> None:
+    assert chat(client, HELLO, max_tokens=2).x_pcd["queue_ms"] == 0.0  # the model was free
+    replies: list[Any] = []
+    with engine._lock:  # the test thread holds the model, so the server's worker queues behind it
+        caller = threading.Thread(target=lambda: replies.append(chat(client, HELLO, max_tokens=2)))
+        caller.start()
+        deadline = time.monotonic() + 120
+        while engine._lock.waiting < 1:
+            assert time.monotonic() < deadline, "the request never queued for the model"
+            time.sleep(0.005)
+        time.sleep(0.2)
+    caller.join(120)
+    assert len(replies) == 1 and replies[0].x_pcd["queue_ms"] >= 200.0
 
 
 # -- tools: a PCD choice, then a fill of the arguments -----------------------------------------------
