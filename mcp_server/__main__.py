@@ -88,24 +88,22 @@ def build_parser() -> argparse.ArgumentParser:
         default=env("PCD_CALIBRATION"),
         help="a calibration file written by pcd calibrate, applied to the answers it was fitted on (PCD_CALIBRATION)",
     )
-    add(
-        "--debias",
-        action="store_true",
-        default=_flag(env("PCD_DEBIAS")),
-        help="divide out the model's content-free label prior from every answer (PCD_DEBIAS=1)",
-    )
-    add(
+
+    def switch(option: str, variable: str, meaning: str) -> None:
+        """An on/off flag whose default is the environment variable ``variable`` (``_flag``)."""
+        add(option, action="store_true", default=_flag(env(variable)), help=f"{meaning} ({variable}=1)")
+
+    switch("--debias", "PCD_DEBIAS", "divide out the model's content-free label prior from every answer")
+    switch(
         "--stateless",
-        action="store_true",
-        default=_flag(env("PCD_MCP_STATELESS")),
-        help="streamable HTTP without sessions: each request stands alone, so any replica behind a load "
-        "balancer can answer it (PCD_MCP_STATELESS=1)",
+        "PCD_MCP_STATELESS",
+        "streamable HTTP without sessions: each request stands alone, so any replica behind a load "
+        "balancer can answer it",
     )
-    add(
+    switch(
         "--json-response",
-        action="store_true",
-        default=_flag(env("PCD_MCP_JSON_RESPONSE")),
-        help="streamable HTTP answers as one application/json body instead of an SSE stream (PCD_MCP_JSON_RESPONSE=1)",
+        "PCD_MCP_JSON_RESPONSE",
+        "streamable HTTP answers as one application/json body instead of an SSE stream",
     )
     add(
         "--api-key-env",

@@ -113,6 +113,11 @@ def _trust(answer: Any) -> dict[str, bool]:
     return {"debiased": answer.debiased, "calibrated": answer.calibrated}
 
 
+def _reported(answer: Any, model: str, usage: Usage) -> dict[str, Any]:
+    """What every question tool's result carries besides its answer: mass, trust flags, model, usage."""
+    return {"candidate_mass": answer.candidate_mass, "model": model, "usage": usage, **_trust(answer)}
+
+
 def _closed_only(check: Callable[..., None], limits: Limits, schema: Any, state: Any) -> None:
     """The fill tool's schema: the bounds, and closed fields only, since its result reports a decision
     (probability, candidate mass) per field; open fields are filled by ``Engine.fill`` and the
@@ -196,10 +201,7 @@ def build_server(
         return NoulResult(
             noul=answer.noul,
             verdict=verdict_of(answer.noul),
-            candidate_mass=answer.candidate_mass,
-            model=model,
-            usage=usage,
-            **_trust(answer),
+            **_reported(answer, model, usage),
         )
 
     @server.tool(
@@ -230,10 +232,7 @@ def build_server(
             confidence=answer.confidence,
             probabilities=answer.probabilities,
             runner_up=next(name for name in ranked if name != answer.choice),
-            candidate_mass=answer.candidate_mass,
-            model=model,
-            usage=usage,
-            **_trust(answer),
+            **_reported(answer, model, usage),
         )
 
     @server.tool(
@@ -261,10 +260,7 @@ def build_server(
             confidence=answer.confidence,
             probabilities=answer.probabilities,
             legend=answer.legend,
-            candidate_mass=answer.candidate_mass,
-            model=model,
-            usage=usage,
-            **_trust(answer),
+            **_reported(answer, model, usage),
         )
 
     @server.tool(
@@ -325,12 +321,7 @@ def build_server(
             },
             warnings=list(ex.warnings),
             model=engine.model_name,
-            usage=Usage(
-                input_tokens=ex.stats.input_tokens,
-                cached_tokens=ex.stats.cached_tokens,
-                forward_passes=ex.stats.forward_passes,
-                queue_ms=ex.stats.queue_ms,
-            ),
+            usage=Usage.of(ex.stats),
         )
 
     return server

@@ -52,7 +52,7 @@ class DecidePlan:
         return DecideResponse(
             model=model,
             answers=answers,
-            usage=Usage(input_tokens=stats.input_tokens),
+            usage=Usage.of(stats),
             stats=stats,
             warnings=warnings + low_mass_warnings(masses, "question"),
         )

@@ -242,6 +242,17 @@ class Usage(BaseModel):
     forward_passes: int = 0
     queue_ms: float = 0.0
 
+    @classmethod
+    def of(cls, stats: Any) -> Usage:
+        """A request's usage as the engine measured it in its ``Stats`` (``pcd_core/result.py``)."""
+        return cls(
+            input_tokens=stats.input_tokens,
+            output_tokens=stats.output_tokens,
+            cached_tokens=stats.cached_tokens,
+            forward_passes=stats.forward_passes,
+            queue_ms=stats.queue_ms,
+        )
+
 
 class DecideResponse(BaseModel):
     model: str
@@ -249,18 +260,6 @@ class DecideResponse(BaseModel):
     usage: Usage
     stats: Any = Field(default=None, exclude=True)
     warnings: list[str] = Field(default_factory=list)  # a bypassed head cache, low candidate mass
-
-    @model_validator(mode="after")
-    def _usage_from_stats(self) -> DecideResponse:
-        # the engine measures passes and cache hits in its Stats; usage reports them
-        if self.stats is not None:
-            measured = {
-                "forward_passes": self.stats.forward_passes,
-                "cached_tokens": self.stats.cached_tokens,
-                "queue_ms": self.stats.queue_ms,
-            }
-            self.usage = self.usage.model_copy(update=measured)
-        return self
 
     @field_serializer("usage")
     def _system_one_usage(self, usage: Usage) -> dict[str, int]:

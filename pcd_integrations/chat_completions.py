@@ -23,7 +23,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from pcd_core import Engine, Extraction
 from pcd_core.chatting import Generation
@@ -46,6 +46,16 @@ from pcd_core.wire.chat import (
 __all__ = ["Reply", "chunks", "completion", "reply_steps"]
 
 
+class _Spent(Protocol):
+    """What an engine call reports it cost: ``Usage``, ``Stats`` and ``Generation`` all read so."""
+
+    input_tokens: int
+    output_tokens: int
+    cached_tokens: int
+    forward_passes: int
+    queue_ms: float
+
+
 @dataclass
 class _Cost:
     prompt_tokens: int = 0
@@ -53,6 +63,14 @@ class _Cost:
     cached_tokens: int = 0
     forward_passes: int = 0
     queue_ms: float = 0.0
+
+    def add(self, spent: _Spent) -> None:
+        """Count one engine call: a tool decision's usage, a fill's stats or a generation."""
+        self.prompt_tokens += spent.input_tokens
+        self.completion_tokens += spent.output_tokens
+        self.cached_tokens += spent.cached_tokens
+        self.forward_passes += spent.forward_passes
+        self.queue_ms += spent.queue_ms
 
     def usage(self) -> CompletionUsage:
         return CompletionUsage.of(self.prompt_tokens, self.completion_tokens, self.cached_tokens)
@@ -74,29 +92,12 @@ def _fields(extraction: Extraction) -> dict[str, dict[str, object]]:
     return {name: result.to_dict() for name, result in extraction.fields.items()}
 
 
-def _add_decision(cost: _Cost, decision: ToolDecision | None) -> None:
-    if decision is not None and decision.answer is not None:
-        cost.prompt_tokens += decision.usage.input_tokens
-        cost.cached_tokens += decision.usage.cached_tokens
-        cost.forward_passes += decision.usage.forward_passes
-        cost.queue_ms += decision.usage.queue_ms
-
-
-def _add_fill(cost: _Cost, extraction: Extraction) -> None:
-    stats = extraction.stats
-    cost.prompt_tokens += stats.input_tokens
-    cost.completion_tokens += stats.output_tokens
-    cost.cached_tokens += stats.cached_tokens
-    cost.forward_passes += stats.forward_passes
-    cost.queue_ms += stats.queue_ms
-
-
 def _tool_reply(engine: Engine, text: str, decision: ToolDecision, cost: _Cost, warnings: list[str]) -> Reply:
     tool = decision.tool
     assert tool is not None  # only a chosen tool is called
     extraction = tool_arguments(engine, text, tool)
     if extraction is not None:
-        _add_fill(cost, extraction)
+        cost.add(extraction.stats)
         warnings += extraction.warnings
     arguments = dict(extraction.values) if extraction is not None else {}
     call = ToolCall.of(f"call_{uuid.uuid4().hex[:24]}", tool.name, arguments)
@@ -118,7 +119,7 @@ def reply_steps(engine: Engine, request: ChatCompletionRequest) -> Iterator[str 
     choice, decision = request.choice(), None
     if choice.mode != "none":
         decision = choose_tool(engine, request.transcript(), request.tool_specs(), choice, request.called_this_turn())
-        _add_decision(cost, decision)
+        cost.add(decision.usage)  # all zero when nothing was asked
         warnings += decision.warnings
         if decision.tool is not None:
             yield _tool_reply(engine, request.transcript(), decision, cost, warnings)
@@ -127,7 +128,7 @@ def reply_steps(engine: Engine, request: ChatCompletionRequest) -> Iterator[str 
     schema = request.response_schema()
     if schema is not None:
         extraction = engine.fill(schema, request.transcript())
-        _add_fill(cost, extraction)
+        cost.add(extraction.stats)
         content = json.dumps(extraction.values, ensure_ascii=False)
         pcd = PcdExtension(
             method="filled",
@@ -146,11 +147,7 @@ def reply_steps(engine: Engine, request: ChatCompletionRequest) -> Iterator[str 
         stop=request.stop_strings(),
         result=generation,
     )
-    cost.prompt_tokens += generation.input_tokens
-    cost.completion_tokens += generation.output_tokens
-    cost.cached_tokens += generation.cached_tokens
-    cost.forward_passes += generation.forward_passes
-    cost.queue_ms += generation.queue_ms
+    cost.add(generation)
     pcd = PcdExtension(
         method="generated",
         tool_choice=recorded,

@@ -93,11 +93,12 @@ def test_rows_never_show_the_question_id() -> None:
 
 
 def response(answers: dict[str, Any], stats: Stats | None = None) -> DecideResponse:
-    return DecideResponse(model="m", answers=answers, usage=Usage(input_tokens=40), stats=stats)
+    usage = Usage.of(stats) if stats is not None else Usage(input_tokens=40)
+    return DecideResponse(model="m", answers=answers, usage=usage, stats=stats)
 
 
 def test_system_one_wire_has_floats_x_extensions_and_usage_without_engine_fields() -> None:
-    stats = Stats(forward_passes=2, cached_tokens=31, queue_ms=12.5)
+    stats = Stats(input_tokens=40, forward_passes=2, cached_tokens=31, queue_ms=12.5)
     answers = {
         "n": NoulAnswer(noul=1.0, candidate_mass=0.5),
         "c": ChoiceAnswer(
@@ -192,7 +193,7 @@ def test_openai_answers_keep_order_names_and_value_types() -> None:
             logits={"0": -1.0, "1": -1.4},
         ),
     }
-    stats = Stats(forward_passes=2, cached_tokens=30, queue_ms=7.25)
+    stats = Stats(input_tokens=40, forward_passes=2, cached_tokens=30, queue_ms=7.25)
     wire = decision_response(request, response(answers, stats)).model_dump(mode="json")
     predicate, choice, score = wire["answers"]
     assert predicate == {
