@@ -16,9 +16,10 @@ import os
 import sys
 from collections.abc import Sequence
 
+from pcd_core.models import DTYPES
+
 TRANSPORTS = ("stdio", "streamable-http")
 BACKENDS = {"torch": "torch", "mlx": "mlx", "vllm": "httpx"}  # backend name -> the module it needs
-DTYPES = ("float32", "float16", "bfloat16")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 logger = logging.getLogger(__name__)

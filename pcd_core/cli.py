@@ -22,7 +22,7 @@ from . import __version__
 from .cli_output import decide_record, decide_table, fill_record, fill_table
 from .engine import Engine  # light: torch and transformers load with the model, not with the engine
 from .errors import PcdError
-from .models import DEFAULT_MODEL, EMBEDDED, cache_dir
+from .models import DEFAULT_MODEL, DTYPES, EMBEDDED, cache_dir
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +83,12 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--device", default=None, help="torch device, e.g. cpu or cuda")
     parser.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        default=None,
+        help="the torch backend's weights and arithmetic (default float32, what every figure here uses)",
+    )
+    parser.add_argument(
         "--max-tokens-per-pass",
         type=_positive,
         default=None,
@@ -98,6 +104,7 @@ def _load_engine(args: argparse.Namespace, *, debias: bool = False) -> Engine:
         args.model,
         backend=args.backend,
         device=args.device,
+        dtype=args.dtype,
         max_tokens_per_pass=args.max_tokens_per_pass,
         base_url=args.base_url,
         api_key=os.environ.get(args.vllm_api_key_env) if args.vllm_api_key_env else None,

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from tqdm.auto import tqdm
 
-from .errors import BackendError, BackendUnavailableError, PcdError
+from .errors import BackendError, BackendUnavailableError, OptionError, PcdError
 
 if TYPE_CHECKING:
     from .backends.base import Backend
@@ -279,6 +279,22 @@ def load_tokenizer_and_weights_dir(source: ModelSource, progress: tqdm) -> str:
     return str(target)
 
 
+#: the torch dtypes a model may be loaded in; float32 is the default and what every figure here uses
+DTYPES = ("float32", "float16", "bfloat16")
+
+
+def check_dtype(dtype: str | None, backend: str) -> None:
+    """Refuse, before anything loads, a dtype that is not offered or that the backend would not use."""
+    if dtype is None:
+        return
+    if dtype not in DTYPES:
+        raise OptionError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if backend == "vllm":
+        raise OptionError("the vLLM server computes in its own dtype (vllm serve --dtype); leave dtype unset")
+    if backend == "mlx" and dtype != "float32":
+        raise OptionError("the MLX backend sets its own compute dtype (float32 for a GGUF); leave dtype unset")
+
+
 def load_backend(
     model: str = DEFAULT_MODEL,
     backend: str = "torch",
@@ -294,6 +310,7 @@ def load_backend(
     """
     if backend == "vllm" and not base_url:  # before the tokenizer loads: a missing address costs nothing
         raise PcdError("the vllm backend needs base_url: the vLLM server's address, e.g. http://127.0.0.1:8000")
+    check_dtype(dtype, backend)
     with tqdm(total=3, desc=f"loading {model}", disable=None, leave=False) as progress:
         source = resolve(model)
         progress.update()

@@ -233,3 +233,17 @@ def test_bad_arguments_exit_with_usage(argv):
     with pytest.raises(SystemExit) as caught:
         main(argv)
     assert caught.value.code == 2
+
+
+def test_fill_in_bfloat16_loads_the_model_so_and_keeps_the_clear_decisions(engine, capsys):
+    """A real load (no stand-in): ``--dtype`` reaches the torch backend, and the 16-bit model passes
+    the layout self-check; the ticket's fields the float32 model decides at 0.65 or more keep their answer.
+    """
+    assert main(["fill", "--schema", str(SCHEMA), "--input", str(TICKET), "--dtype", "bfloat16", "--json"]) == 0
+    half = json.loads(capsys.readouterr().out)
+    full = engine.fill(json.loads(SCHEMA.read_text()), TICKET.read_text())
+    clear = [name for name, f in full.fields.items() if f.probability >= 0.65]
+    assert clear
+    assert {name: half["value"][name] for name in clear} == {name: full.values[name] for name in clear}
+    differ = [name for name, f in full.fields.items() if half["fields"][name]["probability"] != f.probability]
+    assert differ  # the arithmetic was bfloat16's, not float32's

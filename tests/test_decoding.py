@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 
-from pcd_core import DecodeOptions, OptionError, PromptError
+from pcd_core import BackendError, DecodeOptions, OptionError, PromptError
 from pcd_core.backends.base import Query
 from pcd_core.decoding import DecisionTask, RoundStats, decode, plan_rows
 from pcd_core.testing import OracleBackend, check_backend, oracle_engine
@@ -259,3 +259,32 @@ def test_rows_are_chunked_at_4096_tokens_by_default_and_an_oversized_pass_is_ref
     with pytest.raises(PromptError, match=r"over the backend's max_pass_bytes of 10 MiB"):
         tight.score(prefix, rows, queries)
     assert tight.forward_passes == before  # refused before any pass
+
+
+class _Overflowing(OracleBackend):
+    """A model whose activations overflow after token 9, as Gemma's do in float16: NaN log-probs."""
+
+    def logp(self, context):
+        values = super().logp(context)
+        if 9 in context:
+            values[3] = np.nan
+        if 8 in context:
+            values[4] = -np.inf  # a token the model rules out: allowed
+        return values
+
+
+def test_nan_log_probs_are_refused_on_every_read_and_minus_infinity_is_not():
+    backend = _Overflowing()
+    clean = backend.prefill([1, 2, 8])
+    assert backend.score(clean, [(5, 6)], [Query(0, 1, (3, 4))]).values[0][1] == -np.inf
+    assert backend.next_logp(clean)[4] == -np.inf
+    assert backend.grow(clean, None, [(5,)]).logp[0] is not None
+    overflowed = backend.prefill([1, 2, 9])
+    for read in (
+        lambda: backend.score(overflowed, [(5, 6)], [Query(0, 1, (3, 4))]),
+        lambda: backend.score(clean, [(9, 6)], [Query(0, 1, (3,))]),
+        lambda: backend.next_logp(overflowed),
+        lambda: backend.grow(overflowed, None, [(5,)]),
+    ):
+        with pytest.raises(BackendError, match="NaN or infinite.*bfloat16 or float32"):
+            read()

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from pcd_core import PcdError
+from pcd_core import Engine, OptionError, PcdError, models
 from pcd_core.models import EMBEDDED, converted_dir, resolve
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -105,3 +105,17 @@ def test_a_cached_hf_id_loads_offline_without_touching_the_environment(engine, t
     assert child["model"] == "pcd-tests/smollm2-135m"
     expected = {name: f.probability for name, f in engine.fill(SCHEMA, TEXT).fields.items()}
     assert child["probabilities"] == pytest.approx(expected, abs=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("backend", "dtype", "says"),
+    [
+        ("torch", "float8", "dtype must be one of float32, float16, bfloat16"),
+        ("vllm", "bfloat16", "vllm serve --dtype"),
+        ("mlx", "float16", "MLX backend sets its own compute dtype"),
+    ],
+)
+def test_a_dtype_that_would_not_be_used_is_refused_before_anything_loads(backend, dtype, says, monkeypatch):
+    monkeypatch.setattr(models, "resolve", lambda name: pytest.fail("resolved a model after a bad dtype"))
+    with pytest.raises(OptionError, match=says):
+        Engine.load("smollm2-135m", backend=backend, dtype=dtype, base_url="http://127.0.0.1:9")

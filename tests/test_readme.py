@@ -40,6 +40,20 @@ def test_the_benchmark_table_is_the_recorded_run():
         assert row in readme, row
 
 
+def test_the_dtype_table_is_the_recorded_runs():
+    readme = (ROOT / "README.md").read_text()
+    for name in ("dtype_float32", "dtype_float32_long", "dtype_bfloat16", "dtype_bfloat16_long"):
+        run = json.loads((ROOT / "docs" / "bench" / f"{name}.json").read_text())
+        (record,) = run["records"]
+        assert f"--dtype {run['meta']['dtype']} --json docs/bench/{name}.json" in readme
+        row = (
+            f"| {run['meta']['dtype']} | {record['input_tokens']} | {record['pcd_ms']:.0f} | {record['prefill_ms']:.0f} "
+            f"| {record['pcd_over_prefill']:.2f}× | {record['seq_ratio']:.2f}× | {record['pcd_forward_passes']} |"
+        )
+        assert row in readme, row
+        assert record["pcd_valid"] and "Xeon" in run["meta"]["machine"]
+
+
 def test_the_long_input_and_mlx_figures_are_the_recorded_runs():
     readme = " ".join((ROOT / "README.md").read_text().split())
     long_input = bench_records("long_input.json")[0]

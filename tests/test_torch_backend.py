@@ -1,5 +1,6 @@
 """The PyTorch backend and the engine on the real embedded model (SmolLM2-135M, fp32)."""
 
+import copy
 import json
 import os
 from pathlib import Path
@@ -9,9 +10,9 @@ import pytest
 import torch
 from conftest import load_case
 
-from pcd_core import Engine, PromptError
+from pcd_core import BackendError, Engine, PromptError
 from pcd_core.backends.base import Query
-from pcd_core.backends.torch_backend import TorchBackend
+from pcd_core.backends.torch_backend import LAYOUT_TOLERANCE, TorchBackend
 from pcd_core.testing import check_backend
 
 TICKET = load_case("support_ticket")
@@ -125,3 +126,36 @@ def test_memory_is_estimated_from_the_model_and_an_unchunked_flood_is_refused(en
     finally:
         backend.max_tokens_per_pass = saved
     assert backend.forward_passes == passes
+
+
+@pytest.fixture(scope="module")
+def bfloat16_model(engine):
+    return copy.deepcopy(engine.backend.model).to(torch.bfloat16)
+
+
+def test_a_bfloat16_model_loads_against_its_own_rounding_and_decides_the_clear_fields_alike(engine, bfloat16_model):
+    backend = TorchBackend(bfloat16_model)
+    assert backend.row_layout == "packed"
+    error, floor = backend._self_check(), backend._rounding_floor()
+    # the float32 bound alone would refuse the model; twice its own code's disagreement admits it
+    assert LAYOUT_TOLERANCE < error <= LAYOUT_TOLERANCE + 2 * floor
+    half = Engine(backend, engine.tokenizer, "bf16").fill(TICKET["json_schema"], TICKET["input"])
+    full = engine.fill(TICKET["json_schema"], TICKET["input"])
+    # bfloat16 moves this model's probabilities by a few hundredths: a field decided at 0.65 or more
+    # keeps its answer, and its probability stays within 0.1
+    clear = [name for name, f in full.fields.items() if f.probability >= 0.65]
+    assert len(clear) >= 8
+    assert {name: half.values[name] for name in clear} == {name: full.values[name] for name in clear}
+    for name in clear:
+        assert half.fields[name].probability == pytest.approx(full.fields[name].probability, abs=0.1), name
+
+
+def test_a_wrong_mask_is_still_refused_in_bfloat16(bfloat16_model, monkeypatch):
+    masks = TorchBackend._masks
+
+    def unmasked(self, q_pos, k_pos, allowed):  # every token sees every other: rows read each other
+        return masks(self, q_pos, k_pos, torch.ones_like(allowed))
+
+    monkeypatch.setattr(TorchBackend, "_masks", unmasked)
+    with pytest.raises(BackendError, match="no row layout of 'llama' matches"):
+        TorchBackend(bfloat16_model)

@@ -326,7 +326,9 @@ class Backend(ABC):
             logp = self._prefix_logp(prefix)
             for k in after_prefix:
                 results[k] = logp[list(queries[k].ids)].astype(np.float64)
-        return Scored([r if r is not None else np.zeros(0) for r in results], prefix)
+        values = [r if r is not None else np.zeros(0) for r in results]
+        _check_finite(values)
+        return Scored(values, prefix)
 
     def grow(
         self,
@@ -364,7 +366,9 @@ class Backend(ABC):
             raise PromptError(
                 f"a generated row reaches {reach} tokens, over the model's context of {self.context_length}"
             )
-        return self._grow(prefix, rows, extended, [len(n) for n in new], trunk, room)
+        grown = self._grow(prefix, rows, extended, [len(n) for n in new], trunk, room)
+        _check_finite([logp for logp in grown.logp if logp is not None])
+        return grown
 
     def _grow(
         self,
@@ -389,7 +393,9 @@ class Backend(ABC):
 
     def next_logp(self, prefix: Prefix) -> np.ndarray:
         """Full-vocabulary log-softmax after the prefix (for token-by-token baselines)."""
-        return np.asarray(self._prefix_logp(prefix), dtype=np.float64)
+        logp = np.asarray(self._prefix_logp(prefix), dtype=np.float64)
+        _check_finite([logp])
+        return logp
 
     def pass_bytes(self, n_context: int, n_trunk: int, tree: TokenTree) -> int:
         """Estimated KV and mask bytes of one pass over ``tree`` after ``n_context`` cached tokens."""
@@ -461,3 +467,15 @@ class Backend(ABC):
                 f"(max_tokens_per_pass is {self.max_tokens_per_pass}); lower max_tokens_per_pass, "
                 "ask fewer questions per request, or raise max_pass_bytes"
             )
+
+
+def _check_finite(values: Sequence[np.ndarray]) -> None:
+    """Refuse log-probabilities that are NaN or +infinity (-infinity is a token the model rules out).
+    A log-softmax of finite logits has neither, so they mean that the model's activations overflowed,
+    as Gemma's do in float16; answers read from them would be arbitrary, not just imprecise.
+    """
+    if any(np.isnan(v).any() or np.isposinf(v).any() for v in values):
+        raise BackendError(
+            "the model returned log-probabilities that are NaN or infinite: its activations overflow in "
+            "this dtype; load it in bfloat16 or float32"
+        )

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PcdError
-from ..models import DEFAULT_MODEL
+from ..models import DEFAULT_MODEL, DTYPES
 from ..schema import parse_schema
 from .report import write_json, write_plot, write_table
 from .runner import BASELINES, BenchCase, bench_case, bench_throughput
@@ -39,6 +39,9 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     bench.add_argument("--backend", default="torch", choices=("torch", "mlx", "all", "vllm"))
     bench.add_argument("--base-url", help="the vLLM server for --backend vllm (PCD against vLLM's own JSON)")
     bench.add_argument("--model", default=DEFAULT_MODEL, help="embedded alias, HF id, local folder or .gguf path")
+    bench.add_argument(
+        "--dtype", choices=DTYPES, default=None, help="the torch backend's dtype (default float32); both sides use it"
+    )
     bench.add_argument("--repeat", type=int, default=3, help="timed repeats per method; medians are reported")
     bench.add_argument(
         "--fields",
@@ -127,6 +130,17 @@ def _check(args: argparse.Namespace) -> tuple[list[BenchCase], tuple[str, ...]]:
     return cases, baselines
 
 
+def _processor() -> str:
+    """The CPU's model name where Linux tells it (figures differ between CPUs), else what platform says."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.system()
+
+
 def run_bench(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
@@ -144,15 +158,18 @@ def run_bench(args: argparse.Namespace) -> int:
     meta = {
         "command": "pcd " + " ".join(getattr(args, "argv", None) or sys.argv[1:]),
         "model": args.model,
-        "machine": f"{platform.machine()} {platform.processor() or platform.system()}, {os.cpu_count()} CPUs",
+        "machine": f"{platform.machine()} {_processor()}, {os.cpu_count()} CPUs",
         "python": platform.python_version(),
         "arc_engine": "pcd-grammar-mask",
         "max_tokens_per_pass": args.max_tokens_per_pass,
+        "dtype": args.dtype or "float32",
     }
     with tqdm(total=total, desc="pcd bench", unit="run", file=sys.stderr, disable=None) as progress:
         for backend in backends:
             try:
-                engine = Engine.load(args.model, backend=backend, max_tokens_per_pass=args.max_tokens_per_pass)
+                engine = Engine.load(
+                    args.model, backend=backend, dtype=args.dtype, max_tokens_per_pass=args.max_tokens_per_pass
+                )
             except (PcdError, ImportError) as error:
                 print(f"pcd bench: skipping backend {backend!r}: {error}", file=sys.stderr)
                 progress.update(1 if args.throughput else len(cases) * steps)
