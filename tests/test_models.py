@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 CHILD = """
 import json, os, socket, sys
+before = dict(os.environ)
 attempts = []
 def refuse(self, address):  # any connection attempt is recorded and refused
     attempts.append(repr(address))
@@ -33,6 +34,7 @@ engine = Engine.load(sys.argv[1])
 result = engine.fill(json.loads(sys.argv[2]), sys.argv[3])
 print(json.dumps({
     "hf_hub_offline": os.environ.get("HF_HUB_OFFLINE"),
+    "environment_changes": sorted(k for k in before.keys() | os.environ.keys() if before.get(k) != os.environ.get(k)),
     "attempts": attempts,
     "model": engine.model_name,
     "probabilities": {name: f.probability for name, f in result.fields.items()},
@@ -101,6 +103,7 @@ def test_a_cached_hf_id_loads_offline_without_touching_the_environment(engine, t
     assert done.returncode == 0, done.stderr[-2000:]
     child = json.loads(done.stdout.splitlines()[-1])
     assert child["hf_hub_offline"] is None
+    assert child["environment_changes"] == []  # loading and filling set no variable of the user's process
     assert child["attempts"] == []
     assert child["model"] == "pcd-tests/smollm2-135m"
     expected = {name: f.probability for name, f in engine.fill(SCHEMA, TEXT).fields.items()}
