@@ -16,7 +16,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from pcd_core.models import DTYPES
+from pcd_core.models import DTYPES, check_dtype
 
 TRANSPORTS = ("stdio", "streamable-http")
 BACKENDS = {"torch": "torch", "mlx": "mlx", "vllm": "httpx"}  # backend name -> the module it needs
@@ -152,8 +152,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         )
     if args.backend == "vllm" and not args.base_url:
         parser.error("--backend vllm needs --base-url (PCD_VLLM_BASE_URL), the vLLM server's address")
-    if args.dtype is not None and args.dtype not in DTYPES:
-        parser.error(f"--dtype must be one of {', '.join(DTYPES)}, got {args.dtype!r}")
+    try:
+        check_dtype(args.dtype, args.backend)
+    except ValueError as error:
+        parser.error(f"--dtype: {error}")
     if args.log_level not in LOG_LEVELS:
         parser.error(f"--log-level must be one of {', '.join(LOG_LEVELS)}, got {args.log_level!r}")
     args.api_key = None

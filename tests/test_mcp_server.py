@@ -311,6 +311,7 @@ async def test_a_failed_load_is_a_tool_error_not_a_crash() -> None:
         (["--backend", "tpu"], {}),
         (["--model", "/nowhere/model.gguf"], {}),
         (["--dtype", "float8"], {}),
+        (["--backend", "vllm", "--base-url", "http://127.0.0.1:9", "--dtype", "bfloat16"], {}),
         (["--max-tokens-per-pass", "-5"], {}),
         ([], {"PCD_MCP_PORT": "eighty"}),
         ([], {"PCD_MCP_TRANSPORT": "sse"}),
