@@ -52,6 +52,9 @@ def test_the_dtype_table_is_the_recorded_runs():
         )
         assert row in readme, row
         assert record["pcd_valid"] and "Xeon" in run["meta"]["machine"]
+    full, half = (bench_records(f"dtype_{dtype}.json")[0]["pcd_output"] for dtype in ("float32", "bfloat16"))
+    kept = sum(half[name] == value for name, value in full.items())
+    assert f"SmolLM2 in bfloat16 keeps {kept} of {len(full)} float32 decisions" in " ".join(readme.split())
 
 
 def test_the_long_input_and_mlx_figures_are_the_recorded_runs():

@@ -159,3 +159,17 @@ def test_a_wrong_mask_is_still_refused_in_bfloat16(bfloat16_model, monkeypatch):
     monkeypatch.setattr(TorchBackend, "_masks", unmasked)
     with pytest.raises(BackendError, match="no row layout of 'llama' matches"):
         TorchBackend(bfloat16_model)
+
+
+@pytest.mark.parametrize("which", ["engine", "gemma_engine"])
+def test_a_prefill_after_a_prefix_reads_like_one_whole_pass(which, request):
+    """The prefix-continuing prefill passes its own additive causal mask (and Gemma 3's 512-token
+    window, which these 900 tokens cross); the next-token log-probs equal the model's own whole pass.
+    """
+    backend = request.getfixturevalue(which).backend
+    ids = [(7 * i + 3) % 30000 + 100 for i in range(900)]
+    prefix = backend.prefill(ids[600:], parent=backend.prefill(ids[:600]))
+    with torch.inference_mode():
+        whole = backend.model(input_ids=torch.tensor([ids], device=backend.device)).logits[0, -1]
+    expected = torch.log_softmax(whole.float(), -1).double().cpu().numpy()
+    np.testing.assert_allclose(backend.next_logp(prefix), expected, atol=2e-4)

@@ -255,9 +255,17 @@ class TorchBackend(Backend):
     def _prefill(self, ids: tuple[int, ...], parent: Prefix | None, room: int = 0) -> TorchState:
         start = parent.n_tokens if parent is not None else 0
         cache = self._cache(parent, keep=None, room=room)
+        q_pos = torch.arange(start, start + len(ids), device=self.device)
+        mask = None  # a read from the start: transformers runs SDPA's causal kernel without a mask
+        if parent is not None:
+            # after a prefix, transformers would hand SDPA a boolean mask, which SDPA turns into an
+            # additive one in every layer; the additive one, made once, reads the same and is cheaper
+            k_pos = torch.arange(start + len(ids), device=self.device)
+            mask = self._masks(q_pos[None], k_pos[None], (k_pos[None, :] <= q_pos[:, None])[None])
         out = self.decoder(
             input_ids=torch.tensor([ids], device=self.device),
-            position_ids=torch.arange(start, start + len(ids), device=self.device)[None],
+            position_ids=q_pos[None],
+            attention_mask=mask,
             cache=cache,
             use_cache=True,
         )
