@@ -133,7 +133,8 @@ class Engine:
         ``backend="vllm"`` reads on a running vLLM server at ``base_url`` (``docs/vllm.md``).
         ``calibration`` is a file written by ``pcd calibrate`` (or a ``Calibration``), applied to the
         fields it was fitted on; it is read before the model loads, so a bad file costs no load.
-        ``debias`` is the default of ``fill`` and ``decide`` (``pcd serve --debias``).
+        ``debias`` is the default of ``fill`` and ``decide`` (``pcd serve --debias``). ``dtype`` is the
+        torch backend's (``models.DTYPES``; float32 when unset); the other backends refuse one.
         """
         fitted = Calibration.load(calibration) if isinstance(calibration, str | Path) else calibration
         loaded, tokenizer, name = load_backend(
