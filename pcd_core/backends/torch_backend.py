@@ -3,17 +3,20 @@
 Rows share the prefix KV without a copy per row. A pass packs the trunk and then every row into one
 sequence after the prefix, under a tree-shaped 4D mask: the trunk is causal, each row token sees the
 whole prefix, the whole trunk and the earlier tokens of its own row, and each row's positions restart
-at the trunk's end. The trunk's keys and values are kept, so the pass also returns the extended prefix. Models with sliding-window
-layers (Gemma 3) get a second mask with the window applied. The output head runs only at queried
+at the trunk's end. The trunk's keys and values are kept, so the pass also returns the extended
+prefix. Models with sliding-window layers (Gemma 3) get a second mask with the window applied. The output head runs only at queried
 positions: on this CPU the head over every row token cost as much as the whole input prefill.
 
 Generation (``grow``) keeps the rows' own KV in an arena. After a prefix read with ``room``, the
 arena is that room, right behind the prefix in the same buffers, so a step copies nothing.
 
-The packed path is checked against a plain full forward pass when the backend is built. A model whose
-attention ignores custom masks fails that check and falls back to ``copies`` (one broadcast KV per
-row, padded), which ``stats.row_layout`` reports; if that fails too the backend refuses to load. The
-copies fallback reads a trunk as a prefill of its own (one more pass) instead of once per row.
+The packed path is checked against a plain full forward pass when the backend is built: to 1e-3 in
+float32, and in a 16-bit dtype to twice what the model's own code differs from itself there (a read
+through its KV cache against one whole pass), since bfloat16 rounding alone moves log-probs by tenths
+while a wrong mask or position moves them by more than 1. A model whose attention ignores custom
+masks fails that check and falls back to ``copies`` (one broadcast KV per row, padded), which
+``stats.row_layout`` reports; if that fails too the backend refuses to load. The copies fallback
+reads a trunk as a prefill of its own (one more pass) instead of once per row.
 """
 
 from __future__ import annotations
