@@ -191,6 +191,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     # Imported after the checks: pulling in the engine and the SDK takes a while.
     from mcp_server.server import serve
     from pcd_core import Engine
+    from pcd_core.cli import engine_options
     from pcd_core.limits import Limits
     from pcd_core.models import recommendation
 
@@ -200,14 +201,9 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     load = functools.partial(
         Engine.load,
-        backend=args.backend,
-        device=args.device,
-        dtype=args.dtype,
-        max_tokens_per_pass=args.max_tokens_per_pass,
-        base_url=args.base_url,
-        api_key=os.environ.get("PCD_VLLM_API_KEY"),  # an environment variable only: no key in argv
-        calibration=args.calibration,
         debias=args.debias,
+        # the vLLM key comes from an environment variable only: no key in argv
+        **engine_options(args, os.environ.get("PCD_VLLM_API_KEY")),
         **({"model": args.model} if args.model else {}),
     )
     serve(

@@ -100,17 +100,24 @@ def _load_engine(args: argparse.Namespace, *, debias: bool = False) -> Engine:
     """The engine ``args`` name; ``debias`` is its default for every call (``pcd serve --debias``)."""
     if args.backend == "vllm" and not args.base_url:
         raise PcdError("--backend vllm needs --base-url, the vLLM server's address")
-    return Engine.load(
-        args.model,
-        backend=args.backend,
-        device=args.device,
-        dtype=args.dtype,
-        max_tokens_per_pass=args.max_tokens_per_pass,
-        base_url=args.base_url,
-        api_key=os.environ.get(args.vllm_api_key_env) if args.vllm_api_key_env else None,
-        calibration=getattr(args, "calibration", None),  # --calibration (pcd_core/calibration.py)
-        debias=debias,
-    )
+    api_key = os.environ.get(args.vllm_api_key_env) if args.vllm_api_key_env else None
+    return Engine.load(args.model, debias=debias, **engine_options(args, api_key))
+
+
+def engine_options(args: argparse.Namespace, api_key: str | None) -> dict[str, Any]:
+    """``Engine.load``'s keywords from the model options ``pcd`` and ``pcd-mcp`` share by name
+    (``--backend``, ``--device``, ``--dtype``, ``--max-tokens-per-pass``, ``--base-url``,
+    ``--calibration``), with the vLLM key each reads its own way.
+    """
+    return {
+        "backend": args.backend,
+        "device": args.device,
+        "dtype": args.dtype,
+        "max_tokens_per_pass": args.max_tokens_per_pass,
+        "base_url": args.base_url,
+        "api_key": api_key,
+        "calibration": getattr(args, "calibration", None),  # --calibration (pcd_core/calibration.py)
+    }
 
 
 def _print_json(record: Any) -> None:
