@@ -19,7 +19,7 @@ Unknown fields are ignored. ``tests/test_questions.py`` covers each rule without
 from __future__ import annotations
 
 import unicodedata
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -32,6 +32,9 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+
+if TYPE_CHECKING:
+    from .result import Stats
 
 Text = str | dict[str, Any] | list[Any]
 
@@ -243,7 +246,7 @@ class Usage(BaseModel):
     queue_ms: float = 0.0
 
     @classmethod
-    def of(cls, stats: Any) -> Usage:
+    def of(cls, stats: Stats) -> Usage:
         """A request's usage as the engine measured it in its ``Stats`` (``pcd_core/result.py``)."""
         return cls(
             input_tokens=stats.input_tokens,

@@ -4,8 +4,9 @@ Rows share the prefix KV without a copy per row. A pass packs the trunk and then
 sequence after the prefix, under a tree-shaped 4D mask: the trunk is causal, each row token sees the
 whole prefix, the whole trunk and the earlier tokens of its own row, and each row's positions restart
 at the trunk's end. The trunk's keys and values are kept, so the pass also returns the extended
-prefix. Models with sliding-window layers (Gemma 3) get a second mask with the window applied. The output head runs only at queried
-positions: on this CPU the head over every row token cost as much as the whole input prefill.
+prefix. Models with sliding-window layers (Gemma 3) get a second mask with the window applied. The
+output head runs only at queried positions: on this CPU the head over every row token cost as much
+as the whole input prefill.
 
 Generation (``grow``) keeps the rows' own KV in an arena. After a prefix read with ``room``, the
 arena is that room, right behind the prefix in the same buffers, so a step copies nothing.
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -206,6 +208,25 @@ class _PrefixLayer(DynamicLayer):
         return self.keys, self.values
 
 
+def _gathered(logits: torch.Tensor, ids: tuple[int, ...]) -> np.ndarray:
+    """Log-probs of ``ids`` after the last position of a model's output logits."""
+    return torch.log_softmax(logits[0, -1].float(), -1)[list(ids)].double().cpu().numpy()
+
+
+@dataclass(frozen=True)
+class _CheckCase:
+    """The layout self-check's text, and the model's whole pass over prompt + each row at ``ids``."""
+
+    prompt: list[int]
+    rows: list[tuple[int, ...]]
+    ids: tuple[int, ...]
+    whole: list[np.ndarray]
+
+    def gap(self, read: Sequence[np.ndarray]) -> float:
+        """The largest |log-prob| difference of ``read`` (one array per row) from the whole pass."""
+        return max(float(np.max(np.abs(want - got))) for want, got in zip(self.whole, read, strict=True))
+
+
 class TorchBackend(Backend):
     name = "torch"
 
@@ -229,6 +250,7 @@ class TorchBackend(Backend):
         self.kv_bytes_per_token = 2 * self.n_layers * n_kv * head_dim * element
         # the boolean mask, its additive copy in the model's dtype, and the tree's numpy ancestors
         self.mask_bytes_per_entry = 2 + element
+        self._checked: _CheckCase | None = None
         self.row_layout = self._choose_layout(row_layout)
 
     @property
@@ -518,19 +540,23 @@ class TorchBackend(Backend):
             logger.warning("row layout %r disagrees with a full forward pass by %.2e", layout, error)
         raise BackendError(f"no row layout of {self.model.config.model_type!r} matches its full forward pass")
 
-    def _check_text(self) -> tuple[list[int], list[tuple[int, ...]], tuple[int, ...]]:
-        """The self-check's prompt, two rows after it, and the vocabulary ids it compares."""
-        vocab = self._vocab
-        prompt = [(7 * i + 3) % vocab for i in range(1, 12)]
-        rows = [tuple((11 * i + 5) % vocab for i in range(1, 6)), tuple((13 * i + 1) % vocab for i in range(1, 4))]
-        return prompt, rows, tuple(range(0, vocab, max(1, vocab // 64)))
-
-    def _full_logp(self, ids: list[int], keep: tuple[int, ...]) -> np.ndarray:
-        """The model's own forward pass over ``ids``: log-probs of ``keep`` after the last token (the
-        model applies any final soft-capping itself).
+    @torch.inference_mode()
+    def _check_case(self) -> _CheckCase:
+        """The self-check's text and the model's own whole pass over it, read once per backend: every
+        layout tried, and the rounding floor, compare with the same whole pass.
         """
-        full = self.model(input_ids=torch.tensor([ids], device=self.device)).logits[0, -1]
-        return torch.log_softmax(full.float(), -1)[list(keep)].double().cpu().numpy()
+        if self._checked is None:
+            vocab = self._vocab
+            prompt = [(7 * i + 3) % vocab for i in range(1, 12)]
+            rows = [tuple((11 * i + 5) % vocab for i in range(1, 6)), tuple((13 * i + 1) % vocab for i in range(1, 4))]
+            ids = tuple(range(0, vocab, max(1, vocab // 64)))
+            # the model's own forward pass applies any final soft-capping itself
+            whole = [
+                _gathered(self.model(input_ids=torch.tensor([prompt + list(row)], device=self.device)).logits, ids)
+                for row in rows
+            ]
+            self._checked = _CheckCase(prompt, rows, ids, whole)
+        return self._checked
 
     @torch.inference_mode()
     def _rounding_floor(self) -> float:
@@ -539,28 +565,25 @@ class TorchBackend(Backend):
         exact in arithmetic; in float32 they agree to ~1e-5, in bfloat16 to a few tenths, which a
         layout's reading cannot beat. A wrong mask or position moves log-probs by more than 1.
         """
-        prompt, rows, ids = self._check_text()
-        worst = 0.0
-        for row in rows:
-            head = self.model(input_ids=torch.tensor([prompt], device=self.device), use_cache=True)
+        case = self._check_case()
+        cached = []
+        for row in case.rows:
+            head = self.model(input_ids=torch.tensor([case.prompt], device=self.device), use_cache=True)
             after = self.model(
                 input_ids=torch.tensor([list(row)], device=self.device), cache=head.cache, use_cache=True
-            ).logits[0, -1]
-            cached = torch.log_softmax(after.float(), -1)[list(ids)].double().cpu().numpy()
-            worst = max(worst, float(np.max(np.abs(self._full_logp(prompt + list(row), ids) - cached))))
-        return worst
+            )
+            cached.append(_gathered(after.logits, case.ids))
+        return case.gap(cached)
 
     @torch.inference_mode()
     def _self_check(self) -> float:
         """Max |log-prob| difference between scored rows and a plain forward pass over the same text."""
-        prompt, rows, ids = self._check_text()
+        case = self._check_case()
         saved = self.counter.forward_passes, self.counter.tokens_read
         # the packed layout reads the prompt's end as a trunk, so the check covers trunks too
-        cut = 6 if self.packs_trunk else len(prompt)
-        prefix = self.prefill(prompt[:cut])
-        queries = [Query(r, len(row) - 1, ids) for r, row in enumerate(rows)]
-        scored, _ = self._score_chunk(prefix, tuple(prompt[cut:]), pack_tree(rows), queries)
+        cut = 6 if self.packs_trunk else len(case.prompt)
+        prefix = self.prefill(case.prompt[:cut])
+        queries = [Query(r, len(row) - 1, case.ids) for r, row in enumerate(case.rows)]
+        scored, _ = self._score_chunk(prefix, tuple(case.prompt[cut:]), pack_tree(case.rows), queries)
         self.counter.forward_passes, self.counter.tokens_read = saved
-        return max(
-            float(np.max(np.abs(self._full_logp(prompt + list(row), ids) - got))) for row, got in zip(rows, scored)
-        )
+        return case.gap(scored)
