@@ -11,6 +11,7 @@ from .engine import Engine
 from .errors import (
     BackendError,
     BackendUnavailableError,
+    Cancelled,
     FreeTextNotSupportedError,
     OptionError,
     PcdError,
@@ -55,6 +56,7 @@ __all__ = [
     "BackendError",
     "UpstreamError",
     "BackendUnavailableError",
+    "Cancelled",
     "DecodeOptions",
     "Engine",
     "Extraction",

@@ -48,6 +48,12 @@ class GenerationError(PcdError, RuntimeError):
     """An open field that cannot be finished as valid JSON: its cap cut a value that cannot close."""
 
 
+class Cancelled(PcdError):
+    """The request was cancelled (its client went away) and stopped at its next pass boundary, having
+    given the model back; raised by the engine when a ``fairness.Cancellation`` it runs under is set.
+    """
+
+
 class BackendError(PcdError, RuntimeError):
     """A backend broke its contract at run time."""
 

@@ -18,6 +18,16 @@ caller expects the model to stay its own until it lets go. ``Turn.queue_ms`` is 
 spent waiting, first and after each hand-over; ``Stats.queue_ms`` reports it.
 ``tests/test_fairness.py`` checks the order with two threads on the real model, and that the answers
 equal sequential ones.
+
+Cancellation rides on the same boundaries. A server that sees its client leave sets the request's
+``Cancellation``; the engine call runs under it (``cancellable``: a context variable, which
+``asyncio.to_thread`` carries into the worker thread, so no engine signature changes and every entry
+point, fill, decide, generate and stream, is covered by the one lock they all take). The request then
+raises ``Cancelled`` where it would next take or offer the model: on entering a turn, at every
+``pause``, and while it waits in the queue (it leaves the queue). The model is released on the way out
+and the rows it grew go with its frames, so the next request starts at once.
+``tests/test_fairness.py`` cancels a real fill between its passes; ``tests/test_http.py`` drops a
+real client in the middle of a long chat and reads the next request's wait.
 """
 
 from __future__ import annotations
@@ -25,10 +35,66 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from types import TracebackType
+from typing import TypeVar
+
+from .errors import Cancelled
+
+_T = TypeVar("_T")
+#: how often a request waiting in the queue looks at its cancellation (a wait needs no faster answer)
+CANCEL_POLL_S = 0.05
+
+
+class Cancellation:
+    """One request's cancel flag: set from any thread (the server that saw the client go), read by
+    the engine at pass boundaries. Setting it twice keeps the first reason.
+    """
+
+    def __init__(self) -> None:
+        self._set = threading.Event()
+        self.reason = ""
+
+    def cancel(self, reason: str = "the request was cancelled") -> None:
+        if not self._set.is_set():
+            self.reason = reason
+            self._set.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._set.is_set()
+
+    def check(self) -> None:
+        """Raise ``Cancelled`` when the flag is set."""
+        if self._set.is_set():
+            raise Cancelled(f"{self.reason}; the request stopped at a pass boundary")
+
+
+_CURRENT: ContextVar[Cancellation | None] = ContextVar("pcd_cancellation", default=None)
+
+
+@contextmanager
+def cancellable(token: Cancellation) -> Iterator[Cancellation]:
+    """Run the engine calls in the block under ``token``: once it is set they raise ``Cancelled``."""
+    reset = _CURRENT.set(token)
+    try:
+        yield token
+    finally:
+        _CURRENT.reset(reset)
+
+
+def run_cancellable(token: Cancellation, call: Callable[[], _T]) -> _T:
+    """``call()`` under ``token``; the function a server hands to its worker thread."""
+    with cancellable(token):
+        return call()
+
+
+def current_cancellation() -> Cancellation | None:
+    """The cancellation the calling context runs under, if any."""
+    return _CURRENT.get()
 
 
 def no_pause() -> None:
@@ -53,15 +119,24 @@ class ModelLock:
         with self._changed:
             return len(self._queue)
 
-    def acquire(self) -> float:
-        """Take the model in arrival order (at once when this thread holds it); returns seconds waited."""
+    def acquire(self, cancel: Cancellation | None = None) -> float:
+        """Take the model in arrival order (at once when this thread holds it); returns seconds waited.
+        With ``cancel``, a wait ends in ``Cancelled`` as soon as it is set, the ticket given up.
+        """
         if not self.serialise:
             return 0.0
         with self._changed:
             if self._owner == threading.get_ident():
                 self._depth += 1
                 return 0.0
-            return self._wait_for_turn()
+            return self._wait_for_turn(cancel)
+
+    def holds(self) -> bool:
+        """Whether the calling thread holds the model (always, when the lock is off)."""
+        if not self.serialise:
+            return True
+        with self._changed:
+            return self._owner == threading.get_ident()
 
     def release(self) -> None:
         if not self.serialise:
@@ -74,9 +149,10 @@ class ModelLock:
                 self._owner = None
                 self._changed.notify_all()
 
-    def offer(self) -> float:
+    def offer(self, cancel: Cancellation | None = None) -> float:
         """Let a waiting request go first: this thread, holding the lock once, queues again behind
         everyone already waiting. Returns seconds waited (0 when nobody waited or the hold is nested).
+        A cancelled wait raises ``Cancelled`` without the model.
         """
         if not self.serialise:
             return 0.0
@@ -85,9 +161,9 @@ class ModelLock:
                 return 0.0
             self._owner, self._depth = None, 0
             self._changed.notify_all()
-            return self._wait_for_turn()
+            return self._wait_for_turn(cancel)
 
-    def _wait_for_turn(self) -> float:
+    def _wait_for_turn(self, cancel: Cancellation | None = None) -> float:
         """Take the free model, or queue a ticket and wait until it is first and the model is free
         (``_changed`` is held); returns seconds waited, 0.0 exactly when nobody was in the way.
         """
@@ -97,7 +173,11 @@ class ModelLock:
             self._queue.append(ticket)
             started = time.perf_counter()
             while self._owner is not None or self._queue[0] is not ticket:
-                self._changed.wait()
+                self._changed.wait(CANCEL_POLL_S if cancel is not None else None)
+                if cancel is not None and cancel.cancelled:
+                    self._queue.remove(ticket)
+                    self._changed.notify_all()  # the next ticket may be first now
+                    cancel.check()
             self._queue.popleft()
             waited = time.perf_counter() - started
         self._owner, self._depth = threading.get_ident(), 1
@@ -105,13 +185,18 @@ class ModelLock:
 
     @contextmanager
     def turn(self) -> Iterator[Turn]:
-        """Hold the model for one request; the ``Turn`` hands it over at pass boundaries."""
-        held = Turn(self)
-        held.queue_ms += self.acquire() * 1000.0
+        """Hold the model for one request; the ``Turn`` hands it over at pass boundaries and, under a
+        set ``Cancellation``, raises ``Cancelled`` there instead of going on.
+        """
+        held = Turn(self, cancel=current_cancellation())
+        held.check()
+        held.queue_ms += self.acquire(held.cancel) * 1000.0
         try:
+            held.check()
             yield held
         finally:
-            self.release()
+            if self.holds():  # a wait cancelled inside ``pause`` left the queue without the model
+                self.release()
 
     def __enter__(self) -> ModelLock:
         self.acquire()
@@ -125,10 +210,19 @@ class ModelLock:
 
 @dataclass
 class Turn:
-    """One request's hold on the model: ``pause`` is its pass boundary, ``queue_ms`` its waiting."""
+    """One request's hold on the model: ``pause`` is its pass boundary, ``queue_ms`` its waiting,
+    ``cancel`` the flag it stops on.
+    """
 
     lock: ModelLock = field(repr=False)
     queue_ms: float = 0.0
+    cancel: Cancellation | None = field(default=None, repr=False)
+
+    def check(self) -> None:
+        if self.cancel is not None:
+            self.cancel.check()
 
     def pause(self) -> None:
-        self.queue_ms += self.lock.offer() * 1000.0
+        self.check()
+        self.queue_ms += self.lock.offer(self.cancel) * 1000.0
+        self.check()

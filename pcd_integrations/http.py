@@ -51,7 +51,8 @@ from pcd_core import (
     UpstreamError,
     __version__,
 )
-from pcd_core.errors import LimitError, RequestError, TextError
+from pcd_core.errors import Cancelled, LimitError, RequestError, TextError
+from pcd_core.fairness import Cancellation, run_cancellable
 from pcd_core.limits import DEFAULT_LIMITS, Limits
 from pcd_core.loading import EngineLoader
 from pcd_core.models import EMBEDDED
@@ -240,10 +241,33 @@ def _request_error(error: PcdError, where: dict[str, str | int], state_field: st
     return ApiError(422, kind, str(error), loc=loc)
 
 
-async def _in_engine(call: Callable[[], _T], where: dict[str, str | int], state_field: str) -> _T:
-    """One blocking engine call in a worker thread; caller errors become 422s pointed into the body."""
+#: how often a running request looks whether its client is still there (a pass takes longer)
+DISCONNECT_POLL_S = 0.1
+
+
+async def _cancel_on_disconnect(request: "Request", token: Cancellation) -> None:
+    """Set ``token`` once the client of ``request`` has gone; runs until it has, or is cancelled."""
+    while not token.cancelled:
+        if await request.is_disconnected():
+            token.cancel("the client closed the connection")
+            return
+        await asyncio.sleep(DISCONNECT_POLL_S)
+
+
+async def _in_engine(call: Callable[[], _T], where: dict[str, str | int], state_field: str, request: "Request") -> _T:
+    """One blocking engine call in a worker thread; caller errors become 422s pointed into the body.
+
+    The call runs under a ``Cancellation`` that is set when the client disconnects, or when this
+    coroutine itself is cancelled (a dropped stream, a stopping server), so that the engine stops at
+    its next pass boundary instead of computing an answer nobody reads (``pcd_core/fairness.py``).
+    """
+    token = Cancellation()
+    watcher = asyncio.create_task(_cancel_on_disconnect(request, token))
     try:
-        return await asyncio.to_thread(call)
+        return await asyncio.to_thread(run_cancellable, token, call)
+    except Cancelled as error:  # nobody reads this answer; it is shaped for the log and the tests
+        logger.info("stopped a request whose client went away: %s", error)
+        raise ApiError(499, "client_closed_request", str(error)) from error
     except PcdError as error:
         if isinstance(error, UpstreamError):  # the remote model server's fault: a bad gateway, not ours
             logger.error("the model server failed a valid request: %s", error)
@@ -255,14 +279,22 @@ async def _in_engine(call: Callable[[], _T], where: dict[str, str | int], state_
     except Exception as error:  # a server fault, reported in the error shape, never as bare text
         logger.exception("the engine failed on a valid request")
         raise ApiError(500, "internal_error", f"{type(error).__name__}: {error}") from error
+    finally:  # a no-op when the call is done; it stops the work when this await was cancelled
+        token.cancel("the request was abandoned")
+        watcher.cancel()
 
 
 async def _decide(
-    loader: EngineLoader, state: Any, questions: dict[str, Any], state_field: str, where: dict[str, str | int]
+    loader: EngineLoader,
+    state: Any,
+    questions: dict[str, Any],
+    state_field: str,
+    where: dict[str, str | int],
+    request: "Request",
 ) -> DecideResponse:
     """The one engine call behind both decision routes."""
     engine = _engine(loader)
-    return await _in_engine(lambda: engine.decide(state, questions), where, state_field)
+    return await _in_engine(lambda: engine.decide(state, questions), where, state_field, request)
 
 
 async def _server_sent(events: Iterator[ChatCompletionChunk]) -> AsyncIterator[str]:
@@ -421,20 +453,20 @@ def create_app(
     checked = [*guarded, Depends(strict_body)]
 
     @app.post("/v1/systemone", dependencies=checked, responses={**answered, **errors})
-    async def systemone(request: DecideRequest) -> JSONResponse:
+    async def systemone(request: DecideRequest, http: Request) -> JSONResponse:
         """Answer every question about the one shared state; each answer is independent of the others."""
         _check_model(request.model, loader, "model")
         where: dict[str, str | int] = {qid: qid for qid in request.questions}
-        response = await _decide(loader, request.state, request.questions, "state", where)
+        response = await _decide(loader, request.state, request.questions, "state", where, http)
         return JSONResponse(response.to_wire())
 
     @app.post("/v1/decisions", dependencies=checked, responses={200: {"model": DecisionResponse}, **openai_errors})
-    async def decisions(request: DecisionRequest) -> JSONResponse:
+    async def decisions(request: DecisionRequest, http: Request) -> JSONResponse:
         """The OpenAI Decisions API: answers in question order, each independent of the others."""
         _check_model(request.model, loader, "model")
         questions = request.engine_questions()
         where: dict[str, str | int] = {qid: index for index, qid in enumerate(questions)}
-        response = await _decide(loader, request.state(), questions, "input", where)
+        response = await _decide(loader, request.state(), questions, "input", where, http)
         return JSONResponse(decision_response(request, response).model_dump(mode="json"))
 
     streamed: dict[int | str, dict[str, Any]] = {
@@ -446,7 +478,7 @@ def create_app(
     }
 
     @app.post("/v1/chat/completions", dependencies=checked, responses={**streamed, **openai_errors})
-    async def chat_completions(request: ChatCompletionRequest) -> Any:
+    async def chat_completions(request: ChatCompletionRequest, http: Request) -> Any:
         """OpenAI Chat Completions: a tool call chosen by PCD, a json_schema filled (closed fields
         decided, open ones generated), or greedy text (streamed with stream=true).
         """
@@ -454,11 +486,11 @@ def create_app(
         engine = _engine(loader)
         steps = reply_steps(engine, request)
         if not request.stream:
-            body = await _in_engine(lambda: completion(steps, engine.model_name), {}, "messages")
+            body = await _in_engine(lambda: completion(steps, engine.model_name), {}, "messages", http)
             return JSONResponse(body.model_dump(mode="json"))
         # the first step (the whole fill or tool call; a generation's first token) runs before the
         # status line, so that every error a request can cause is still a 4xx
-        first = await _in_engine(lambda: next(steps), {}, "messages")
+        first = await _in_engine(lambda: next(steps), {}, "messages", http)
         include_usage = request.stream_options is not None and request.stream_options.include_usage
         events = chunks(itertools.chain([first], steps), engine.model_name, include_usage)
         return StreamingResponse(_server_sent(events), media_type="text/event-stream")

@@ -381,3 +381,53 @@ def test_a_body_over_the_bound_is_413_in_openai_shape_on_both_openai_routes(clie
         error = caught.value
         assert (error.status_code, error.code, error.type) == (413, "payload_too_large", "invalid_request_error")
         assert "max_body_bytes" in error.message
+
+
+# -- a client that hangs up (issue 24, item 4) -------------------------------------------------------
+COUNT = [{"role": "user", "content": "Count from 1 to 500, separated by commas."}]
+
+
+def _post_and_keep_open(base_url: str, body: dict[str, Any]) -> Any:
+    """Send a chat request with the standard library's HTTP client and leave it unread: the caller
+    hangs up by closing the returned connection.
+    """
+    import http.client
+    from urllib.parse import urlsplit
+
+    where = urlsplit(base_url)
+    connection = http.client.HTTPConnection(where.hostname, where.port, timeout=600)
+    payload = json.dumps(body).encode()
+    connection.request("POST", f"{where.path}/chat/completions", payload, {"Content-Type": "application/json"})
+    return connection
+
+
+def test_a_client_that_hangs_up_stops_its_request_and_the_next_one_does_not_wait(engine, base_url):
+    """A 400-token chat whose client hangs up stops within a few passes: a follow-up that ran while the
+    long one was alive waited for the model at each of its steps, one sent after the hang-up does not
+    wait (its ``x_pcd.queue_ms``), and no pass runs once it is done.
+    """
+    follow = {"model": MODEL, "messages": COUNT, "max_tokens": 32}
+    answered = httpx.post(f"{base_url}/chat/completions", json=follow, timeout=600).json()  # the head cached
+    assert answered["choices"][0]["finish_reason"] == "length", answered
+    before = engine.backend.forward_passes
+    connection = _post_and_keep_open(base_url, {"model": MODEL, "messages": COUNT, "max_tokens": 400})
+    deadline = time.monotonic() + 120
+    while engine.backend.forward_passes < before + 3:  # the long reply is being generated
+        assert time.monotonic() < deadline, "the long request never started"
+        time.sleep(0.01)
+    busy = httpx.post(f"{base_url}/chat/completions", json=follow, timeout=600).json()
+    connection.close()  # the client hangs up; the long reply has at most 400 - 32 steps to go
+    hung_up_at = engine.backend.forward_passes
+    after = httpx.post(f"{base_url}/chat/completions", json=follow, timeout=600).json()
+    done = engine.backend.forward_passes
+    time.sleep(1.0)
+    assert engine.backend.forward_passes == done, "a pass ran after the last answer: the long request goes on"
+    long_passes = done - before - busy["x_pcd"]["forward_passes"] - after["x_pcd"]["forward_passes"]
+    print(
+        f"hung-up request: {long_passes} passes of up to 401, {done - hung_up_at - after['x_pcd']['forward_passes']}"
+        f" after the hang-up; queue_ms of a 32-token follow-up: {busy['x_pcd']['queue_ms']:.0f} while it ran, "
+        f"{after['x_pcd']['queue_ms']:.0f} after the hang-up"
+    )
+    assert busy["choices"][0]["message"] == after["choices"][0]["message"] == answered["choices"][0]["message"]
+    assert long_passes < 401 // 2
+    assert after["x_pcd"]["queue_ms"] < busy["x_pcd"]["queue_ms"] / 4

@@ -15,7 +15,8 @@ from typing import Any, Literal
 import pytest
 from pydantic import BaseModel, Field
 
-from pcd_core.fairness import ModelLock
+from pcd_core import Cancelled
+from pcd_core.fairness import Cancellation, ModelLock, cancellable, run_cancellable
 
 STATE = "The invoice for March was charged twice. Please refund the duplicate and confirm by email."
 LONG_QUESTIONS = {
@@ -85,8 +86,10 @@ def test_waiting_threads_get_the_model_in_arrival_order():
     assert order == [0, 1, 2, 3, 4] and finished == ["0", "1", "2", "3", "4"]
 
 
-def queue_waiter(lock: ModelLock) -> tuple[threading.Thread, threading.Event]:
-    """A thread queued for ``lock`` (held by the caller) that sets its event once it gets it."""
+def queue_waiter(lock: ModelLock, position: int = 1) -> tuple[threading.Thread, threading.Event]:
+    """A thread queued for ``lock`` (held by the caller) at ``position`` (counting from 1) that sets
+    its event once it gets it.
+    """
     ran = threading.Event()
 
     def waiter() -> None:
@@ -95,7 +98,7 @@ def queue_waiter(lock: ModelLock) -> tuple[threading.Thread, threading.Event]:
 
     thread = threading.Thread(target=waiter)
     thread.start()
-    wait_until(lambda: lock.waiting == 1, "the waiter queues")
+    wait_until(lambda: lock.waiting == position, "the waiter queues")
     return thread, ran
 
 
@@ -124,6 +127,45 @@ def test_release_by_a_thread_that_does_not_hold_the_lock_is_refused():
     lock = ModelLock()
     with pytest.raises(RuntimeError, match="does not hold"):
         lock.release()
+
+
+def test_a_cancelled_waiter_leaves_the_queue_and_the_next_one_gets_the_model():
+    lock = ModelLock()
+    token = Cancellation()
+    outcome: list[object] = []
+
+    def cancelled_waiter() -> None:
+        try:
+            with cancellable(token), lock.turn():
+                outcome.append("ran")
+        except Cancelled as error:
+            outcome.append(error)
+
+    with lock:
+        thread = threading.Thread(target=cancelled_waiter)
+        thread.start()
+        wait_until(lambda: lock.waiting == 1, "the waiter queues")
+        second, ran = queue_waiter(lock, position=2)
+        token.cancel("the client went away")
+        thread.join(timeout=60)
+        assert lock.waiting == 1  # only the second waiter is left, while the holder still has the model
+    second.join(timeout=60)
+    assert ran.is_set()
+    assert len(outcome) == 1 and isinstance(outcome[0], Cancelled) and "client went away" in str(outcome[0])
+    assert not lock.holds() and lock.waiting == 0
+
+
+def test_a_cancelled_turn_stops_at_its_next_pause_and_gives_the_model_back():
+    lock = ModelLock()
+    token = Cancellation()
+    reached: list[int] = []
+    with pytest.raises(Cancelled), cancellable(token), lock.turn() as turn:
+        for boundary in range(5):
+            reached.append(boundary)
+            if boundary == 2:
+                token.cancel()
+            turn.pause()
+    assert reached == [0, 1, 2] and not lock.holds()
 
 
 # -- the engine, on the real model ----------------------------------------------------------------
@@ -233,3 +275,48 @@ def test_chat_replies_behind_a_busy_model_report_their_wait_on_the_wire(engine):
         assert reply.pcd.queue_ms == 0.0, name
         assert together.pcd.queue_ms > 0.0, name
         assert (together.content, together.pcd.forward_passes) == (reply.content, reply.pcd.forward_passes), name
+
+
+# -- cancellation on the real model -------------------------------------------------------------
+def run_until_cancelled(engine: Any, call: Any, after_passes: int) -> tuple[object, int]:
+    """Run ``call`` in a thread under a cancellation that is set once the backend has read
+    ``after_passes`` more passes; returns what the call raised or returned and the passes it read.
+    """
+    token = Cancellation()
+    outcome: list[object] = []
+    before = engine.backend.forward_passes
+
+    def run() -> None:
+        try:
+            outcome.append(run_cancellable(token, call))
+        except Cancelled as error:
+            outcome.append(error)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    wait_until(lambda: engine.backend.forward_passes >= before + after_passes or not thread.is_alive(), "passes run")
+    token.cancel("the client went away")
+    thread.join(timeout=600)
+    assert not thread.is_alive()
+    return outcome[0], engine.backend.forward_passes - before
+
+
+@pytest.mark.parametrize("kind", ["generate", "fill"])
+def test_a_cancelled_request_stops_at_its_next_pass_and_the_model_is_free(engine, kind):
+    """Cancelled after 3 passes of a 200-step reply (or of a fill's generation steps), the request
+    raises ``Cancelled`` within a pass or two; the next request finds the model free (no wait) and
+    answers as it does alone.
+    """
+    engine.decide(SHORT_STATE, SHORT_QUESTIONS)  # the shared head cached
+    short_alone = engine.decide(SHORT_STATE, SHORT_QUESTIONS)
+    story = {"type": "object", "properties": {"story": {"type": "string", "maxLength": 400}}, "required": ["story"]}
+    calls = {
+        "generate": lambda: engine.generate("Write a long story about a lighthouse.", max_new_tokens=200),
+        "fill": lambda: engine.fill(story, STATE, max_new_tokens={"story": 200}),
+    }
+    outcome, passes = run_until_cancelled(engine, calls[kind], after_passes=3)
+    assert isinstance(outcome, Cancelled), outcome
+    assert 3 <= passes <= 6, passes  # stopped at the boundary after the cancel, of up to 200 steps
+    assert not engine._lock.holds() and engine._lock.waiting == 0
+    after = engine.decide(SHORT_STATE, SHORT_QUESTIONS)
+    assert after.stats.queue_ms == 0.0 and after.answers == short_alone.answers
