@@ -294,6 +294,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         api_key=api_key,
         model_name=args.model,
         limits=limits,
+        playground=not args.no_playground,
     )
     return 0
 
@@ -315,6 +316,11 @@ def add_serve(commands: Any) -> None:
         type=_positive,
         default=1 << 20,
         help="refuse request bodies over this many bytes with 413 (default 1048576)",
+    )
+    serve.add_argument(
+        "--no-playground",
+        action="store_true",
+        help="do not serve the playground page at / and /playground (it needs no key to load, only to decide)",
     )
     _add_model_options(serve)
     from .evaluation.command import add_trust_options  # light: no model, no matplotlib

@@ -64,6 +64,7 @@ from pcd_core.wire.errors import OpenAIErrorBody, openai_error_body
 
 from .chat_completions import chunks, completion, reply_steps
 from .guards import BodyLimit, warn_if_exposed
+from .playground import add_playground
 from .threads import iterate_in_thread
 
 if TYPE_CHECKING:
@@ -341,6 +342,7 @@ def create_app(
     model_name: str | None = None,
     api_key: str | None = None,
     limits: Limits = DEFAULT_LIMITS,
+    playground: bool = True,
 ) -> "FastAPI":
     """Build the ASGI app for one engine, or for one that ``engine_factory`` loads in the background.
 
@@ -349,6 +351,8 @@ def create_app(
     header is accepted and ignored. ``/healthz`` and the OpenAPI spec never need a key, so that load
     balancers and client generators can read them. ``limits.max_body_bytes`` bounds each body (413);
     every other bound is the engine's own (``Engine(limits=...)``), checked before it tokenizes.
+    ``playground`` serves the page at ``/`` and ``/playground`` (``pcd_integrations/playground``), a
+    client of the routes above that needs no key to load.
     """
     if (engine is None) == (engine_factory is None):
         raise TypeError("create_app needs exactly one of engine= or engine_factory=")
@@ -508,6 +512,8 @@ def create_app(
         code = 200 if health.status == "ready" else 503
         return JSONResponse(health.model_dump(exclude_none=True), status_code=code)
 
+    if playground:
+        add_playground(app, api_key_required=api_key is not None)
     return app
 
 
@@ -520,6 +526,7 @@ def serve(
     model_name: str | None = None,
     log_level: str = "info",
     limits: Limits = DEFAULT_LIMITS,
+    playground: bool = True,
 ) -> None:
     """Run the server with uvicorn until interrupted.
 
@@ -528,9 +535,15 @@ def serve(
     """
     uvicorn = _import_optional("uvicorn")
     if isinstance(engine_or_factory, Engine):
-        app = create_app(engine_or_factory, api_key=api_key, limits=limits)
+        app = create_app(engine_or_factory, api_key=api_key, limits=limits, playground=playground)
     elif callable(engine_or_factory):
-        app = create_app(engine_factory=engine_or_factory, model_name=model_name, api_key=api_key, limits=limits)
+        app = create_app(
+            engine_factory=engine_or_factory,
+            model_name=model_name,
+            api_key=api_key,
+            limits=limits,
+            playground=playground,
+        )
     else:
         raise TypeError(f"serve needs an Engine or a function that loads one, not {engine_or_factory!r}")
     warn_if_exposed(logger, "pcd serve", host, api_key)

@@ -1,0 +1,354 @@
+"""The playground page (``pcd_integrations/playground``) in a real headless browser against ``pcd serve``
+on loopback with the embedded model.
+
+The browser is Debian's ``chromium`` driven by Playwright (the dev extra); nothing downloads a browser
+(``playwright install`` is never run), so a machine without chromium skips the browser tests and says
+how to install it (``.ci/run`` does). Each test sends the page's request to the API itself and checks
+what the page drew against that JSON: the value, one bar per allowed label whose printed percentage
+and drawn width are the probability, the candidate mass with its mark at 0.5, the flags, warnings and
+cost line, and a refused request's body exactly as the API returned it.
+
+``PCD_PLAYGROUND_SCREENSHOT=docs/playground.png python -m pytest tests/test_playground.py -k bundled``
+also writes the README's screenshot, from the same run that checks it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("uvicorn", reason="the HTTP server needs the 'http' extra")
+httpx = pytest.importorskip("httpx", reason="the HTTP tests need httpx")
+sync_api = pytest.importorskip("playwright.sync_api", reason="the browser tests need 'playwright' (the dev extra)")
+
+from loopback import serving  # noqa: E402
+
+from pcd_core import Engine  # noqa: E402
+from pcd_core.cli import main  # noqa: E402
+from pcd_integrations.http import create_app  # noqa: E402
+from pcd_integrations.playground import bundled_examples  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+# no network, no GPU, nothing that phones home: the page must work on a machine that is offline
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+VIEWPORT = {"width": 1360, "height": 720}
+DECIDE_TIMEOUT_MS = 180_000  # the embedded model on a 2-core CI machine; a fill takes a few seconds
+API_KEY = "playground-test-key"
+# the percentages are printed to 0.1 points: half of that for rounding, and as much again for the
+# float noise between a request that built the schema's cached head and one that reused it
+PERCENT_TOLERANCE = 0.1
+# a drawn width is whole device pixels on a track about 100 px wide
+WIDTH_TOLERANCE = 0.02
+CALM_TEXT = "Hi team, love the new dashboard! Could you add a dark mode some day? No rush. I'm on the free plan."
+ONE_OPTION = {"questions": {"team": {"type": "choice", "instructions": "Which team?", "criteria": {"returns": None}}}}
+TICKET, REFUND = bundled_examples()[:2]
+
+
+# -- what the page should draw, derived from the API's JSON here, independently of the page's script --
+@dataclass(frozen=True)
+class Expected:
+    field: str
+    value: str
+    bars: tuple[tuple[str, float], ...]  # (label, probability) in the wire's order
+    chosen: str
+    mass: float
+    debiased: bool
+    calibrated: bool
+
+
+def _shown(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def _argmax(probabilities: dict[str, float]) -> str:
+    return max(probabilities, key=lambda label: probabilities[label])
+
+
+def expected_from_chat(body: dict[str, Any]) -> list[Expected]:
+    return [
+        Expected(
+            name,
+            _shown(field["value"]),
+            tuple(field["probabilities"].items()),
+            _argmax(field["probabilities"]),
+            field["candidate_mass"],
+            field["debiased"],
+            field["calibrated"],
+        )
+        for name, field in body["x_pcd"]["fields"].items()
+    ]
+
+
+def expected_from_systemone(body: dict[str, Any]) -> list[Expected]:
+    expected = []
+    for name, answer in body["answers"].items():
+        if answer["type"] == "noul":
+            yes = "true" if answer["noul"] >= 0.5 else "false"
+            value, bars = f"{yes} (P(yes) {answer['noul']:.3f})", {"true": answer["noul"], "false": 1 - answer["noul"]}
+            chosen = yes
+        else:
+            bars = answer["probabilities"]
+            value = answer["choice"] if answer["type"] == "choice" else f"score {answer['score']:.2f}"
+            chosen = answer["choice"] if answer["type"] == "choice" else _argmax(bars)
+        mass, debiased, calibrated = answer["x_candidate_mass"], answer["x_debiased"], answer["x_calibrated"]
+        expected.append(Expected(name, value, tuple(bars.items()), chosen, mass, debiased, calibrated))
+    return expected
+
+
+def api_request(spec: dict[str, Any], text: str, model: str) -> tuple[str, dict[str, Any]]:
+    """The route and body the page sends for ``spec`` (a question set or a JSON Schema) and ``text``."""
+    if "questions" in spec:
+        return "/v1/systemone", {"state": text, "questions": spec["questions"], "model": model}
+    schema_format = {"name": "example", "schema": spec}  # the name changes nothing in a fill
+    body = {"model": model, "messages": [{"role": "user", "content": text}]}
+    return "/v1/chat/completions", {**body, "response_format": {"type": "json_schema", "json_schema": schema_format}}
+
+
+def ask_api(base_url: str, spec: dict[str, Any], text: str, model: str, key: str | None = None) -> httpx.Response:
+    path, body = api_request(spec, text, model)
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    return httpx.post(base_url + path, json=body, headers=headers, timeout=DECIDE_TIMEOUT_MS / 1000)
+
+
+# -- reading the page ---------------------------------------------------------------------------
+READ_PANELS = """() => [...document.querySelectorAll('#results > *')].map((panel) => {
+  const box = (node) => { const r = node.getBoundingClientRect(); return {x: r.x, width: r.width}; };
+  const bar = (row) => ({
+    label: row.dataset.label, shown: row.querySelector('.bar-label').textContent,
+    text: row.querySelector('.percent').textContent, chosen: row.classList.contains('chosen'),
+    fill: box(row.querySelector('.fill')).width, track: box(row.querySelector('.track')),
+    mark: row.querySelector('.half-mark') && box(row.querySelector('.half-mark')),
+  });
+  return {
+    kind: panel.className, status: panel.dataset.status || null, title: panel.querySelector('h2').textContent,
+    cost: panel.querySelector('.cost') && panel.querySelector('.cost').textContent,
+    warnings: [...panel.querySelectorAll('.warnings li')].map((li) => li.textContent),
+    error: panel.querySelector('.error-body') && panel.querySelector('.error-body').textContent,
+    cards: [...panel.querySelectorAll('.field')].map((card) => ({
+      field: card.dataset.field, value: card.querySelector('.value').textContent,
+      changed: card.classList.contains('changed'),
+      flags: [...card.querySelectorAll('.flag')].map((flag) => flag.textContent),
+      bars: [...card.querySelectorAll('.bars .bar')].map(bar), mass: bar(card.querySelector('.bar.mass')),
+    })),
+  };
+})"""
+
+
+def decide(page: Any) -> list[dict[str, Any]]:
+    """Press Decide, wait until the page has drawn the answer, and read every panel."""
+    runs = int(page.get_attribute("#results", "data-runs") or 0)
+    page.click("#decide")
+    page.wait_for_selector(f"#results[data-runs='{runs + 1}']", timeout=DECIDE_TIMEOUT_MS)
+    return list(page.evaluate(READ_PANELS))
+
+
+def assert_bar(drawn: dict[str, Any], label: str, probability: float) -> None:
+    assert drawn["label"] == label
+    printed = float(drawn["text"].removesuffix("%"))
+    assert abs(printed - 100 * probability) <= PERCENT_TOLERANCE, (label, drawn["text"], probability)
+    assert abs(drawn["fill"] / drawn["track"]["width"] - probability) <= WIDTH_TOLERANCE, (label, drawn, probability)
+
+
+def assert_panel_matches(panel: dict[str, Any], body: dict[str, Any], expected: list[Expected]) -> None:
+    """Every decision the API returned is drawn as the API returned it, in its order, and nothing else."""
+    assert panel["kind"] == "result", panel
+    assert [card["field"] for card in panel["cards"]] == [e.field for e in expected]
+    for card, want in zip(panel["cards"], expected, strict=True):
+        assert card["value"] == want.value
+        for drawn, (label, probability) in zip(card["bars"], want.bars, strict=True):
+            assert_bar(drawn, label, probability)
+        assert [bar["label"] for bar in card["bars"] if bar["chosen"]] == [want.chosen]
+        assert_bar(card["mass"], "candidate_mass", want.mass)
+        track, mark = card["mass"]["track"], card["mass"]["mark"]
+        assert abs(mark["x"] + mark["width"] / 2 - (track["x"] + track["width"] / 2)) <= 1.0  # the mark is at 0.5
+        assert ("candidate mass below 0.5" in card["flags"]) == (want.mass < 0.5)
+        assert ("debiased" if want.debiased else "not debiased") in card["flags"]
+        assert ("calibrated" if want.calibrated else "not calibrated") in card["flags"]
+    pcd = body.get("x_pcd", {})
+    warnings = body["x_warnings"] if "x_warnings" in body else pcd["warnings"]
+    passes = body["x_forward_passes"] if "x_forward_passes" in body else pcd["forward_passes"]
+    tokens = body["usage"].get("input_tokens", body["usage"].get("prompt_tokens"))
+    assert panel["warnings"] == warnings
+    assert f"{passes} forward passes" in panel["cost"] and f"{tokens} tokens in" in panel["cost"], panel["cost"]
+    assert "queue " in panel["cost"] and "round trip " in panel["cost"]
+
+
+# -- fixtures -----------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    if CHROMIUM is None:
+        pytest.skip("no chromium on this machine: apt-get install -y chromium (.ci/run installs it)")
+    with sync_api.sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        yield launched
+        launched.close()
+
+
+@pytest.fixture(scope="module")
+def base_url(engine: Engine) -> Iterator[str]:
+    with serving(create_app(engine)) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def keyed_url(engine: Engine) -> Iterator[str]:
+    with serving(create_app(engine, api_key=API_KEY)) as url:
+        yield url
+
+
+@dataclass
+class Opened:
+    page: Any
+    requested: list[str]  # every URL the page asked for
+    problems: list[str]  # script errors and console errors the page logged
+
+
+@contextmanager
+def open_page(browser: Any, url: str) -> Iterator[Opened]:
+    context = browser.new_context(viewport=VIEWPORT)
+    page = context.new_page()
+    opened = Opened(page, [], [])
+    page.on("request", lambda request: opened.requested.append(request.url))
+    page.on("pageerror", lambda error: opened.problems.append(str(error)))
+    page.on("console", lambda message: message.type == "error" and opened.problems.append(message.text))
+    page.goto(url + "/playground")
+    page.wait_for_selector("body[data-ready='true']")
+    yield opened
+    context.close()
+
+
+@pytest.fixture
+def opened(browser: Any, base_url: str) -> Iterator[Opened]:
+    with open_page(browser, base_url) as page:
+        yield page
+
+
+def load_example(page: Any, name: str) -> None:
+    page.select_option("#example", label=name)
+    page.click("#load-example")
+
+
+# -- the tests ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("example", [TICKET, REFUND], ids=["schema", "question-set"])
+def test_bundled_example_is_drawn_as_the_api_answers_it(
+    opened: Opened, base_url: str, engine: Engine, example: dict[str, Any], tmp_path: Path
+) -> None:
+    page = opened.page
+    load_example(page, example["name"])
+    assert json.loads(page.input_value("#spec")) == example["spec"]
+    assert page.input_value("#text-a") == example["text"]
+    ask_api(base_url, example["spec"], example["text"], engine.model_name).raise_for_status()  # warm the head cache
+    (panel,) = decide(page)
+    body = ask_api(base_url, example["spec"], example["text"], engine.model_name).json()
+    read = expected_from_systemone if example["kind"] == "questions" else expected_from_chat
+    assert_panel_matches(panel, body, read(body))
+    # everything came from this server (no CDN), and the page logged no error
+    assert opened.requested and all(url.startswith(base_url + "/") for url in opened.requested), opened.requested
+    assert not opened.problems
+    shot = tmp_path / "playground.png"
+    page.screenshot(path=str(shot), full_page=True)
+    assert shot.stat().st_size > 20_000  # a drawn page, not a blank one
+    readme_shot = os.environ.get("PCD_PLAYGROUND_SCREENSHOT")
+    if readme_shot and example is TICKET:
+        page.screenshot(path=readme_shot, full_page=True)
+
+
+def test_a_refused_question_set_shows_the_422_body_the_api_returns(
+    opened: Opened, base_url: str, engine: Engine, tmp_path: Path
+) -> None:
+    page = opened.page
+    page.fill("#spec", json.dumps(ONE_OPTION))
+    (panel,) = decide(page)
+    refused = ask_api(base_url, ONE_OPTION, TICKET["text"], engine.model_name)
+    assert refused.status_code == 422
+    assert panel["kind"] == "error" and panel["status"] == "422" and "HTTP 422" in panel["title"]
+    assert "/v1/systemone" in panel["title"]
+    assert json.loads(panel["error"]) == refused.json()
+    page.screenshot(path=str(tmp_path / "refused.png"), full_page=True)
+    # a spec that is not JSON never leaves the page, and says so
+    page.fill("#spec", '{"questions": ')
+    (local,) = decide(page)
+    assert local["status"] == "local" and "not valid JSON" in local["error"]
+
+
+def test_compare_draws_both_texts_and_marks_the_decisions_that_differ(
+    opened: Opened, base_url: str, engine: Engine
+) -> None:
+    page = opened.page
+    load_example(page, REFUND["name"])
+    page.check("#compare")
+    page.fill("#text-b", CALM_TEXT)
+    first, second = decide(page)
+    bodies = [ask_api(base_url, REFUND["spec"], text, engine.model_name).json() for text in (REFUND["text"], CALM_TEXT)]
+    for panel, body, title in zip((first, second), bodies, ("Text A", "Text B"), strict=True):
+        assert panel["title"].startswith(title)
+        assert_panel_matches(panel, body, expected_from_systemone(body))
+    chosen = [{e.field: e.chosen for e in expected_from_systemone(body)} for body in bodies]
+    differing = {field for field in chosen[0] if chosen[0][field] != chosen[1][field]}
+    for panel in (first, second):
+        assert {card["field"] for card in panel["cards"] if card["changed"]} == differing
+
+
+def test_with_an_api_key_the_page_asks_for_it_once_and_sends_it(browser: Any, keyed_url: str, engine: Engine) -> None:
+    with open_page(browser, keyed_url) as opened:
+        page = opened.page
+        assert page.is_visible("#key-form")
+        load_example(page, REFUND["name"])
+        (refused,) = decide(page)
+        assert refused["status"] == "401" and json.loads(refused["error"])["detail"]["error_type"] == "unauthorized"
+        page.fill("#api-key", API_KEY)
+        page.click("#key-form button")
+        (panel,) = decide(page)
+        body = ask_api(keyed_url, REFUND["spec"], REFUND["text"], engine.model_name, key=API_KEY).json()
+        assert_panel_matches(panel, body, expected_from_systemone(body))
+        page.reload()  # kept in the page for this tab: not typed again
+        page.wait_for_selector("body[data-ready='true']")
+        load_example(page, REFUND["name"])
+        (again,) = decide(page)
+        assert again["kind"] == "result"
+
+
+# -- without a browser ------------------------------------------------------------------------
+def test_no_playground_leaves_the_page_routes_to_the_404_handler(engine: Engine) -> None:
+    with serving(create_app(engine, playground=False)) as url:
+        for path in ("/", "/playground", "/playground/examples", "/playground/static/playground.js"):
+            missing = httpx.get(url + path)
+            assert missing.status_code == 404 and missing.json()["detail"]["error_type"] == "not_found"
+    with serving(create_app(engine)) as url:
+        page = httpx.get(url + "/")
+        assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+        assert "default-src 'self'" in page.headers["content-security-policy"]
+        assert httpx.get(url + "/playground/static/../__init__.py").status_code == 404
+        assert httpx.get(url + "/playground/static/__init__.py").status_code == 404
+        assert "/" not in httpx.get(url + "/openapi.json").json()["paths"]
+
+
+def test_pcd_serve_passes_no_playground_to_the_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    import pcd_integrations.http
+
+    calls: list[dict[str, Any]] = []
+    monkeypatch.setattr(pcd_integrations.http, "serve", lambda factory, **options: calls.append(options))
+    assert main(["serve"]) == 0 and main(["serve", "--no-playground"]) == 0
+    assert [call["playground"] for call in calls] == [True, False]
+
+
+def test_the_bundled_ticket_is_the_examples_folders() -> None:
+    assert TICKET["spec"] == json.loads((ROOT / "examples" / "ticket_schema.json").read_text())
+    assert TICKET["text"] == (ROOT / "examples" / "ticket.txt").read_text()
