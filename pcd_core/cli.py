@@ -10,6 +10,7 @@ its ``run``; ``tests/test_cli.py`` drives each on the real model.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import logging
 import os
@@ -71,6 +72,20 @@ def _positive(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value} is not a positive number of tokens")
+    return value
+
+
+def _non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is not 0 or more")
+    return value
+
+
+def _positive_seconds(text: str) -> float:
+    value = float(text)
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
     return value
 
 
@@ -275,8 +290,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         import uvicorn  # noqa: F401
 
         from pcd_integrations.http import serve
+        from pcd_integrations.operations import Backpressure
     except ImportError as error:
         raise PcdError(f"{error}; run: pip install 'pcd-engine[http]'") from error
+    if args.otel and importlib.util.find_spec("opentelemetry") is None:
+        raise PcdError("--otel needs opentelemetry-api, which is not installed; run: pip install 'pcd-engine[otel]'")
     from .calibration import Calibration
     from .limits import Limits
     from .models import recommendation
@@ -295,6 +313,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         model_name=args.model,
         limits=limits,
         playground=not args.no_playground,
+        backpressure=Backpressure(max_queue=args.max_queue, timeout_s=args.timeout),
+        tracing=args.otel,
     )
     return 0
 
@@ -321,6 +341,26 @@ def add_serve(commands: Any) -> None:
         "--no-playground",
         action="store_true",
         help="do not serve the playground page at / and /playground (it needs no key to load, only to decide)",
+    )
+    serve.add_argument(
+        "--max-queue",
+        type=_non_negative,
+        default=None,
+        metavar="N",
+        help="at most N requests wait for the model; one more gets 503 with Retry-After (default: no bound)",
+    )
+    serve.add_argument(
+        "--timeout",
+        type=_positive_seconds,
+        default=None,
+        metavar="S",
+        help="a request not answered within S seconds gets 504 and its work stops at its next pass (default: none)",
+    )
+    serve.add_argument(
+        "--otel",
+        action="store_true",
+        help="an OpenTelemetry span per request and per forward pass, to the tracer provider the process "
+        "configures (the otel extra)",
     )
     _add_model_options(serve)
     from .evaluation.command import add_trust_options  # light: no model, no matplotlib

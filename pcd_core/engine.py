@@ -145,6 +145,11 @@ class Engine:
         return cls(loaded, tokenizer, name, head_cache_size=head_cache_size, calibration=fitted, debias=debias)
 
     @property
+    def waiting(self) -> int:
+        """Requests queued for the model now, behind the one that holds it (``pcd_core/fairness.py``)."""
+        return self._lock.waiting
+
+    @property
     def context_length(self) -> int:
         return self.backend.context_length
 

@@ -64,8 +64,20 @@ from pcd_core.wire.errors import OpenAIErrorBody, openai_error_body
 
 from .chat_completions import chunks, completion, reply_steps
 from .guards import BodyLimit, warn_if_exposed
+from .operations import (
+    Backpressure,
+    Operations,
+    Tracer,
+    build_metrics,
+    log_config,
+    observe_decided,
+    observe_reply,
+    observed_chunks,
+    stamp,
+)
 from .playground import add_playground
 from .threads import iterate_in_thread
+from .tracing import RequestTracer
 
 if TYPE_CHECKING:
     from fastapi import FastAPI, Request
@@ -89,6 +101,8 @@ _REQUEST_ERRORS = (
 )
 #: Routes that speak the OpenAI protocol, so that their errors take OpenAI's shape.
 OPENAI_ROUTES = frozenset({"/v1/decisions", "/v1/chat/completions"})
+#: Routes that run the model: what ``--max-queue`` and ``--timeout`` bound (``operations.py``).
+MODEL_ROUTES = OPENAI_ROUTES | {"/v1/systemone"}
 #: The parts of an error location that are a path in an OpenAI body (the rest are union tags).
 _OPENAI_FIELDS = decisions.FIELD_NAMES | chat.FIELD_NAMES
 _T = TypeVar("_T")
@@ -343,6 +357,8 @@ def create_app(
     api_key: str | None = None,
     limits: Limits = DEFAULT_LIMITS,
     playground: bool = True,
+    backpressure: Backpressure | None = None,
+    tracer: Tracer | None = None,
 ) -> "FastAPI":
     """Build the ASGI app for one engine, or for one that ``engine_factory`` loads in the background.
 
@@ -379,6 +395,7 @@ def create_app(
     )
     app.state.engine_slot = loader
     _guard_body(app, limits)
+    _add_operations(app, loader, backpressure, tracer)
 
     bearer = HTTPBearer(auto_error=False, description="Required only when the server has an API key.")
 
@@ -462,7 +479,8 @@ def create_app(
         _check_model(request.model, loader, "model")
         where: dict[str, str | int] = {qid: qid for qid in request.questions}
         response = await _decide(loader, request.state, request.questions, "state", where, http)
-        return JSONResponse(response.to_wire())
+        observe_decided(response)
+        return JSONResponse(stamp(response.to_wire()))
 
     @app.post("/v1/decisions", dependencies=checked, responses={200: {"model": DecisionResponse}, **openai_errors})
     async def decisions(request: DecisionRequest, http: Request) -> JSONResponse:
@@ -471,7 +489,8 @@ def create_app(
         questions = request.engine_questions()
         where: dict[str, str | int] = {qid: index for index, qid in enumerate(questions)}
         response = await _decide(loader, request.state(), questions, "input", where, http)
-        return JSONResponse(decision_response(request, response).model_dump(mode="json"))
+        observe_decided(response)
+        return JSONResponse(stamp(decision_response(request, response).model_dump(mode="json")))
 
     streamed: dict[int | str, dict[str, Any]] = {
         200: {
@@ -491,12 +510,13 @@ def create_app(
         steps = reply_steps(engine, request)
         if not request.stream:
             body = await _in_engine(lambda: completion(steps, engine.model_name), {}, "messages", http)
-            return JSONResponse(body.model_dump(mode="json"))
+            observe_reply(body.usage, body.x_pcd)
+            return JSONResponse(stamp(body.model_dump(mode="json"), "x_pcd"))
         # the first step (the whole fill or tool call; a generation's first token) runs before the
         # status line, so that every error a request can cause is still a 4xx
         first = await _in_engine(lambda: next(steps), {}, "messages", http)
         include_usage = request.stream_options is not None and request.stream_options.include_usage
-        events = chunks(itertools.chain([first], steps), engine.model_name, include_usage)
+        events = observed_chunks(chunks(itertools.chain([first], steps), engine.model_name, include_usage))
         return StreamingResponse(_server_sent(events), media_type="text/event-stream")
 
     @app.get("/v1/models", dependencies=guarded, responses=errors)
@@ -527,15 +547,21 @@ def serve(
     log_level: str = "info",
     limits: Limits = DEFAULT_LIMITS,
     playground: bool = True,
+    backpressure: Backpressure | None = None,
+    tracing: bool = False,
 ) -> None:
     """Run the server with uvicorn until interrupted.
 
     Given a factory (``lambda: Engine.load(...)``), the server listens at once and loads the model in
-    the background; ``/healthz`` says when it is ready.
+    the background; ``/healthz`` and ``/readyz`` say when it is ready. Every log line carries the
+    request id of the request it was written for (``-`` outside one). ``tracing`` sends a span per
+    request to the OpenTelemetry tracer provider the process configured (the ``otel`` extra).
     """
     uvicorn = _import_optional("uvicorn")
+    tracer = RequestTracer() if tracing else None
+    operations: dict[str, Any] = {"backpressure": backpressure, "tracer": tracer}
     if isinstance(engine_or_factory, Engine):
-        app = create_app(engine_or_factory, api_key=api_key, limits=limits, playground=playground)
+        app = create_app(engine_or_factory, api_key=api_key, limits=limits, playground=playground, **operations)
     elif callable(engine_or_factory):
         app = create_app(
             engine_factory=engine_or_factory,
@@ -543,11 +569,30 @@ def serve(
             api_key=api_key,
             limits=limits,
             playground=playground,
+            **operations,
         )
     else:
         raise TypeError(f"serve needs an Engine or a function that loads one, not {engine_or_factory!r}")
     warn_if_exposed(logger, "pcd serve", host, api_key)
-    uvicorn.run(app, host=host, port=port, log_level=log_level)
+    uvicorn.run(app, host=host, port=port, log_level=log_level, log_config=log_config(uvicorn.config.LOGGING_CONFIG))
+
+
+def _add_operations(
+    app: "FastAPI", loader: EngineLoader, backpressure: Backpressure | None, tracer: Tracer | None
+) -> None:
+    """Request ids, ``--max-queue``/``--timeout``, ``/livez``, ``/readyz``, ``/metrics`` and tracing
+    (``pcd_integrations/operations.py``), outermost, so that a refused request costs no body read.
+    """
+    known = MODEL_ROUTES | {"/v1/models", "/healthz"}
+    app.add_middleware(
+        Operations,
+        loader=loader,
+        model_paths=MODEL_ROUTES,
+        openai_paths=OPENAI_ROUTES,
+        backpressure=backpressure or Backpressure(),
+        metrics=build_metrics(loader, known),
+        tracer=tracer,
+    )
 
 
 def _guard_body(app: "FastAPI", limits: Limits) -> None:

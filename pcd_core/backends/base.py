@@ -53,6 +53,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import BackendError, PromptError
+from ..hooks import notify_pass
 
 
 @dataclass(frozen=True)
@@ -107,7 +108,10 @@ class PassCounter:
     _threads: threading.local = field(default_factory=threading.local, repr=False, compare=False)
 
     def add(self, n_tokens: int) -> None:
-        """Count one forward pass over ``n_tokens`` distinct tokens."""
+        """Count one forward pass over ``n_tokens`` distinct tokens, before it runs; the request's pass
+        listener (``pcd_core/hooks.py``: a tracing span per pass) hears of it first.
+        """
+        notify_pass(n_tokens)
         with self._lock:
             self.forward_passes += 1
             self.tokens_read += n_tokens
