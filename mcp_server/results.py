@@ -8,7 +8,7 @@ agent can see what answered and what it cost. The `decide` answers are the Syste
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, JsonValue
 
@@ -21,6 +21,8 @@ __all__ = [
     "ChoiceResult",
     "DecideResult",
     "FieldDecision",
+    "FieldGenerated",
+    "FieldMemberships",
     "FillResult",
     "NoulResult",
     "ScoreResult",
@@ -102,19 +104,44 @@ class DecideResult(BaseModel):
 
 
 class FieldDecision(Trust):
-    """How one field of a filled object was decided."""
+    """How one closed field of a filled object was decided."""
 
+    kind: Literal["decided"] = "decided"
     value: Any = Field(description="The chosen value.")
     probability: float = Field(description="Probability of the chosen value among the allowed ones.")
     candidate_mass: float = Field(description="Probability on any allowed value before renormalising.")
     confidence: float
 
 
+class FieldMemberships(BaseModel):
+    """How a multi-label list (an array of enum values) was decided: each label on its own, yes or no."""
+
+    kind: Literal["multi-label"] = "multi-label"
+    value: list[JsonValue] = Field(description="The labels whose membership probability is at least 0.5.")
+    memberships: dict[str, float] = Field(description="Each label's probability of being in the list.")
+    candidate_mass: float = Field(description="The lowest candidate mass of the per-label decisions.")
+
+
+class FieldGenerated(BaseModel):
+    """How an open field (a string, a number, a nested object, a free list) was written: generated
+    greedily under its JSON Schema, so it is valid, but it has no probabilities over alternatives.
+    """
+
+    kind: Literal["generated"] = "generated"
+    value: JsonValue = Field(description="The generated value.")
+    text: str = Field(description="The value as the model wrote it, in JSON.")
+    n_tokens: int = Field(description="Tokens written, those the grammar forced included.")
+    mean_probability: float = Field(description="Mean probability of the tokens the model chose.")
+
+
+FilledField = Annotated[FieldDecision | FieldMemberships | FieldGenerated, Field(discriminator="kind")]
+
+
 class FillResult(BaseModel):
-    """A JSON object filled against a closed schema."""
+    """A JSON object filled against a schema: closed fields decided, open ones generated."""
 
     value: dict[str, Any] = Field(description="The filled object; it validates against the schema.")
-    fields: dict[str, FieldDecision]
+    fields: dict[str, FilledField] = Field(description="Per field, how it was decided or generated (its kind).")
     warnings: list[str] = Field(description="Soft problems, such as a field with low candidate mass.")
     model: str
     usage: Usage

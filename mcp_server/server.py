@@ -17,9 +17,10 @@ Invariants:
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 try:
     from mcp.server.mcpserver import Context, MCPServer
@@ -43,9 +44,12 @@ from pcd_core import (
     __version__,
     parse_schema,
 )
-from pcd_core.errors import LimitError, RequestError
+from pcd_core.errors import GenerationError, LimitError, OptionError, RequestError
+from pcd_core.fairness import Cancellation, run_cancellable
+from pcd_core.generation import GeneratedField
 from pcd_core.limits import DEFAULT_LIMITS, Limits, check_decide, check_fill
 from pcd_core.questions import DecideResponse
+from pcd_core.result import Extraction, FieldResult
 
 from .loading import EngineFactory, EngineLoader, engine_for
 from .results import (
@@ -54,6 +58,8 @@ from .results import (
     ChoiceResult,
     DecideResult,
     FieldDecision,
+    FieldGenerated,
+    FieldMemberships,
     FillResult,
     NoulResult,
     ScoreResult,
@@ -71,7 +77,18 @@ QuestionText = Annotated[
     Field(description="The question to answer about the state: plain words, or a JSON object or array."),
 ]
 _TOOL_ANNOTATIONS = ToolAnnotations(read_only_hint=True, open_world_hint=False, idempotent_hint=True)
-_CALLER_ERRORS = (SchemaError, PromptError, TokenizationError, LimitError, RequestError, ValidationError)
+# a GenerationError (an open field its cap cut where it cannot close) names the field and its cap
+_CALLER_ERRORS = (
+    SchemaError,
+    PromptError,
+    TokenizationError,
+    OptionError,
+    LimitError,
+    RequestError,
+    GenerationError,
+    ValidationError,
+)
+_T = TypeVar("_T")
 # the wire names of question fields, as the single-question tools call them
 _NAMES = {"instructions": "question"}
 _CHOICE_NAMES = {**_NAMES, "criteria": "options"}
@@ -118,15 +135,40 @@ def _reported(answer: Any, model: str, usage: Usage) -> dict[str, Any]:
     return {"candidate_mass": answer.candidate_mass, "model": model, "usage": usage, **_trust(answer)}
 
 
-def _closed_only(check: Callable[..., None], limits: Limits, schema: Any, state: Any) -> None:
-    """The fill tool's schema: the bounds, and closed fields only, since its result reports a decision
-    (probability, candidate mass) per field; open fields are filled by ``Engine.fill`` and the
-    adapters, not yet by this tool.
+async def _in_worker(call: Callable[[], _T]) -> _T:
+    """One blocking engine call in a worker thread, stopped at its next pass boundary when the tool call
+    is abandoned: the SDK cancels the handler on ``notifications/cancelled`` (or when its transport
+    goes), and the ``Cancellation`` set on the way out reaches the engine (``pcd_core/fairness.py``).
     """
-    check(limits, schema, state)
-    if schema.open_fields:
-        names = ", ".join(repr(f.name) for f in schema.open_fields)
-        raise SchemaError(f"the fill tool decides closed fields only; {names} would be generated")
+    token = Cancellation()
+    try:
+        return await asyncio.to_thread(run_cancellable, token, call)
+    finally:  # a no-op once the call is done
+        token.cancel("the MCP request was cancelled")
+
+
+def _filled_fields(extraction: Extraction) -> dict[str, FieldDecision | FieldMemberships | FieldGenerated]:
+    """Each field of a fill as its tool result reports it: decided, decided label by label, or generated."""
+    fields: dict[str, FieldDecision | FieldMemberships | FieldGenerated] = {}
+    for name, f in extraction.fields.items():
+        if isinstance(f, FieldResult):
+            fields[name] = FieldDecision(
+                value=f.value,
+                probability=f.probability,
+                candidate_mass=f.candidate_mass,
+                confidence=f.confidence,
+                debiased=f.debiased,
+                calibrated=f.calibrated,
+            )
+        elif isinstance(f, GeneratedField):
+            fields[name] = FieldGenerated(
+                value=f.value, text=f.text, n_tokens=f.n_tokens, mean_probability=f.mean_probability
+            )
+        else:  # a multi-label list (MembershipResult)
+            fields[name] = FieldMemberships(
+                value=list(f.value), memberships=dict(f.memberships), candidate_mass=f.candidate_mass
+            )
+    return fields
 
 
 def build_server(
@@ -156,7 +198,8 @@ def build_server(
             "probabilities: no text is generated, and every answer comes with its probabilities. Use noul "
             "for a yes/no question, choice to pick one of named options, score to place the state on an "
             "ordered scale, decide for several such questions about one state in one pass, and fill to "
-            "fill a JSON object whose fields are all closed (booleans, enums)."
+            "fill a JSON object: closed fields (booleans, enums) decided with probabilities, open ones "
+            "(strings, numbers, nested objects) generated under the schema."
         ),
         version=__version__,
         lifespan=lifespan,
@@ -166,7 +209,7 @@ def build_server(
     async def decide_on(ctx: Context, state: Any, questions: dict[str, Any]) -> DecideResponse:
         engine = await engine_for(loader, ctx)
         try:
-            return await engine.adecide(state, questions)
+            return await _in_worker(lambda: engine.decide(state, questions))
         except _CALLER_ERRORS as exc:
             raise _caller_error(exc) from exc
 
@@ -287,38 +330,31 @@ def build_server(
         return DecideResult(model=resp.model, answers=resp.answers, usage=resp.usage)
 
     @server.tool(
-        title="Fill a closed JSON object",
+        title="Fill a JSON object",
         description=(
-            "Fill a JSON object from the state against a JSON Schema whose properties are all closed: "
-            "boolean, enum, const, or anyOf/oneOf of consts ($ref into $defs is fine). Free-text, "
-            "number-range and nested-object fields are rejected. Use it to extract a record in one "
-            "call; every field comes back with its probability and candidate mass."
+            "Fill a JSON object from the state against a JSON Schema. Closed properties (boolean, enum, "
+            "const, anyOf/oneOf of consts, arrays of enum values; $ref into $defs is fine) are decided "
+            "and come back with their probability and candidate mass (kind 'decided' or 'multi-label'); "
+            "open ones (strings, numbers, nested objects, free arrays) are generated under the schema, "
+            "so the value is valid, and come back with the text written (kind 'generated'). Use it to "
+            "extract a record in one call."
         ),
         annotations=_TOOL_ANNOTATIONS,
     )
     async def fill(
         state: Annotated[str, Field(description="The text to read.")],
-        schema: Annotated[dict[str, Any], Field(description="A JSON Schema object with closed properties.")],
+        schema: Annotated[dict[str, Any], Field(description="A JSON Schema of an object.")],
         ctx: Context,
     ) -> FillResult:
-        _checked(lambda: _closed_only(check_fill, limits, parse_schema(schema), state))
+        _checked(lambda: check_fill(limits, parse_schema(schema), state))
         engine = await engine_for(loader, ctx)
         try:
-            ex = await engine.afill(schema, state)
+            ex = await _in_worker(lambda: engine.fill(schema, state))
         except _CALLER_ERRORS as exc:
             raise _caller_error(exc) from exc
         return FillResult(
             value=dict(ex.value),
-            fields={
-                name: FieldDecision(
-                    value=f.value,
-                    probability=f.probability,
-                    candidate_mass=f.candidate_mass,
-                    confidence=f.confidence,
-                    **_trust(f),
-                )
-                for name, f in ex.fields.items()
-            },
+            fields=_filled_fields(ex),
             warnings=list(ex.warnings),
             model=engine.model_name,
             usage=Usage.of(ex.stats),

@@ -227,7 +227,6 @@ BAD_CALLS = {
     "too_many_levels": ("score", {**SCORE_ARGS, "levels": _levels(11)}, "levels"),
     "unknown_noul_criterion": ("noul", {**NOUL_ARGS, "criteria": {"maybe": "unsure"}}, "criteria"),
     "missing_question": ("noul", {"state": STATE}, "question"),
-    "free_text_field": ("fill", {**FILL_ARGS, "schema": {"properties": {"name": {"type": "string"}}}}, "'name'"),
     "schema_not_an_object": ("fill", {**FILL_ARGS, "schema": ["wants_refund"]}, "schema"),
     "no_questions": ("decide", {"state": STATE, "questions": {}}, "questions"),
     "unknown_question_type": ("decide", {**DECIDE_ARGS, "questions": {"a": {"type": "essay"}}}, "essay"),
@@ -386,3 +385,66 @@ async def test_streamable_http_serves_on_loopback(engine: Engine) -> None:
     finally:
         process.terminate()
         process.wait(timeout=30)
+
+
+OPEN_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "customer": {"type": "string", "maxLength": 20},
+        "wants_refund": {"type": "boolean"},
+        "issues": {"type": "array", "items": {"enum": ["damaged", "late", "wrong_item"]}},
+    },
+    "required": ["customer", "wants_refund", "issues"],
+}
+
+
+@pytest.mark.asyncio
+async def test_fill_accepts_open_fields_and_reports_them_as_generated(server, engine: Engine) -> None:
+    """The fill tool takes what ``engine.fill`` takes (issue 24, item 7): open fields come back
+    generated (their text and token count), closed ones decided, each as the engine reported it.
+    """
+    async with Client(server, raise_exceptions=True) as client:
+        schemas = await output_schemas(client)
+        result = await client.call_tool("fill", {"state": STATE, "schema": OPEN_SCHEMA})
+    assert not result.is_error, result.content
+    content = result.structured_content
+    jsonschema.validate(content, schemas["fill"])
+    jsonschema.validate(content["value"], OPEN_SCHEMA)
+    ex = engine.fill(OPEN_SCHEMA, STATE)
+    assert content["value"] == ex.value
+    customer, refund, issues = (content["fields"][name] for name in ("customer", "wants_refund", "issues"))
+    assert customer["kind"] == "generated" and customer["text"] == ex.fields["customer"].text
+    assert customer["n_tokens"] == ex.fields["customer"].n_tokens > 0
+    assert refund["kind"] == "decided" and refund["probability"] == close(ex.fields["wants_refund"].probability)
+    assert issues["kind"] == "multi-label" and set(issues["memberships"]) == {"damaged", "late", "wrong_item"}
+    assert content["usage"]["output_tokens"] == ex.stats.output_tokens > 0
+
+
+@pytest.mark.asyncio
+async def test_an_abandoned_call_stops_the_engine_at_its_next_pass(server, engine: Engine) -> None:
+    """A client that gives up on a call mid-generation (the SDK sends ``notifications/cancelled``)
+    stops the fill at its next pass boundary instead of letting it run on (issue 24, item 4).
+    """
+    story = {"type": "object", "properties": {"story": {"type": "string", "maxLength": 1000}}, "required": ["story"]}
+    async with Client(server, raise_exceptions=True) as client:
+        await client.call_tool("noul", NOUL_ARGS)  # the server is loaded and warm
+        before = engine.backend.forward_passes
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(client.call_tool, "fill", {"state": STATE, "schema": story})
+            with anyio.fail_after(120):
+                while engine.backend.forward_passes < before + 5:  # the story is being generated
+                    await anyio.sleep(0.01)
+            tg.cancel_scope.cancel()  # the client abandons the call
+        given_up_at = engine.backend.forward_passes
+        with anyio.fail_after(120):
+            while not await _still(engine):
+                pass
+        assert engine.backend.forward_passes - given_up_at <= 3  # the pass under way, then it stopped
+        assert not (await client.call_tool("noul", NOUL_ARGS)).is_error
+
+
+async def _still(engine: Engine, quiet_s: float = 1.0) -> bool:
+    """Whether no pass runs on ``engine`` for ``quiet_s``."""
+    passes = engine.backend.forward_passes
+    await anyio.sleep(quiet_s)
+    return engine.backend.forward_passes == passes
