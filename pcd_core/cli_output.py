@@ -1,9 +1,9 @@
 """What ``pcd`` prints: aligned tables for people, the JSON records for programs.
 
 A table shows every decision with 4 decimals, marks a low candidate mass with ``!`` (the model wanted to
-write something that is not an allowed value, so its probability says little), then what the
-probabilities are (calibrated, debiased or raw: :func:`trust_line`), the warnings and one line of
-cost. ``--json`` prints the records of :func:`fill_record` and :func:`decide_record` instead, unrounded. ``tests/test_cli.py`` reads the tables back and compares them with the engine.
+write something that is not an allowed value, so its probability says little) and every generated
+field's text, token count and mean token probability, then what the probabilities are (calibrated,
+debiased or raw: :func:`trust_line`), the warnings and one line of cost. ``--json`` prints the records of :func:`fill_record` and :func:`decide_record` instead, unrounded. ``tests/test_cli.py`` reads the tables back and compares them with the engine.
 """
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from .generation import GeneratedField
 from .questions import ChoiceAnswer, DecideResponse, NoulAnswer, ScoreAnswer
-from .result import LOW_MASS, Extraction, Stats
+from .result import LOW_MASS, Extraction, FieldResult, MembershipResult, Stats
 
 LOW_MASS_MARK = "!"
 
@@ -43,13 +44,32 @@ def render_value(value: Any) -> str:
 
 
 def fill_table(extraction: Extraction) -> str:
-    rows = [
-        [name, render_value(f.value), f"{f.probability:.4f}", f"{f.candidate_mass:.4f}", _mark(f.candidate_mass)]
-        for name, f in extraction.fields.items()
-    ]
-    masses = [f.candidate_mass for f in extraction.fields.values()]
-    table = _table(["field", "value", "probability", "candidate mass", ""], rows, numeric={2, 3})
-    return _with_footer(table, masses, extraction.warnings, extraction.stats, trust_line(extraction.fields))
+    """Decided, multi-label and generated fields in one table, in the schema's order. A schema with
+    generated fields gets a ``tokens`` column and a line that says what their probability is.
+    """
+    written = [f for f in extraction.fields.values() if isinstance(f, GeneratedField)]
+    rows = [_fill_cells(name, f, bool(written)) for name, f in extraction.fields.items()]
+    masses = [f.candidate_mass for f in extraction.fields.values() if not isinstance(f, GeneratedField)]
+    header = ["field", "value", "probability", "candidate mass", *(["tokens"] if written else []), ""]
+    table = _table(header, rows, numeric={2, 3, 4} if written else {2, 3})
+    trust = trust_line(extraction.fields)
+    if written:
+        forced = sum(f.n_forced for f in written)
+        note = (
+            f"generated: probability is the mean probability of the tokens the model chose, tokens counts "
+            f"every token written ({forced} of them forced by the grammar)"
+        )
+        trust = note if trust is None else f"{trust}\n{note}"
+    return _with_footer(table, masses, extraction.warnings, extraction.stats, trust)
+
+
+def _fill_cells(name: str, field: FieldResult | MembershipResult | GeneratedField, generated: bool) -> list[str]:
+    """One row: a decided field's probability, a list's lowest candidate mass, a generated field's text."""
+    if isinstance(field, GeneratedField):
+        return [name, field.text, f"{field.mean_probability:.4f}", "-", str(field.n_tokens), ""]
+    probability = f"{field.probability:.4f}" if isinstance(field, FieldResult) else "-"
+    mass = field.candidate_mass
+    return [name, render_value(field.value), probability, f"{mass:.4f}", *(["-"] if generated else []), _mark(mass)]
 
 
 def decide_table(response: DecideResponse) -> str:

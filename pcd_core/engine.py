@@ -38,7 +38,7 @@ from .deciding import plan_decide
 from .decoding import DecisionTask, Decoded, DecodeOptions, RoundStats, decode
 from .errors import PromptError
 from .fairness import ModelLock, no_pause
-from .generation import MAX_ROOM, GeneratedField, GenerationStats, generate_open_fields
+from .generation import MAX_ROOM, GeneratedField, GenerationStats, check_caps, generate_open_fields
 from .grammar import GrammarTokenizer
 from .limits import DEFAULT_LIMITS, Limits, check_decide, check_fill
 from .models import DEFAULT_MODEL, load_backend
@@ -258,7 +258,9 @@ class Engine:
         it covers a field.
         ``generate=False`` decides the closed fields only, on the same prompt (the value is then a dict).
         """
-        check_fill(self.limits, parse_schema(schema), text)  # bounds and readable text first
+        parsed = parse_schema(schema)
+        check_fill(self.limits, parsed, text)  # bounds and readable text first
+        check_caps(parsed, max_new_tokens)
         options = _options(options, strategy)
         started = time.perf_counter()
         compiled = self.compile(schema, task)

@@ -45,7 +45,16 @@ class FreeTextNotSupportedError(PcdError, NotImplementedError):
 
 
 class GenerationError(PcdError, RuntimeError):
-    """An open field that cannot be finished as valid JSON: its cap cut a value that cannot close."""
+    """An open field that cannot be finished as valid JSON: its cap cut a value that cannot close.
+
+    ``text`` is what the row wrote before it stopped (the whole of it; the message shows its ends) and
+    ``cause`` why it stopped (``"max_new_tokens"``, ``"no_allowed_token"``), so that a caller can see
+    where the model went.
+    """
+
+    def __init__(self, message: str, *, field: str | None = None, text: str = "", cause: str = "") -> None:
+        self.field, self.text, self.cause = field, text, cause
+        super().__init__(message)
 
 
 class Cancelled(PcdError):

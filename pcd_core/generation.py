@@ -12,15 +12,17 @@ wave's first step.
 
 Every value is valid by construction: a row ends only when its matcher stops after the line ending.
 A row that reaches ``max_new_tokens`` is closed where the grammar allows it (a string gets its closing
-quote, with a warning) and otherwise raises ``GenerationError``, never invalid JSON.
+quote, with a warning) and otherwise raises ``GenerationError`` with the text written so far, never
+invalid JSON. The schemas arrive strict (``strict.py``): objects with exactly their keys, arrays bounded.
 ``tests/test_generation.py`` checks validity, pass counts and sequential equality on the real model.
 """
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,10 +30,11 @@ import numpy as np
 
 from .backends.base import Backend, Prefix
 from .compiler import OpenRowSpec
-from .errors import GenerationError
+from .errors import GenerationError, OptionError
 from .fairness import no_pause
 from .grammar import GrammarTokenizer, RowMatcher
 from .schema import Schema, open_waves
+from .strict import bound_warnings
 
 #: row tokens a wave (or a plain reply, ``Engine.stream``) reserves room for behind its prefix's KV;
 #: rows that outgrow it still work (the backend's buffers grow), and many uncapped strings do not
@@ -93,6 +96,28 @@ class GenerationStats:
     forced_tokens: int = 0
 
 
+def check_caps(schema: Schema, max_new_tokens: Mapping[str, int] | None) -> None:
+    """Refuse, before any pass, a cap for a key that is not an open field (a misspelt one would be
+    ignored) and a cap that is not a positive integer.
+    """
+    if max_new_tokens is None:
+        return
+    if not isinstance(max_new_tokens, Mapping):
+        raise OptionError(f"max_new_tokens must map open fields to token counts, not {max_new_tokens!r}")
+    known = [item.name for item in schema.open_fields]
+    for name, cap in max_new_tokens.items():
+        if name not in known:
+            close = difflib.get_close_matches(str(name), known, n=1)
+            guess = f"; did you mean {close[0]!r}?" if close else ""
+            listed = ", ".join(map(repr, known)) if known else "none, every field is decided"
+            raise OptionError(
+                f"max_new_tokens names {name!r}, which is not an open field of this schema{guess} "
+                f"(its open fields: {listed})"
+            )
+        if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
+            raise OptionError(f"max_new_tokens[{name!r}] must be a positive integer, got {cap!r}")
+
+
 def generate_open_fields(
     backend: Backend,
     grammar_tokenizer: GrammarTokenizer,
@@ -136,8 +161,8 @@ def generate_open_fields(
         prefix = _run_rows(backend, grammar_tokenizer, prefix, rows, caps, stats, pause, tuple(ids), room)
         for row in rows:
             written[row.spec.field.name] = row.generated
-            results[row.spec.field.name] = _result(row, grammar_tokenizer, wave_index)
-            warnings += row.warnings
+            result = results[row.spec.field.name] = _result(row, grammar_tokenizer, wave_index)
+            warnings += row.warnings + bound_warnings(result.name, row.spec.field.value_schema, result.value)
     return results, warnings
 
 
@@ -191,7 +216,10 @@ def _best_allowed(row: _Row, logp: np.ndarray) -> int:
     masked = np.where(allowed[:n], logp[:n], -math.inf)
     token = int(np.argmax(masked))
     if masked[token] == -math.inf:
-        raise GenerationError(f"field {row.spec.field.name!r}: the grammar allows no token of this model")
+        name = row.spec.field.name
+        raise GenerationError(
+            f"field {name!r}: the grammar allows no token of this model", field=name, cause="no_allowed_token"
+        )
     return token
 
 
@@ -218,9 +246,15 @@ def _jump_forward(row: _Row, tokenizer: GrammarTokenizer, caps: dict[str, int], 
                 f"field {name!r}: cut at max_new_tokens={caps[name]} and closed; the text may be incomplete"
             )
             return
+    partial = tokenizer.decode(row.generated)[len(row.spec.value_prefix) :]
+    shown = partial if len(partial) <= 300 else f"{partial[:150]}...{partial[-150:]}"
     raise GenerationError(
-        f"field {name!r}: the value did not finish within max_new_tokens={caps[name]}; raise the cap "
-        "(engine.fill(..., max_new_tokens={field: n})) or bound the field (maxLength, maxItems)"
+        f"field {name!r}: the value did not finish within max_new_tokens={caps[name]}; it had written "
+        f"{shown!r}. Raise the cap (engine.fill(..., max_new_tokens={{field: n}})) or bound the field "
+        "(maxLength, maxItems)",
+        field=name,
+        text=partial,
+        cause="max_new_tokens",
     )
 
 

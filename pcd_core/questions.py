@@ -18,7 +18,6 @@ Unknown fields are ignored. ``tests/test_questions.py`` covers each rule without
 
 from __future__ import annotations
 
-import unicodedata
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import (
@@ -33,19 +32,12 @@ from pydantic import (
     model_validator,
 )
 
+from .schema import check_distinct, normalise_option
+
 if TYPE_CHECKING:
     from .result import Stats
 
 Text = str | dict[str, Any] | list[Any]
-
-# Characters that render as nothing: two options that differ only by these look the same to a reader
-# and, after the tokenizer, nearly the same to the model.
-_INVISIBLE = dict.fromkeys(map(ord, "\u200b\u200c\u200d\u2060\ufeff\u00ad\u180e"), None)
-
-
-def normalise_option(name: str) -> str:
-    """The form two options are compared in: NFKC, zero-width characters removed, whitespace collapsed."""
-    return " ".join(unicodedata.normalize("NFKC", name).translate(_INVISIBLE).split())
 
 
 def is_blank(value: Any) -> bool:
@@ -58,22 +50,16 @@ def is_blank(value: Any) -> bool:
 
 
 def check_options(names: list[str], shown: list[str] | None = None) -> None:
-    """Raise ValueError when an option is blank or two are equal after `normalise_option`.
+    """Raise ValueError when an option is blank or two are equal after `normalise_option` (the rule a
+    schema's labels follow too: ``schema.check_distinct``).
 
     ``shown`` is how the message writes each option (default: its ``repr``).
     """
     shown = shown if shown is not None else [repr(name) for name in names]
-    seen: dict[str, int] = {}
     for index, name in enumerate(names):
-        key = normalise_option(name)
-        if not key:
+        if not normalise_option(name):
             raise ValueError(f"option names must not be blank, got {shown[index]}")
-        if key in seen:
-            raise ValueError(
-                f"options {shown[seen[key]]} and {shown[index]} are the same after Unicode normalisation "
-                "(NFKC, zero-width characters removed, whitespace collapsed)"
-            )
-        seen[key] = index
+    check_distinct(names, shown)
 
 
 def _not_blank(value: Any, what: str) -> Any:

@@ -12,11 +12,13 @@ dict of fields; a schema that cannot be read is a ``SchemaError`` that names the
 from __future__ import annotations
 
 import json
+import unicodedata
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .errors import SchemaError
+from .strict import strict_schema
 
 JsonValue = bool | int | float | str | None
 
@@ -106,6 +108,40 @@ class Schema:
         return dict(values)
 
 
+# Characters that render as nothing: two labels that differ only by these look the same to a reader
+# and, after the tokenizer, nearly the same to the model.
+_INVISIBLE = dict.fromkeys(map(ord, "\u200b\u200c\u200d\u2060\ufeff\u00ad\u180e"), None)
+
+
+def normalise_option(name: str) -> str:
+    """The form two labels are compared in: NFKC, zero-width characters removed, whitespace collapsed."""
+    return " ".join(unicodedata.normalize("NFKC", name).translate(_INVISIBLE).split())
+
+
+def check_distinct(names: Sequence[str], shown: Sequence[str] | None = None, what: str = "options") -> None:
+    """Raise ValueError when two names are equal after :func:`normalise_option`: the model could not
+    tell them apart. The one rule for a schema's labels and a question's options (HTTP, MCP, ``decide``).
+    ``shown`` is how the message writes each name (default: its ``repr``).
+    """
+    shown = shown if shown is not None else [repr(name) for name in names]
+    seen: dict[str, int] = {}
+    for index, name in enumerate(names):
+        key = normalise_option(name)
+        if key in seen:
+            raise ValueError(
+                f"{what} {shown[seen[key]]} and {shown[index]} are the same after Unicode normalisation "
+                "(NFKC, zero-width characters removed, whitespace collapsed)"
+            )
+        seen[key] = index
+
+
+def _check_distinct_labels(name: str, values: Sequence[Any]) -> None:
+    try:
+        check_distinct([value for value in values if isinstance(value, str)], what="values")
+    except ValueError as error:
+        raise SchemaError(str(error), field=name) from None
+
+
 def spellings(value: JsonValue) -> tuple[str, ...]:
     """Every JSON spelling of a value. Small models often quote booleans and numbers (seed 000)."""
     canonical = json.dumps(value, ensure_ascii=False)
@@ -133,6 +169,7 @@ def make_field(name: str, values: list[Any], description: str = "", depends_on: 
         labels.append(Label(value=value, forms=spellings(value)))
     if len(labels) < 2:
         raise SchemaError(f"only one allowed value ({values[0]!r}); a decision needs two", field=name)
+    _check_distinct_labels(name, values)
     if isinstance(depends_on, str):
         depends_on = (depends_on,)
     if not isinstance(depends_on, list | tuple) or not all(isinstance(d, str) for d in depends_on):
@@ -237,6 +274,7 @@ def membership_fields(name: str, labels: list[Any], description: str, depends_on
     membership probability per label instead of a generated array.
     """
     about = f"{description.rstrip('.')}. " if description else ""
+    _check_distinct_labels(name, labels)
     fields = []
     for label in labels:
         shown = label if isinstance(label, str) else json.dumps(label)
@@ -270,6 +308,7 @@ def default_max_new_tokens(spec: Mapping[str, Any]) -> int:
 def make_open_field(name: str, spec: Mapping[str, Any], defs: Mapping[str, Any], description: str) -> OpenField:
     resolved = _inline_refs(spec, defs, (), name)
     resolved = {k: v for k, v in resolved.items() if k not in ("depends_on", "x-depends-on", "title", "default")}
+    resolved = strict_schema(resolved)  # exactly the declared keys, bounded arrays (strict.py)
     depends_on = spec.get("depends_on", spec.get("x-depends-on", ()))
     if isinstance(depends_on, str):
         depends_on = (depends_on,)

@@ -82,6 +82,28 @@ def test_fill_table_shows_the_engines_decisions(use_engine, capsys):
     assert passes >= 1 and input_tokens == expected.stats.input_tokens
 
 
+def test_fill_table_shows_generated_fields_beside_decided_ones(use_engine, capsys, tmp_path):
+    """A schema with an open field once crashed the printer (a generated field has no probability)."""
+    schema = {"properties": {"name": {"type": "string", "maxLength": 20}, "urgent": {"type": "boolean"}}}
+    text = "Hi, I'm Alice Martin and our server is down. Please help now!"
+    (tmp_path / "schema.json").write_text(json.dumps(schema))
+    (tmp_path / "input.txt").write_text(text)
+    assert main(["fill", "--schema", str(tmp_path / "schema.json"), "--input", str(tmp_path / "input.txt")]) == 0
+    out = capsys.readouterr().out
+    expected = use_engine.fill(schema, text)
+    rows = table_rows(out, "field")
+    assert list(rows) == ["name", "urgent"]
+    name = expected.fields["name"]
+    assert rows["name"] == [name.text, f"{name.mean_probability:.4f}", "-", str(name.n_tokens)]
+    urgent = expected.fields["urgent"]
+    value, probability, mass, tokens, *mark = rows["urgent"]
+    assert (value, tokens) == (render_value(urgent.value), "-")
+    assert float(probability) == pytest.approx(urgent.probability, abs=5e-5)
+    assert float(mass) == pytest.approx(urgent.candidate_mass, abs=5e-5)
+    assert f"({name.n_forced} of them forced by the grammar)" in out
+    assert cost(out)[1] == expected.stats.input_tokens
+
+
 def test_fill_json_is_the_extraction_record(use_engine, capsys):
     assert main(["fill", "--schema", str(SCHEMA), "--input", str(TICKET), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)

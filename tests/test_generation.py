@@ -9,7 +9,7 @@ import pytest
 from pydantic import BaseModel, Field
 
 from pcd_core import parse_schema
-from pcd_core.errors import BackendError, GenerationError
+from pcd_core.errors import BackendError, GenerationError, OptionError
 from pcd_core.generation import GenerationStats, generate_open_fields
 from pcd_core.grammar import GrammarTokenizer
 from pcd_core.prompt import INSTRUCTIONS, MIXED_INSTRUCTIONS
@@ -291,3 +291,44 @@ def test_growing_an_older_state_twice_forks_it_without_corrupting_either(engine)
         for i in range(2):
             want = backend.next_logp(backend.prefill(rows.ids[i], parent=prefix))
             np.testing.assert_allclose(rows.logp[i], want, atol=1e-4)
+
+
+class Letter(BaseModel):
+    customer_name: str = Field(max_length=40)
+    address: Address
+
+
+LETTER = (
+    "Subject: Charged twice!!\n\nHi, I was billed twice for my March invoice ($49 each). Please refund the "
+    "duplicate charge within 12 hours or I will cancel. -- Dana Whitfield, 12 Rue de la Paix, Lyon, France"
+)
+
+
+def test_a_nested_model_has_exactly_its_keys_in_bounded_steps(engine):
+    """An ordinary ``Address(BaseModel)`` does not forbid extra keys; the grammar once let SmolLM2 add
+    ``"date"``, ``"street"``... until its cap. Now every key is forced and the object closes after the last.
+    """
+    result = engine.fill(Letter, LETTER)
+    address = result.fields["address"]
+    assert list(json.loads(address.text)) == ["city", "country"]
+    assert isinstance(result.value.address, Address)
+    assert not result.warnings
+    # the keys and the punctuation are forced: the model chooses only the two strings' tokens
+    assert address.n_tokens - address.n_forced <= 2 * 12 and result.stats.open_steps <= 30
+
+
+def test_a_cap_error_carries_the_text_written_and_its_cause(engine):
+    with pytest.raises(GenerationError) as caught:
+        engine.fill(Letter, LETTER, max_new_tokens={"address": 6})
+    error = caught.value
+    assert (error.field, error.cause) == ("address", "max_new_tokens")
+    assert error.text.startswith('{"city": "') and repr(error.text) in str(error)
+
+
+def test_a_misspelt_cap_is_an_option_error_before_any_pass(engine):
+    passes = engine.backend.forward_passes
+    with pytest.raises(OptionError, match=r"'nmae'.*did you mean 'name'\?.*open fields: 'name'"):
+        engine.fill({"properties": {"name": {"type": "string", "maxLength": 20}}}, "Bob", max_new_tokens={"nmae": 4})
+    with pytest.raises(OptionError, match="positive integer"):
+        engine.fill({"properties": {"name": {"type": "string", "maxLength": 20}}}, "Bob", max_new_tokens={"name": 0})
+    assert engine.backend.forward_passes == passes

@@ -122,3 +122,24 @@ def test_a_dtype_that_would_not_be_used_is_refused_before_anything_loads(backend
     monkeypatch.setattr(models, "resolve", lambda name: pytest.fail("resolved a model after a bad dtype"))
     with pytest.raises(OptionError, match=says):
         Engine.load("smollm2-135m", backend=backend, dtype=dtype, base_url="http://127.0.0.1:9")
+
+
+def test_a_typo_of_an_alias_asks_did_you_mean(no_network):
+    with pytest.raises(PcdError, match=r"did you mean 'smollm2-135m'\?") as caught:
+        resolve("smollm2-135")
+    assert "hf download" not in str(caught.value)  # not a hub download for a misspelt alias
+    with pytest.raises(PcdError, match="did you mean 'qwen2.5-coder-0.5b'"):
+        resolve("qwen2.5-coder-0.5")
+
+
+def test_a_warm_load_prints_no_library_bars_and_leaves_them_on(engine, capfd):
+    """transformers printed "Loading weights" bars on every load; its bars are the caller's again after."""
+    from transformers.utils import logging as transformers_logging
+
+    capfd.readouterr()
+    Engine.load("smollm2-135m")
+    loading = capfd.readouterr().err
+    assert "Loading weights" not in loading and "it/s" not in loading
+    for _ in transformers_logging.tqdm(range(2), desc="the caller's own bar"):
+        pass
+    assert "the caller's own bar" in capfd.readouterr().err

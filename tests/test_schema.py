@@ -105,6 +105,10 @@ def test_first_field_is_decided_alone():
         ({"properties": {"one": {"enum": ["A"]}}}, "one", "only one"),
         ({"properties": {"ref": {"$ref": "#/$defs/Missing"}}}, "ref", "cannot resolve"),
         ({"properties": {"odd": {"enum": [1.5, 2.5]}}}, "odd", "not a string"),
+        # equal after Unicode normalisation: the rule the choice questions of HTTP and MCP follow too
+        ({"properties": {"wide": {"enum": ["A1", "\uff21\uff11"]}}}, "wide", "same after Unicode"),
+        ({"properties": {"zw": {"enum": ["ab", "a\u200db", "c"]}}}, "zw", "same after Unicode"),
+        ({"properties": {"tags": {"type": "array", "items": {"enum": ["x y", "x  y"]}}}}, "tags", "same after"),
     ],
 )
 def test_broken_fields_raise_schema_error_naming_the_field(spec, field, reason):
@@ -188,3 +192,49 @@ def test_unknown_schema_type_is_rejected():
 def test_empty_schema_is_rejected():
     with pytest.raises(SchemaError):
         parse_schema({"properties": {}})
+
+
+class Address(BaseModel):
+    city: str
+    country: str
+
+
+def test_open_objects_have_exactly_their_keys_and_arrays_a_visible_bound():
+    """pydantic does not forbid extra keys, and the grammar once let a model invent them until its cap."""
+    from pcd_core.prompt import open_catalog_line
+    from pcd_core.strict import DEFAULT_MAX_ITEMS
+
+    class Order(BaseModel):
+        ship_to: Address
+        notes: list[str]
+        codes: list[str] = Field(max_length=3)
+        extra: dict
+        stops: list[Address] | None = None
+
+    by_name = {item.name: item.value_schema for item in parse_schema(Order).open_fields}
+    ship_to = by_name["ship_to"]
+    assert ship_to["additionalProperties"] is False and ship_to["required"] == ["city", "country"]
+    assert by_name["notes"]["maxItems"] == DEFAULT_MAX_ITEMS and by_name["codes"]["maxItems"] == 3
+    assert by_name["extra"]["additionalProperties"] is True and "required" not in by_name["extra"]
+    listed = next(option for option in by_name["stops"]["anyOf"] if option.get("type") == "array")
+    assert listed["maxItems"] == DEFAULT_MAX_ITEMS and listed["items"]["additionalProperties"] is False
+    notes = next(item for item in parse_schema(Order).open_fields if item.name == "notes")
+    assert f"a list (at most {DEFAULT_MAX_ITEMS}) of a string" in open_catalog_line(notes)
+
+
+def test_an_object_that_allows_more_keys_stays_open():
+    spec = {"type": "object", "properties": {"a": {"type": "string"}}, "additionalProperties": {"type": "string"}}
+    (item,) = parse_schema({"properties": {"x": spec}}).open_fields
+    assert item.value_schema["additionalProperties"] == {"type": "string"} and "required" not in item.value_schema
+
+
+def test_a_list_that_reaches_the_default_bound_is_named_in_a_warning():
+    from pcd_core.strict import DEFAULT_MAX_ITEMS, bound_warnings, strict_schema
+
+    spec = strict_schema({"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"}}}})
+    full = {"tags": ["t"] * DEFAULT_MAX_ITEMS}
+    (warning,) = bound_warnings("meta", spec, full)
+    assert "$.tags" in warning and "maxItems" in warning
+    assert bound_warnings("meta", spec, {"tags": ["t"]}) == []
+    chosen = strict_schema({"type": "array", "items": {"type": "string"}, "maxItems": DEFAULT_MAX_ITEMS})
+    assert bound_warnings("meta", chosen, ["t"] * DEFAULT_MAX_ITEMS) == []  # the caller's own bound
