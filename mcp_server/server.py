@@ -50,7 +50,6 @@ from pcd_core.generation import GeneratedField
 from pcd_core.limits import DEFAULT_LIMITS, Limits, check_decide, check_fill
 from pcd_core.questions import DecideResponse
 from pcd_core.result import Extraction, FieldResult
-from pcd_integrations.read_timeouts import DEFAULT_READ_TIMEOUTS, ReadTimeouts, http_protocol
 
 from .loading import EngineFactory, EngineLoader, engine_for
 from .results import (
@@ -375,15 +374,13 @@ def serve(
     json_response: bool = False,
     api_key: str | None = None,
     limits: Limits = DEFAULT_LIMITS,
-    read_timeouts: ReadTimeouts = DEFAULT_READ_TIMEOUTS,
 ) -> None:
     """Serve the tools until the client goes away (stdio) or the process is stopped (HTTP, at /mcp).
 
     ``stateless`` and ``json_response`` are the SDK's streamable-HTTP settings: no session ids, and one
     JSON body per request instead of an SSE stream. Either way the model loads once per process. Over
-    HTTP, ``api_key`` requires ``Authorization: Bearer <key>`` on every request, bodies over
-    ``limits.max_body_bytes`` get 413 before the SDK parses them, and a client gets 408 when its
-    headers or its body take longer than ``read_timeouts`` allows (``pcd_integrations/read_timeouts.py``).
+    HTTP, ``api_key`` requires ``Authorization: Bearer <key>`` on every request, and bodies over
+    ``limits.max_body_bytes`` get 413 before the SDK parses them.
     """
     server = build_server(engine_or_factory, log_level=log_level, limits=limits)
     if transport == "stdio":
@@ -391,10 +388,8 @@ def serve(
         return
     import uvicorn
 
-    app = http_app(
-        server, host, api_key, limits, stateless=stateless, json_response=json_response, read_timeouts=read_timeouts
-    )
-    uvicorn.run(app, host=host, port=port, log_level=log_level.lower(), http=http_protocol(read_timeouts.header_s))
+    app = http_app(server, host, api_key, limits, stateless=stateless, json_response=json_response)
+    uvicorn.run(app, host=host, port=port, log_level=log_level.lower())
 
 
 def http_app(
@@ -405,11 +400,8 @@ def http_app(
     *,
     stateless: bool = False,
     json_response: bool = False,
-    read_timeouts: ReadTimeouts = DEFAULT_READ_TIMEOUTS,
 ) -> Any:
-    """The streamable-HTTP ASGI app at /mcp, behind the body-size and body-time bounds and, with a key,
-    the bearer check.
-    """
+    """The streamable-HTTP ASGI app at /mcp, behind the body-size bound and, with a key, the bearer check."""
     import logging
 
     from pcd_integrations.guards import BearerAuth, BodyLimit, warn_if_exposed
@@ -423,4 +415,4 @@ def http_app(
     if api_key:
         app = BearerAuth(app, api_key)
     warn_if_exposed(logging.getLogger(__name__), "pcd-mcp", host, api_key)
-    return BodyLimit(app, limits, body_timeout_s=read_timeouts.body_s)
+    return BodyLimit(app, limits)
