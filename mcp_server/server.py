@@ -20,7 +20,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Annotated, Any, Literal, TypeVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
+from weakref import WeakKeyDictionary
 
 try:
     from mcp.server.mcpserver import Context, MCPServer
@@ -50,6 +52,7 @@ from pcd_core.generation import GeneratedField
 from pcd_core.limits import DEFAULT_LIMITS, Limits, check_decide, check_fill
 from pcd_core.questions import DecideResponse
 from pcd_core.result import Extraction, FieldResult
+from pcd_integrations.read_timeouts import DEFAULT_READ_TIMEOUTS, ReadTimeouts, http_protocol
 
 from .loading import EngineFactory, EngineLoader, engine_for
 from .results import (
@@ -66,6 +69,9 @@ from .results import (
     Usage,
     verdict_of,
 )
+
+if TYPE_CHECKING:
+    from pcd_integrations.metrics import Metrics
 
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
 State = Annotated[
@@ -171,6 +177,23 @@ def _filled_fields(extraction: Extraction) -> dict[str, FieldDecision | FieldMem
     return fields
 
 
+#: where the streamable-HTTP transport answers; the one path its metrics count
+MCP_PATH = "/mcp"
+
+
+@dataclass
+class _Served:
+    """What ``http_app`` reads of a server that ``build_server`` built: its loader (``/readyz``), and
+    the metrics its tools report to once it is served over HTTP (None on stdio).
+    """
+
+    loader: EngineLoader
+    metrics: Metrics | None = None
+
+
+_SERVED: WeakKeyDictionary[MCPServer, _Served] = WeakKeyDictionary()
+
+
 def build_server(
     engine_or_factory: Engine | EngineFactory,
     *,
@@ -206,12 +229,17 @@ def build_server(
         log_level=log_level,
     )
 
+    served = _SERVED[server] = _Served(loader)
+
     async def decide_on(ctx: Context, state: Any, questions: dict[str, Any]) -> DecideResponse:
         engine = await engine_for(loader, ctx)
         try:
-            return await _in_worker(lambda: engine.decide(state, questions))
+            response = await _in_worker(lambda: engine.decide(state, questions))
         except _CALLER_ERRORS as exc:
             raise _caller_error(exc) from exc
+        if served.metrics is not None:
+            served.metrics.decided(MCP_PATH, response)
+        return response
 
     async def ask(ctx: Context, state: Any, question: Any) -> tuple[Any, str, Usage]:
         resp = await decide_on(ctx, state, {"q": question})
@@ -352,6 +380,8 @@ def build_server(
             ex = await _in_worker(lambda: engine.fill(schema, state))
         except _CALLER_ERRORS as exc:
             raise _caller_error(exc) from exc
+        if served.metrics is not None:
+            served.metrics.filled(MCP_PATH, ex)
         return FillResult(
             value=dict(ex.value),
             fields=_filled_fields(ex),
@@ -374,13 +404,15 @@ def serve(
     json_response: bool = False,
     api_key: str | None = None,
     limits: Limits = DEFAULT_LIMITS,
+    read_timeouts: ReadTimeouts = DEFAULT_READ_TIMEOUTS,
 ) -> None:
     """Serve the tools until the client goes away (stdio) or the process is stopped (HTTP, at /mcp).
 
     ``stateless`` and ``json_response`` are the SDK's streamable-HTTP settings: no session ids, and one
     JSON body per request instead of an SSE stream. Either way the model loads once per process. Over
-    HTTP, ``api_key`` requires ``Authorization: Bearer <key>`` on every request, and bodies over
-    ``limits.max_body_bytes`` get 413 before the SDK parses them.
+    HTTP, ``api_key`` requires ``Authorization: Bearer <key>`` on every request, bodies over
+    ``limits.max_body_bytes`` get 413 before the SDK parses them, and a client gets 408 when its
+    headers or its body take longer than ``read_timeouts`` allows (``pcd_integrations/read_timeouts.py``).
     """
     server = build_server(engine_or_factory, log_level=log_level, limits=limits)
     if transport == "stdio":
@@ -388,8 +420,10 @@ def serve(
         return
     import uvicorn
 
-    app = http_app(server, host, api_key, limits, stateless=stateless, json_response=json_response)
-    uvicorn.run(app, host=host, port=port, log_level=log_level.lower())
+    app = http_app(
+        server, host, api_key, limits, stateless=stateless, json_response=json_response, read_timeouts=read_timeouts
+    )
+    uvicorn.run(app, host=host, port=port, log_level=log_level.lower(), http=http_protocol(read_timeouts.header_s))
 
 
 def http_app(
@@ -400,11 +434,16 @@ def http_app(
     *,
     stateless: bool = False,
     json_response: bool = False,
+    read_timeouts: ReadTimeouts = DEFAULT_READ_TIMEOUTS,
 ) -> Any:
-    """The streamable-HTTP ASGI app at /mcp, behind the body-size bound and, with a key, the bearer check."""
+    """The streamable-HTTP ASGI app at /mcp, behind the body-size and body-time bounds and, with a key,
+    the bearer check; in front of them request ids, ``/livez``, ``/readyz`` and ``/metrics``
+    (``pcd_integrations/operations.py``), which need no key, as ``pcd serve``'s health routes need none.
+    """
     import logging
 
     from pcd_integrations.guards import BearerAuth, BodyLimit, warn_if_exposed
+    from pcd_integrations.operations import Operations, build_metrics
 
     app: Any = server.streamable_http_app(
         max_request_body_size=limits.max_body_bytes,
@@ -415,4 +454,9 @@ def http_app(
     if api_key:
         app = BearerAuth(app, api_key)
     warn_if_exposed(logging.getLogger(__name__), "pcd-mcp", host, api_key)
-    return BodyLimit(app, limits)
+    app = BodyLimit(app, limits, body_timeout_s=read_timeouts.body_s)
+    served = _SERVED.get(server)
+    if served is None:  # a server built elsewhere: no loader to report on
+        return app
+    served.metrics = build_metrics(served.loader, frozenset({MCP_PATH}))
+    return Operations(app, served.loader, frozenset({MCP_PATH}), metrics=served.metrics)

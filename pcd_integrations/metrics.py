@@ -20,7 +20,8 @@ from collections.abc import Callable, Iterable, Mapping
 from types import ModuleType
 from typing import Any
 
-from pcd_core.questions import DecideResponse
+from pcd_core.questions import DecideResponse, Usage
+from pcd_core.result import Extraction, Stats
 
 __all__ = ["INSTALL_HINT", "Metrics", "prometheus_available"]
 
@@ -140,6 +141,16 @@ class Metrics:
         self.output_tokens.labels(route).inc(output_tokens)
         self.queue_time.labels(route).observe(queue_ms / 1000.0)
 
+    def spent(self, path: str, cost: Usage | Stats) -> None:
+        """A request's cost as its ``Usage`` or its ``Stats`` reports it (the two name it alike)."""
+        self.cost(
+            path,
+            passes=cost.forward_passes,
+            input_tokens=cost.input_tokens,
+            output_tokens=cost.output_tokens,
+            queue_ms=cost.queue_ms,
+        )
+
     def decision(self, kind: str, field: str, candidate_mass: float, confidence: float | None) -> None:
         self.candidate_mass.labels(kind, field).observe(candidate_mass)
         if confidence is not None:  # a noul answer has none on the wire
@@ -147,18 +158,18 @@ class Metrics:
 
     def decided(self, path: str, response: DecideResponse) -> None:
         """A question route's answers (System One, OpenAI Decisions, MCP tools): one decision per question."""
-        usage = response.usage
-        self.cost(
-            path,
-            passes=usage.forward_passes,
-            input_tokens=usage.input_tokens,
-            output_tokens=usage.output_tokens,
-            queue_ms=usage.queue_ms,
-        )
+        self.spent(path, response.usage)
         if response.stats is not None:
             self.head_cache.labels(response.stats.head_cache).inc()
         for answer in response.answers.values():
             self.decision(answer.type, "", answer.candidate_mass, getattr(answer, "confidence", None))
+
+    def filled(self, path: str, extraction: Extraction) -> None:
+        """A schema fill's cost and its decided fields (the MCP ``fill`` tool)."""
+        self.spent(path, extraction.stats)
+        self.head_cache.labels(extraction.stats.head_cache).inc()
+        for name, field in extraction.fields.items():
+            self._field(name, field.to_dict())
 
     def replied(self, path: str, usage: Any, pcd: Any) -> None:
         """A chat reply's ``usage`` (None when a stream did not ask for it) and ``x_pcd``."""

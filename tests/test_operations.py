@@ -304,3 +304,48 @@ def test_serve_hands_its_bounds_and_tracing_to_the_server(monkeypatch: Any) -> N
     assert given["backpressure"] == Backpressure(max_queue=3, timeout_s=2.5) and given["tracing"] is True
     assert main(["serve"]) == 0
     assert given["backpressure"] == Backpressure() and given["tracing"] is False
+
+
+@pytest.fixture
+def mcp_url(engine: Engine) -> Iterator[str]:
+    """``pcd-mcp`` over streamable HTTP on loopback, its lifespan run (the SDK's session manager needs it)."""
+    pytest.importorskip("mcp", reason="the MCP server needs the 'mcp' extra")
+    import uvicorn
+
+    from mcp_server.server import build_server, http_app
+
+    app = http_app(build_server(engine), "127.0.0.1", None, stateless=True, json_response=True)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    _wait_for(lambda: server.started, "the MCP server listens", 30.0)
+    try:
+        yield f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
+@pytest.mark.asyncio
+async def test_mcp_over_http_exposes_the_same_metrics_and_health(mcp_url: str) -> None:
+    from mcp import Client
+
+    schema = {"type": "object", "properties": {"wants_refund": {"type": "boolean"}}}
+    async with Client(f"{mcp_url}/mcp") as client:
+        picked = await client.call_tool(
+            "choice", {"state": STATE, "question": "Which team?", "options": QUESTIONS["team"]["criteria"]}
+        )
+        filled = await client.call_tool("fill", {"state": STATE, "schema": schema})
+    assert not picked.is_error and not filled.is_error, (picked.content, filled.content)
+    async with httpx.AsyncClient(base_url=mcp_url, timeout=60) as http:
+        page, live, ready = await asyncio.gather(http.get("/metrics"), http.get("/livez"), http.get("/readyz"))
+        echoed = await http.post("/mcp", json={}, headers={"X-Request-Id": "mcp-1"})
+    values = samples(page.text)
+    usages = [picked.structured_content["usage"], filled.structured_content["usage"]]
+    assert sample(values, "pcd_requests_total", route="/mcp", status="200") >= 2
+    assert sample(values, "pcd_forward_passes_total", route="/mcp") == sum(u["forward_passes"] for u in usages) > 0
+    assert sample(values, "pcd_decision_confidence_count", kind="choice", field="") == 1
+    mass = filled.structured_content["fields"]["wants_refund"]["candidate_mass"]
+    assert sample(values, "pcd_decision_candidate_mass_sum", kind="field", field="wants_refund") == pytest.approx(mass)
+    assert (live.status_code, ready.status_code, ready.json()["status"]) == (200, 200, "ready")
+    assert echoed.headers["x-request-id"] == "mcp-1"

@@ -58,6 +58,16 @@ PERCENT_TOLERANCE = 0.1
 WIDTH_TOLERANCE = 0.02
 CALM_TEXT = "Hi team, love the new dashboard! Could you add a dark mode some day? No rush. I'm on the free plan."
 ONE_OPTION = {"questions": {"team": {"type": "choice", "instructions": "Which team?", "criteria": {"returns": None}}}}
+# a decided boolean, a multi-label list (one membership probability per label) and a generated string
+MIXED = {
+    "type": "object",
+    "properties": {
+        "urgent": {"type": "boolean"},
+        "tags": {"type": "array", "items": {"enum": ["billing", "refund", "bug"]}, "uniqueItems": True},
+        "summary": {"type": "string", "maxLength": 30},
+    },
+    "required": ["urgent", "tags", "summary"],
+}
 TICKET, REFUND = bundled_examples()[:2]
 
 
@@ -135,9 +145,10 @@ READ_PANELS = """() => [...document.querySelectorAll('#results > *')].map((panel
     text: row.querySelector('.percent').textContent, chosen: row.classList.contains('chosen'),
     fill: box(row.querySelector('.fill')).width, track: box(row.querySelector('.track')),
     mark: row.querySelector('.half-mark') && box(row.querySelector('.half-mark')),
+    delta: row.querySelector('.delta') && row.querySelector('.delta').textContent,
   });
   return {
-    kind: panel.className, status: panel.dataset.status || null, title: panel.querySelector('h2').textContent,
+    kind: panel.classList[0], compared: panel.classList.contains('compared'), status: panel.dataset.status || null, title: panel.querySelector('h2').textContent,
     cost: panel.querySelector('.cost') && panel.querySelector('.cost').textContent,
     warnings: [...panel.querySelectorAll('.warnings li')].map((li) => li.textContent),
     error: panel.querySelector('.error-body') && panel.querySelector('.error-body').textContent,
@@ -145,7 +156,8 @@ READ_PANELS = """() => [...document.querySelectorAll('#results > *')].map((panel
       field: card.dataset.field, value: card.querySelector('.value').textContent,
       changed: card.classList.contains('changed'),
       flags: [...card.querySelectorAll('.flag')].map((flag) => flag.textContent),
-      bars: [...card.querySelectorAll('.bars .bar')].map(bar), mass: bar(card.querySelector('.bar.mass')),
+      bars: [...card.querySelectorAll('.bars .bar')].map(bar),
+      mass: card.querySelector('.bar.mass') && bar(card.querySelector('.bar.mass')),
     })),
   };
 })"""
@@ -295,6 +307,8 @@ def test_compare_draws_both_texts_and_marks_the_decisions_that_differ(
     load_example(page, REFUND["name"])
     page.check("#compare")
     page.fill("#text-b", CALM_TEXT)
+    for text in (REFUND["text"], CALM_TEXT):  # the page's requests then find the caches warm, as the API's below do
+        ask_api(base_url, REFUND["spec"], text, engine.model_name).raise_for_status()
     first, second = decide(page)
     bodies = [ask_api(base_url, REFUND["spec"], text, engine.model_name).json() for text in (REFUND["text"], CALM_TEXT)]
     for panel, body, title in zip((first, second), bodies, ("Text A", "Text B"), strict=True):
@@ -304,6 +318,17 @@ def test_compare_draws_both_texts_and_marks_the_decisions_that_differ(
     differing = {field for field in chosen[0] if chosen[0][field] != chosen[1][field]}
     for panel in (first, second):
         assert {card["field"] for card in panel["cards"] if card["changed"]} == differing
+    # each of B's bars says how many points it moved from A's; A's have the empty cell that aligns them
+    expected = [{e.field: dict(e.bars) for e in expected_from_systemone(body)} for body in bodies]
+    assert first["compared"] and second["compared"]
+    masses = [{e.field: e.mass for e in expected_from_systemone(body)} for body in bodies]
+    for card_a, card_b in zip(first["cards"], second["cards"], strict=True):
+        assert all(bar["delta"] == "" for bar in [*card_a["bars"], card_a["mass"]])
+        moved = 100 * (masses[1][card_b["field"]] - masses[0][card_a["field"]])
+        assert abs(float(card_b["mass"]["delta"]) - moved) <= PERCENT_TOLERANCE
+        for bar in card_b["bars"]:
+            moved = 100 * (expected[1][card_b["field"]][bar["label"]] - expected[0][card_a["field"]][bar["label"]])
+            assert abs(float(bar["delta"]) - moved) <= PERCENT_TOLERANCE, (card_b["field"], bar)
 
 
 def test_with_an_api_key_the_page_asks_for_it_once_and_sends_it(browser: Any, keyed_url: str, engine: Engine) -> None:
@@ -315,6 +340,7 @@ def test_with_an_api_key_the_page_asks_for_it_once_and_sends_it(browser: Any, ke
         assert refused["status"] == "401" and json.loads(refused["error"])["detail"]["error_type"] == "unauthorized"
         page.fill("#api-key", API_KEY)
         page.click("#key-form button")
+        ask_api(keyed_url, REFUND["spec"], REFUND["text"], engine.model_name, key=API_KEY).raise_for_status()  # warm
         (panel,) = decide(page)
         body = ask_api(keyed_url, REFUND["spec"], REFUND["text"], engine.model_name, key=API_KEY).json()
         assert_panel_matches(panel, body, expected_from_systemone(body))
@@ -323,6 +349,56 @@ def test_with_an_api_key_the_page_asks_for_it_once_and_sends_it(browser: Any, ke
         load_example(page, REFUND["name"])
         (again,) = decide(page)
         assert again["kind"] == "result"
+
+
+def test_a_multi_label_list_and_a_generated_field_are_drawn_as_the_api_answers_them(
+    opened: Opened, base_url: str, engine: Engine
+) -> None:
+    page = opened.page
+    page.fill("#spec", json.dumps(MIXED))
+    page.fill("#text-a", TICKET["text"])
+    ask_api(base_url, MIXED, TICKET["text"], engine.model_name).raise_for_status()  # warm the head cache
+    (panel,) = decide(page)
+    fields = ask_api(base_url, MIXED, TICKET["text"], engine.model_name).json()["x_pcd"]["fields"]
+    urgent, tags, summary = panel["cards"]
+    assert [urgent["field"], tags["field"], summary["field"]] == ["urgent", "tags", "summary"]
+    assert urgent["value"] == _shown(fields["urgent"]["value"]) and "not debiased" in urgent["flags"]
+    # each label's own probability of belonging, and the list holds exactly those at 0.5 or more
+    assert tags["value"] == json.dumps(fields["tags"]["value"], separators=(",", ":"))
+    for drawn, (label, probability) in zip(tags["bars"], fields["tags"]["memberships"].items(), strict=True):
+        assert_bar(drawn, label, probability)
+        assert drawn["chosen"] == (label in fields["tags"]["value"])
+    assert_bar(tags["mass"], "candidate_mass", fields["tags"]["candidate_mass"])
+    # a generated value has no labels to draw, and no flags that would claim anything about it
+    assert summary["value"] == fields["summary"]["value"] and summary["bars"] == [] and summary["mass"] is None
+    assert summary["flags"] == []
+    note = page.text_content("article[data-field='summary'] .note")
+    assert note is not None and f"generated: {fields['summary']['n_tokens']} tokens" in note
+
+
+def test_abstention_and_an_answer_set_are_drawn_when_the_response_carries_them(opened: Opened) -> None:
+    """Issue 32's ``x_abstained`` and ``x_answer_set`` are not returned yet: the server's real answer
+    gets them added on its way to the page, which must show them rather than drop them.
+    """
+    page = opened.page
+    added = {"x_abstained": True, "x_answer_set": ["returns", "product_safety"]}
+
+    def with_issue_32_fields(route: Any) -> None:
+        response = route.fetch()
+        body = response.json()
+        for answer in body["answers"].values():
+            answer.update(added)
+        route.fulfill(response=response, json=body)
+
+    page.route("**/v1/systemone", with_issue_32_fields)
+    team = {"team": REFUND["spec"]["questions"]["team"]}
+    page.fill("#spec", json.dumps({"questions": team}))
+    page.fill("#text-a", REFUND["text"])
+    (panel,) = decide(page)
+    (card,) = panel["cards"]
+    assert "abstained" in card["flags"]
+    shown_set = page.text_content("article[data-field='team'] .answer-set")
+    assert shown_set == "answer set: {returns, product_safety}"
 
 
 # -- without a browser ------------------------------------------------------------------------

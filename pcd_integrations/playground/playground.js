@@ -175,15 +175,17 @@ function decisionCard(view) {
   head.append(element("span", "field-name", view.name), element("span", "value", view.value));
   card.append(head);
   const flags = element("div", "flags");
-  flags.append(flag(view.flags.debiased ? "debiased" : "not debiased", view.flags.debiased ? "on" : ""));
-  flags.append(flag(view.flags.calibrated ? "calibrated" : "not calibrated", view.flags.calibrated ? "on" : ""));
+  // a generated field or a multi-label list carries no such flags: nothing is claimed for it
+  for (const [name, on] of [["debiased", view.flags.debiased], ["calibrated", view.flags.calibrated]]) {
+    if (typeof on === "boolean") flags.append(flag(on ? name : `not ${name}`, on ? "on" : ""));
+  }
   if (view.flags.abstained) flags.append(flag("abstained", "alert"));
   if (typeof view.mass === "number" && view.mass < 0.5) flags.append(flag("candidate mass below 0.5", "alert"));
   card.append(flags);
   const list = element("div", "bars");
   for (const bar of view.bars) list.append(barRow(bar.chosen ? "bar chosen" : "bar", bar.label, bar.p, bar.title).row);
   card.append(list);
-  if (view.note) card.append(element("div", "muted answer-set", view.note));
+  if (view.note) card.append(element("div", "muted note", view.note));
   if (Array.isArray(view.answerSet)) {
     card.append(element("div", "answer-set", `answer set: {${view.answerSet.map(shown).join(", ")}}`));
   }
@@ -223,16 +225,27 @@ function resultPanel(title, answer, call) {
   return panel;
 }
 
-function markDifferences(panels) {
-  const [first, second] = panels.map((panel) => panel.querySelectorAll(".field"));
-  if (!first || !second) return;
-  for (const card of [...first, ...second]) {
-    const other = [...(card.closest(".result") === panels[0] ? second : first)].find(
-      (candidate) => candidate.dataset.field === card.dataset.field,
-    );
-    if (other && other.dataset.decision !== card.dataset.decision) {
-      card.classList.add("changed");
-      card.querySelector(".flags").append(flag("decision differs from the other text", "alert"));
+function compareResults(panels) {
+  // Text B's cards next to Text A's: a changed decision is marked on both, and each of B's bars says
+  // how many points it moved from A's (A's rows get an empty cell, so that the columns line up)
+  const [first, second] = panels.map((panel) => [...panel.querySelectorAll(".field")]);
+  for (const panel of panels) panel.classList.add("compared");
+  for (const card of second) {
+    const other = first.find((candidate) => candidate.dataset.field === card.dataset.field);
+    if (!other) continue;
+    if (other.dataset.decision !== card.dataset.decision) {
+      for (const changed of [card, other]) {
+        changed.classList.add("changed");
+        changed.querySelector(".flags").append(flag("decision differs from the other text", "alert"));
+      }
+    }
+    for (const row of card.querySelectorAll(".bar")) {
+      const before = [...other.querySelectorAll(".bar")].find((candidate) => candidate.dataset.label === row.dataset.label);
+      if (!before) continue;
+      const points = 100 * (Number(row.dataset.probability) - Number(before.dataset.probability));
+      const shownPoints = points.toFixed(1);
+      row.append(element("span", "delta", shownPoints.startsWith("-") ? shownPoints : `+${shownPoints}`));
+      before.append(element("span", "delta", ""));
     }
   }
 }
@@ -265,7 +278,7 @@ async function decide() {
       panels.push(resultPanel(title, answer, call));
       if (answer.status === 401) byId("key-form").hidden = false;
     }
-    if (panels.length === 2 && panels.every((panel) => panel.classList.contains("result"))) markDifferences(panels);
+    if (panels.length === 2 && panels.every((panel) => panel.classList.contains("result"))) compareResults(panels);
     byId("results").replaceChildren(...panels);
   } finally {
     byId("decide").disabled = false;
