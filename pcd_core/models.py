@@ -11,12 +11,14 @@ and later loads take seconds.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import importlib.util
 import logging
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -208,7 +210,16 @@ def resolve(model: str) -> ModelSource:
         if not path.is_file():
             raise PcdError(f"GGUF file {model!r} does not exist")
         return ModelSource(model, gguf=path)
-    return ModelSource(model, pretrained=local_pretrained(model))
+    try:
+        return ModelSource(model, pretrained=local_pretrained(model))
+    except PcdError as error:  # a typo of an alias is likelier than a Hugging Face id to download
+        close = difflib.get_close_matches(model.lower(), EMBEDDED, n=1)
+        if not close:
+            raise
+        raise PcdError(
+            f"model {model!r} is neither an embedded alias nor a local model: did you mean {close[0]!r}? "
+            f"(the aliases: {', '.join(EMBEDDED)}; pcd models lists them)"
+        ) from error
 
 
 def local_pretrained(model: str) -> str:
@@ -311,7 +322,7 @@ def load_backend(
     if backend == "vllm" and not base_url:  # before the tokenizer loads: a missing address costs nothing
         raise PcdError("the vllm backend needs base_url: the vLLM server's address, e.g. http://127.0.0.1:8000")
     check_dtype(dtype, backend)
-    with tqdm(total=3, desc=f"loading {model}", disable=None, leave=False) as progress:
+    with tqdm(total=3, desc=f"loading {model}", disable=None, leave=False) as progress, _library_bars_off():
         source = resolve(model)
         progress.update()
         folder = load_tokenizer_and_weights_dir(source, progress)
@@ -329,6 +340,37 @@ def load_backend(
             raise PcdError(f"unknown backend {backend!r}; choose 'torch', 'mlx' or 'vllm'")
         progress.update()
     return loaded, tokenizer, source.name
+
+
+@contextmanager
+def _library_bars_off() -> Iterator[None]:
+    """Silence transformers' own bars while we load ("Loading weights" on every load, warm ones
+    too); ours stays. transformers' tqdm hook is swapped in and the previous one put back, so that the
+    caller's settings are as they were (``tests/test_models.py`` reads a warm load's stderr).
+    """
+    try:
+        from transformers.utils import logging as transformers_logging
+    except ImportError:  # the vllm extra's tokenizer needs transformers too; without it nothing prints
+        yield
+        return
+    if not hasattr(transformers_logging, "set_tqdm_hook"):  # older 5.x: the global switch, put back
+        was_on = transformers_logging.is_progress_bar_enabled()
+        transformers_logging.disable_progress_bar()
+        try:
+            yield
+        finally:
+            if was_on:
+                transformers_logging.enable_progress_bar()
+        return
+    previous = transformers_logging.set_tqdm_hook(_no_bar)
+    try:
+        yield
+    finally:
+        transformers_logging.set_tqdm_hook(previous)
+
+
+def _no_bar(factory: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    return factory(*args, **{**kwargs, "disable": True})
 
 
 def _torch_backend(folder: str, device: str | None, dtype: str | None, max_tokens: int | None, layout: str) -> Backend:
