@@ -17,6 +17,7 @@ import sys
 from collections.abc import Sequence
 
 from pcd_core.models import DTYPES, check_dtype
+from pcd_integrations.read_timeouts import DEFAULT_READ_TIMEOUTS, ReadTimeouts
 
 TRANSPORTS = ("stdio", "streamable-http")
 BACKENDS = {"torch": "torch", "mlx": "mlx", "vllm": "httpx"}  # backend name -> the module it needs
@@ -39,6 +40,16 @@ def _port(text: str) -> int:
     value = _positive_int(text)
     if value > 65535:
         raise argparse.ArgumentTypeError(f"a port is 1 to 65535, got {text!r}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
     return value
 
 
@@ -120,6 +131,27 @@ def build_parser() -> argparse.ArgumentParser:
         help="streamable-http only: refuse request bodies over this many bytes with 413 "
         "(PCD_MCP_MAX_BODY_BYTES; default 1048576)",
     )
+    for option, variable, default_s, meaning in (
+        (
+            "--header-timeout",
+            "PCD_MCP_HEADER_TIMEOUT",
+            DEFAULT_READ_TIMEOUTS.header_s,
+            "close a connection whose request headers take over S seconds, with 408",
+        ),
+        (
+            "--body-timeout",
+            "PCD_MCP_BODY_TIMEOUT",
+            DEFAULT_READ_TIMEOUTS.body_s,
+            "answer 408 to a request whose body takes over S seconds to arrive",
+        ),
+    ):
+        add(
+            option,
+            type=_seconds,
+            metavar="S",
+            default=env(variable, str(default_s)),
+            help=f"streamable-http only: {meaning} ({variable}; default {default_s:g})",
+        )
     add(
         "--log-level",
         default=env("PCD_LOG_LEVEL", "INFO"),
@@ -216,6 +248,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         json_response=args.json_response,
         api_key=args.api_key,
         limits=Limits(max_body_bytes=args.max_body_bytes),
+        read_timeouts=ReadTimeouts(header_s=args.header_timeout, body_s=args.body_timeout),
     )
 
 

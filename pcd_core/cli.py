@@ -291,6 +291,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
         from pcd_integrations.http import serve
         from pcd_integrations.operations import Backpressure
+        from pcd_integrations.read_timeouts import ReadTimeouts
     except ImportError as error:
         raise PcdError(f"{error}; run: pip install 'pcd-engine[http]'") from error
     if args.otel and importlib.util.find_spec("opentelemetry") is None:
@@ -315,6 +316,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         playground=not args.no_playground,
         backpressure=Backpressure(max_queue=args.max_queue, timeout_s=args.timeout),
         tracing=args.otel,
+        read_timeouts=ReadTimeouts(header_s=args.header_timeout, body_s=args.body_timeout),
     )
     return 0
 
@@ -324,8 +326,27 @@ def add_serve(commands: Any) -> None:
         "serve",
         help="serve the HTTP API: /v1/systemone, /v1/decisions and /v1/chat/completions",
     )
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default 127.0.0.1, this machine only; 0.0.0.0 for every interface, "
+        "with --api-key-env)",
+    )
+    serve.add_argument("--port", type=int, default=8000, help="TCP port to listen on (default 8000)")
+    serve.add_argument(
+        "--header-timeout",
+        type=_positive_seconds,
+        default=10.0,
+        metavar="S",
+        help="close a connection whose request headers take over S seconds, with 408 (default 10)",
+    )
+    serve.add_argument(
+        "--body-timeout",
+        type=_positive_seconds,
+        default=30.0,
+        metavar="S",
+        help="answer 408 to a request whose body takes over S seconds to arrive (default 30)",
+    )
     serve.add_argument(
         "--api-key-env",
         metavar="VAR",

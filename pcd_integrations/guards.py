@@ -10,6 +10,7 @@ no framework import: the MCP SDK's Starlette app and the FastAPI app take them a
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import ipaddress
 import json
@@ -61,34 +62,45 @@ class BodyLimit:
     """Refuse a body over ``limits.max_body_bytes`` with 413, from its Content-Length or as it streams.
 
     The body is read here, up to the bound, and handed on whole: the app never sees a byte past it.
+    A body that takes over ``body_timeout_s`` to arrive gets 408 (``read_timeouts.py``).
     """
 
-    def __init__(self, app: App, limits: Limits, openai_paths: frozenset[str] = frozenset()) -> None:
+    def __init__(
+        self, app: App, limits: Limits, openai_paths: frozenset[str] = frozenset(), body_timeout_s: float = 30.0
+    ) -> None:
         self.app = app
         self.limits = limits
         self.openai_paths = openai_paths
+        self.body_timeout_s = body_timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        openai = scope.get("path") in self.openai_paths
+        chunks: list[bytes] = []
         try:
             declared = dict(scope.get("headers") or ()).get(b"content-length")
             if declared is not None and declared.isdigit():
                 check_body_size(self.limits, int(declared))
-            chunks, n_bytes, more = [], 0, True
-            while more:
-                message = await receive()
-                if message["type"] != "http.request":  # the client went away
-                    return
-                chunk = message.get("body", b"")
-                n_bytes += len(chunk)
-                check_body_size(self.limits, n_bytes)
-                chunks.append(chunk)
-                more = message.get("more_body", False)
+            async with asyncio.timeout(self.body_timeout_s):
+                n_bytes, more = 0, True
+                while more:
+                    message = await receive()
+                    if message["type"] != "http.request":  # the client went away
+                        return
+                    chunk = message.get("body", b"")
+                    n_bytes += len(chunk)
+                    check_body_size(self.limits, n_bytes)
+                    chunks.append(chunk)
+                    more = message.get("more_body", False)
         except LimitError as error:
-            openai = scope.get("path") in self.openai_paths
             await send_error(send, 413, "payload_too_large", str(error), openai=openai)
+            return
+        except TimeoutError:
+            late = f"the request body did not arrive within {self.body_timeout_s:g} s (--body-timeout)"
+            # the rest of the body may still be on its way: the connection cannot carry another request
+            await send_error(send, 408, "request_timeout", late, {"Connection": "close"}, openai=openai)
             return
         body = b"".join(chunks)
         sent = False

@@ -76,6 +76,7 @@ from .operations import (
     stamp,
 )
 from .playground import add_playground
+from .read_timeouts import DEFAULT_READ_TIMEOUTS, ReadTimeouts, http_protocol
 from .threads import iterate_in_thread
 from .tracing import RequestTracer
 
@@ -359,14 +360,16 @@ def create_app(
     playground: bool = True,
     backpressure: Backpressure | None = None,
     tracer: Tracer | None = None,
+    read_timeouts: ReadTimeouts = DEFAULT_READ_TIMEOUTS,
 ) -> "FastAPI":
     """Build the ASGI app for one engine, or for one that ``engine_factory`` loads in the background.
 
     ``model_name`` names the model on ``/healthz`` while a factory is still loading it. With
     ``api_key`` set, ``/v1/*`` needs ``Authorization: Bearer <api_key>``; without it an Authorization
     header is accepted and ignored. ``/healthz`` and the OpenAPI spec never need a key, so that load
-    balancers and client generators can read them. ``limits.max_body_bytes`` bounds each body (413);
-    every other bound is the engine's own (``Engine(limits=...)``), checked before it tokenizes.
+    balancers and client generators can read them. ``limits.max_body_bytes`` bounds each body (413),
+    ``read_timeouts.body_s`` the time it takes to arrive (408); every other bound is the engine's own
+    (``Engine(limits=...)``), checked before it tokenizes.
     ``playground`` serves the page at ``/`` and ``/playground`` (``pcd_integrations/playground``), a
     client of the routes above that needs no key to load.
     """
@@ -394,7 +397,7 @@ def create_app(
         version=__version__,
     )
     app.state.engine_slot = loader
-    _guard_body(app, limits)
+    _guard_body(app, limits, read_timeouts.body_s)
     _add_operations(app, loader, backpressure, tracer)
 
     bearer = HTTPBearer(auto_error=False, description="Required only when the server has an API key.")
@@ -549,8 +552,10 @@ def serve(
     playground: bool = True,
     backpressure: Backpressure | None = None,
     tracing: bool = False,
+    read_timeouts: ReadTimeouts = DEFAULT_READ_TIMEOUTS,
 ) -> None:
-    """Run the server with uvicorn until interrupted.
+    """Run the server with uvicorn until interrupted; a client must send its headers within
+    ``read_timeouts.header_s`` and its body within ``read_timeouts.body_s`` (408 otherwise).
 
     Given a factory (``lambda: Engine.load(...)``), the server listens at once and loads the model in
     the background; ``/healthz`` and ``/readyz`` say when it is ready. Every log line carries the
@@ -559,7 +564,7 @@ def serve(
     """
     uvicorn = _import_optional("uvicorn")
     tracer = RequestTracer() if tracing else None
-    operations: dict[str, Any] = {"backpressure": backpressure, "tracer": tracer}
+    operations: dict[str, Any] = {"backpressure": backpressure, "tracer": tracer, "read_timeouts": read_timeouts}
     if isinstance(engine_or_factory, Engine):
         app = create_app(engine_or_factory, api_key=api_key, limits=limits, playground=playground, **operations)
     elif callable(engine_or_factory):
@@ -574,7 +579,14 @@ def serve(
     else:
         raise TypeError(f"serve needs an Engine or a function that loads one, not {engine_or_factory!r}")
     warn_if_exposed(logger, "pcd serve", host, api_key)
-    uvicorn.run(app, host=host, port=port, log_level=log_level, log_config=log_config(uvicorn.config.LOGGING_CONFIG))
+    uvicorn.run(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        log_config=log_config(uvicorn.config.LOGGING_CONFIG),
+        http=http_protocol(read_timeouts.header_s),
+    )
 
 
 def _add_operations(
@@ -595,8 +607,9 @@ def _add_operations(
     )
 
 
-def _guard_body(app: "FastAPI", limits: Limits) -> None:
+def _guard_body(app: "FastAPI", limits: Limits, body_timeout_s: float) -> None:
     """Bodies over ``limits.max_body_bytes`` get 413 before FastAPI reads them (``pcd serve --max-body-bytes``),
-    in OpenAI's error shape on the OpenAI routes.
+    and bodies slower than ``body_timeout_s`` 408 (``--body-timeout``), in OpenAI's error shape on the
+    OpenAI routes.
     """
-    app.add_middleware(BodyLimit, limits=limits, openai_paths=OPENAI_ROUTES)
+    app.add_middleware(BodyLimit, limits=limits, openai_paths=OPENAI_ROUTES, body_timeout_s=body_timeout_s)

@@ -29,6 +29,7 @@ from pcd_core.limits import Limits  # noqa: E402
 from pcd_core.testing import oracle_engine  # noqa: E402
 from pcd_integrations.guards import is_loopback, warn_if_exposed  # noqa: E402
 from pcd_integrations.http import create_app  # noqa: E402
+from pcd_integrations.read_timeouts import ReadTimeouts, http_protocol  # noqa: E402
 
 NOUL = {"type": "noul", "instructions": "Is it broken?"}
 
@@ -40,12 +41,16 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def serving(app, port: int | None = None):
-    """Run an ASGI app with uvicorn on a loopback port, in a thread; yields the base URL."""
+def serving(app, port: int | None = None, **config):
+    """Run an ASGI app with uvicorn on a loopback port, in a thread; yields the base URL. ``config``
+    goes to ``uvicorn.Config`` (``http=`` the timed protocol).
+    """
     import uvicorn
 
     port = port or free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on", **config)
+    )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
@@ -214,3 +219,122 @@ def test_pcd_mcp_reads_the_key_from_the_named_variable(monkeypatch, capsys):
     with pytest.raises(SystemExit) as exited:
         parse_args(["--transport", "streamable-http", "--api-key-env", "MY_KEY"])
     assert exited.value.code == 2 and "unset or empty" in capsys.readouterr().err
+
+
+# -- slow clients: header and body read timeouts (issue 24, item 5) ------------------------------
+QUICK = ReadTimeouts(header_s=0.5, body_s=0.5)
+DRIP_INTERVAL_S = 0.05  # a byte every 50 ms: a slow client that never stops sending
+DRIP_LIMIT_S = 5.0  # what a drip may take before the test calls the server's patience unbounded
+
+
+def drip(url: str, head: bytes, trickle: bytes) -> tuple[bytes, float]:
+    """Send ``head`` at once, then ``trickle`` a byte at a time, until the server ends the connection;
+    returns what it sent back and the seconds until it ended (bounded by ``DRIP_LIMIT_S``). A client
+    that keeps sending to a closed socket may get a reset instead of the last bytes, so what comes
+    back is the 408 or nothing.
+    """
+    host, port = url.removeprefix("http://").split(":")
+    received = b""
+    with socket.create_connection((host, int(port)), timeout=DRIP_LIMIT_S) as sock:
+        sock.settimeout(DRIP_INTERVAL_S)
+        started = time.monotonic()
+        sock.sendall(head)
+        with contextlib.suppress(OSError):  # a reset: the server has closed the connection
+            for byte in trickle:
+                if time.monotonic() - started > DRIP_LIMIT_S:
+                    break
+                try:
+                    chunk = sock.recv(65536)
+                except TimeoutError:
+                    sock.sendall(bytes([byte]))
+                    continue
+                received += chunk
+                if not chunk:
+                    break
+        return received, time.monotonic() - started
+
+
+def stall(url: str, head: bytes) -> bytes:
+    """Send ``head`` (part of a request) and wait, sending nothing more, for the server's answer."""
+    host, port = url.removeprefix("http://").split(":")
+    received = b""
+    with socket.create_connection((host, int(port)), timeout=DRIP_LIMIT_S) as sock:
+        sock.sendall(head)
+        while chunk := sock.recv(65536):
+            received += chunk
+    return received
+
+
+def slow_headers(path: str) -> tuple[bytes, bytes]:
+    return f"POST {path} HTTP/1.1\r\nHost: x\r\n".encode(), b"X-Slow: " + b"a" * 1000
+
+
+def slow_body(path: str) -> tuple[bytes, bytes]:
+    body = json.dumps({"state": "x" * 500, "questions": {"q": NOUL}}).encode()
+    head = f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    return head.encode(), body
+
+
+def response_body(raw: bytes) -> dict:
+    return json.loads(raw.split(b"\r\n\r\n", 1)[1])
+
+
+def assert_slow_clients_are_cut_off(url: str, path: str) -> dict:
+    """Headers and a body dripped a byte at a time end within a few seconds; stalled ones get a 408.
+    Returns the body of the stalled body's 408.
+    """
+    for head, trickle in (slow_headers(path), slow_body(path)):
+        raw, took = drip(url, head, trickle)
+        assert took < 3.0 and (raw == b"" or raw.startswith(b"HTTP/1.1 408")), (raw, took)
+    head, body = slow_headers(path)
+    raw = stall(url, head)
+    assert raw.startswith(b"HTTP/1.1 408") and b"--header-timeout" in raw, raw
+    assert response_body(raw)["detail"]["error_type"] == "request_timeout"
+    head, body = slow_body(path)
+    raw = stall(url, head + body[:10])
+    assert raw.startswith(b"HTTP/1.1 408") and b"--body-timeout" in raw, raw
+    return response_body(raw)
+
+
+@pytest.mark.parametrize("path", ["/v1/systemone", "/v1/chat/completions"])
+def test_pcd_serve_cuts_off_headers_and_bodies_sent_a_byte_at_a_time(oracle, path):
+    app = create_app(oracle, read_timeouts=QUICK)
+    with serving(app, http=http_protocol(QUICK.header_s)) as url:
+        error = assert_slow_clients_are_cut_off(url, path)
+        shaped = error["error"]["code"] if path == "/v1/chat/completions" else error["detail"]["error_type"]
+        assert shaped == "request_timeout"
+        body = {"state": "fine", "questions": {"q": NOUL}}
+        assert httpx.post(f"{url}/v1/systemone", json=body).status_code == 200  # a prompt client is served
+
+
+async def test_pcd_mcp_cuts_off_headers_and_bodies_sent_a_byte_at_a_time(oracle):
+    app = http_app(build_server(oracle), "127.0.0.1", None, read_timeouts=QUICK)
+    with serving(app, http=http_protocol(QUICK.header_s)) as url:
+        error = await anyio.to_thread.run_sync(assert_slow_clients_are_cut_off, url, "/mcp")
+        assert error["detail"]["error_type"] == "request_timeout"
+        async with Client(streamable_http_client(f"{url}/mcp")) as client:
+            assert not (await client.call_tool("noul", {"state": "fine", "question": "ok?"})).is_error
+
+
+def test_both_servers_run_uvicorn_with_the_timeouts_and_document_the_flags(oracle, monkeypatch, capsys):
+    import uvicorn
+
+    from mcp_server.__main__ import build_parser
+    from mcp_server.server import serve as serve_mcp
+    from pcd_core.cli import build_parser as build_pcd_parser
+    from pcd_integrations.http import serve as serve_http
+
+    runs: list[dict] = []
+    monkeypatch.setattr(uvicorn, "run", lambda *args, **kwargs: runs.append(kwargs))
+    serve_http(oracle, read_timeouts=ReadTimeouts(header_s=3.0, body_s=4.0))
+    serve_mcp(oracle, transport="streamable-http", read_timeouts=ReadTimeouts(header_s=3.0, body_s=4.0))
+    for run in runs:
+        assert run["http"].__name__ == "HeaderTimeoutProtocol", run
+    mcp_help = build_parser().format_help()
+    for flag in ("--header-timeout", "--body-timeout"):
+        assert flag in mcp_help
+    with pytest.raises(SystemExit):
+        build_pcd_parser().parse_args(["serve", "--help"])
+    serve_help = " ".join(capsys.readouterr().out.split())
+    for words in ("--host HOST address to listen on", "--port PORT TCP port", "--header-timeout S", "--body-timeout S"):
+        assert words in serve_help, serve_help
