@@ -36,7 +36,7 @@ from .compiler import CompiledSchema, compile_schema
 from .debias import CONTENT_FREE, content_free_prior
 from .deciding import plan_decide
 from .decoding import DecisionTask, Decoded, DecodeOptions, RoundStats, decode
-from .errors import PromptError
+from .errors import OptionError, PromptError
 from .fairness import ModelLock, no_pause
 from .generation import MAX_ROOM, GeneratedField, GenerationStats, check_caps, generate_open_fields
 from .grammar import GrammarTokenizer
@@ -127,6 +127,7 @@ class Engine:
         api_key: str | None = None,
         calibration: str | Path | Calibration | None = None,
         debias: bool = False,
+        dummy_weights: str | None = None,
     ) -> Engine:
         """Load a model. ``max_tokens_per_pass`` (default 4096 row tokens) and ``max_pass_bytes``
         (default 2 GiB of estimated KV and masks per pass) bound memory; see ``backends/base.py``.
@@ -134,12 +135,24 @@ class Engine:
         ``calibration`` is a file written by ``pcd calibrate`` (or a ``Calibration``), applied to the
         fields it was fitted on; it is read before the model loads, so a bad file costs no load.
         ``debias`` is the default of ``fill`` and ``decide`` (``pcd serve --debias``). ``dtype`` is the
-        torch backend's (``models.DTYPES``; float32 when unset); the other backends refuse one.
+        torch backend's (``models.DTYPES``; float32 when unset, bfloat16 on CUDA); the other backends
+        refuse one. ``dummy_weights`` (a shipped shape such as ``"llama3-8b"``, or a config file) builds
+        that architecture with random weights instead of loading ``model``: for timing only, its
+        answers mean nothing (``pcd_core/dummy_weights.py``).
         """
         fitted = Calibration.load(calibration) if isinstance(calibration, str | Path) else calibration
-        loaded, tokenizer, name = load_backend(
-            model, backend, device, dtype, max_tokens_per_pass, row_layout, base_url=base_url, api_key=api_key
-        )
+        if dummy_weights is not None:
+            if model != DEFAULT_MODEL:
+                raise OptionError(f"give a model ({model!r}) or dummy_weights ({dummy_weights!r}), not both")
+            from .dummy_weights import load_dummy_backend
+
+            loaded, tokenizer, name = load_dummy_backend(
+                dummy_weights, backend, device, dtype, max_tokens_per_pass, row_layout
+            )
+        else:
+            loaded, tokenizer, name = load_backend(
+                model, backend, device, dtype, max_tokens_per_pass, row_layout, base_url=base_url, api_key=api_key
+            )
         if max_pass_bytes is not None:
             loaded.max_pass_bytes = max_pass_bytes
         return cls(loaded, tokenizer, name, head_cache_size=head_cache_size, calibration=fitted, debias=debias)

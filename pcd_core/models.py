@@ -290,7 +290,8 @@ def load_tokenizer_and_weights_dir(source: ModelSource, progress: tqdm) -> str:
     return str(target)
 
 
-#: the torch dtypes a model may be loaded in; float32 is the default and what every figure here uses
+#: the torch dtypes a model may be loaded in; the default is float32 on CPU (every CPU figure here) and
+#: bfloat16 on CUDA (``backends.torch_backend.default_dtype``)
 DTYPES = ("float32", "float16", "bfloat16")
 
 
@@ -379,10 +380,10 @@ def _torch_backend(folder: str, device: str | None, dtype: str | None, max_token
         from transformers import AutoModelForCausalLM
     except ImportError as error:
         raise BackendUnavailableError("torch", error.name or "torch") from error
-    from .backends.torch_backend import TorchBackend
+    from .backends.torch_backend import TorchBackend, default_dtype
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    torch_dtype = getattr(torch, dtype) if dtype else torch.float32
+    torch_dtype = getattr(torch, dtype) if dtype else default_dtype(torch.device(device))
     model = AutoModelForCausalLM.from_pretrained(
         folder, dtype=torch_dtype, attn_implementation="sdpa", local_files_only=True
     )

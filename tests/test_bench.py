@@ -162,3 +162,19 @@ def test_validity_of_open_values_is_the_json_schema_validators():
     assert not valid_output(MIXED, schema, dict(good, orders_lost=-1))
     assert not valid_output(MIXED, schema, dict(good, name="x" * 31))
     assert not valid_output(MIXED, schema, {k: v for k, v in good.items() if k != "name"})
+
+
+def test_scripted_generators_write_pcds_document_one_pass_per_token(engine):
+    """With dummy weights the generators follow PCD's answer; here on the real model, whose own
+    choices would write another document: both take exactly the script's tokens, and the record
+    keeps no answers.
+    """
+    from pcd_core.bench.baselines import scripted_document
+    from pcd_core.bench.runner import ANSWER_KEYS
+
+    script = scripted_document(engine, engine.compile(TINY), engine.fill(TINY, INPUT).value)
+    record = bench_case(engine, BenchCase("tiny", TINY, INPUT), repeat=1, baselines=("ar", "arc"), scripted=True)
+    assert record["ar_stop"] == record["arc_stop"] == "brace"
+    assert record["ar_tokens"] == record["arc_tokens"] == record["arc_forward_passes"] == len(script)
+    assert record["pcd_forward_passes"] == 2
+    assert all(record[key] is None for key in ANSWER_KEYS)

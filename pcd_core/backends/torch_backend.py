@@ -18,6 +18,15 @@ while a wrong mask or position moves them by more than 1. A model whose attentio
 masks fails that check and falls back to ``copies`` (one broadcast KV per row, padded), which
 ``stats.row_layout`` reports; if that fails too the backend refuses to load. The copies fallback
 reads a trunk as a prefill of its own (one more pass) instead of once per row.
+
+On CUDA the default dtype is bfloat16 (``default_dtype``), as GPU serving runs, and the masks are what
+SDPA's memory-efficient kernel takes: additive, in the model's dtype, one copy shared by every head
+(transformers repeats the key/value heads itself when a mask is given), the key dimension padded to a
+multiple of 16 elements and passed as a view (``MASK_ALIGN``), so that no layer pads a copy of its
+own. The same masks, views included, are what CPU runs and what the tests check; whether CUDA picks
+that kernel rather than the math one is not checked here (no GPU): ``examples/gpu_check.sh`` times
+it. Every prefill ends with a device synchronisation (``synchronize``), so that timings taken
+around backend calls count the GPU's work, not only its queueing.
 """
 
 from __future__ import annotations
@@ -44,6 +53,18 @@ logger = logging.getLogger(__name__)
 #: how closely a row layout must match the model's own forward pass in float32 (max |log-prob| apart);
 #: a lower precision adds twice the disagreement the model's own code shows with itself
 LAYOUT_TOLERANCE = 1e-3
+
+#: the key dimension of every additive mask is padded to this many elements, and the mask passed as a
+#: view: the memory-efficient kernel wants each row of a bias to start 16 bytes apart (8 bfloat16s,
+#: 4 float32s) and pads a copy per layer otherwise; 16 elements covers every dtype offered
+MASK_ALIGN = 16
+
+
+def default_dtype(device: torch.device) -> torch.dtype:
+    """bfloat16 on CUDA, as GPU serving runs; float32 elsewhere (a CPU computes bfloat16 slower, and
+    every CPU figure in the README is float32).
+    """
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
 class _Room:
@@ -257,6 +278,12 @@ class TorchBackend(Backend):
     def vocab_size(self) -> int:
         return self._vocab
 
+    @property
+    def placement(self) -> dict[str, str]:
+        """Where the model computes and in what, for benchmark records: ``{"device", "dtype"}``."""
+        dtype = next(self.model.parameters()).dtype
+        return {"device": str(self.device), "dtype": str(dtype).removeprefix("torch.")}
+
     # -- prefill ------------------------------------------------------------------------------
     def _cache(self, prefix: Prefix | None, keep: int | None, room: int = 0) -> Cache:
         if prefix is None:
@@ -294,7 +321,27 @@ class TorchBackend(Backend):
             cache=cache,
             use_cache=True,
         )
-        return self._kept(cache, out.last_hidden_state[0, -1])
+        state = self._kept(cache, out.last_hidden_state[0, -1])
+        self.synchronize()
+        return state
+
+    def synchronize(self) -> None:
+        """Wait for the device's queued work (CUDA runs asynchronously); a no-op on CPU."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def device_memory_mark(self) -> int | None:
+        """Bytes the CUDA allocator holds now, its peak counter reset to them; None off CUDA, where
+        the process's RSS counts the model's memory.
+        """
+        if self.device.type != "cuda":
+            return None
+        torch.cuda.reset_peak_memory_stats(self.device)
+        return int(torch.cuda.memory_allocated(self.device))
+
+    def device_memory_peak(self) -> int:
+        """The CUDA allocator's peak since ``device_memory_mark``."""
+        return int(torch.cuda.max_memory_allocated(self.device))
 
     def _logp(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.head(hidden).float()
@@ -321,12 +368,19 @@ class TorchBackend(Backend):
         return [logp[k, list(q.ids)].double().cpu().numpy() for k, q in enumerate(queries)], state
 
     def _masks(self, q_pos: torch.Tensor, k_pos: torch.Tensor, allowed: torch.Tensor) -> Any:
-        """Additive masks per attention type; ``allowed`` is [batch, q, k] before any window."""
+        """Additive masks per attention type; ``allowed`` is [batch, q, k] before any window. Each is a
+        [batch, 1, q, k] view of a buffer whose key dimension is padded to ``MASK_ALIGN``.
+        """
         dtype = next(self.model.parameters()).dtype
         blocked = torch.finfo(dtype).min
+        n_keys = allowed.shape[-1]
+        width = -(-n_keys // MASK_ALIGN) * MASK_ALIGN
 
         def additive(ok: torch.Tensor) -> torch.Tensor:
-            return torch.where(ok, 0.0, blocked).to(dtype)[:, None]
+            padded = torch.full((*ok.shape[:-1], width), blocked, dtype=dtype, device=ok.device)
+            mask = padded[..., :n_keys]
+            mask.masked_fill_(ok, 0.0)
+            return mask[:, None]
 
         if "sliding_attention" not in self.layer_types:
             return additive(allowed)

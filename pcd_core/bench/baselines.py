@@ -13,11 +13,19 @@
   after another, each generated under its grammar with jump-forward and written in before the next.
 
 Each returns a ``BaselineRun``; the pass counts come from ``backend.forward_passes``.
+
+With dummy weights (``pcd bench --dummy-weights``) a generator given a ``script`` writes that
+document (PCD's answer) instead of its own choice: a random model never closes the object, so left
+alone it would run to the cap, and the token count, which sets the time, would be the cap's. Every
+step still runs the forward pass, the argmax and, for AR-constrained, the grammar's mask, and a
+token the grammar refuses ends the script; only the choice is replaced.
 """
 
 from __future__ import annotations
 
 import copy
+import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,7 +65,9 @@ def ar_cap(n_fields: int) -> int:
     return 16 * n_fields + 32
 
 
-def generate_free(engine: Any, compiled: CompiledSchema, head: Prefix, text: str, cap: int) -> BaselineRun:
+def generate_free(
+    engine: Any, compiled: CompiledSchema, head: Prefix, text: str, cap: int, script: Sequence[int] = ()
+) -> BaselineRun:
     backend, tokenizer = engine.backend, engine.tokenizer
     eos = set(tokenizer.eos_ids)
     opener = compiled.layout.opener
@@ -68,6 +78,8 @@ def generate_free(engine: Any, compiled: CompiledSchema, head: Prefix, text: str
     run = BaselineRun(text=opener, stop="cap")
     while len(written) < cap:
         token = int(np.argmax(backend.next_logp(prefix)))
+        if len(written) < len(script):
+            token = script[len(written)]
         if token in eos:
             run.stop = "eos"
             break
@@ -120,7 +132,9 @@ def fill_sequential(engine: Any, compiled: CompiledSchema, head: Prefix, text: s
     return run
 
 
-def generate_grammar(engine: Any, compiled: CompiledSchema, head: Prefix, text: str, cap: int) -> BaselineRun:
+def generate_grammar(
+    engine: Any, compiled: CompiledSchema, head: Prefix, text: str, cap: int, script: Sequence[int] = ()
+) -> BaselineRun:
     """Greedy token-by-token generation of the whole object under llguidance's JSON Schema mask."""
     from ..grammar import object_matcher
 
@@ -136,6 +150,12 @@ def generate_grammar(engine: Any, compiled: CompiledSchema, head: Prefix, text: 
         allowed = matcher.allowed()
         n = min(logp.size, allowed.size)
         token = int(np.argmax(np.where(allowed[:n], logp[:n], -np.inf)))
+        if len(written) < len(script):
+            wanted = script[len(written)]
+            if wanted < n and allowed[wanted]:
+                token = wanted
+            else:  # the grammar writes this document another way: the model's choices from here
+                script = ()
         matcher.consume([token])
         written.append(token)
         if matcher.matcher.is_accepting():
@@ -144,6 +164,16 @@ def generate_grammar(engine: Any, compiled: CompiledSchema, head: Prefix, text: 
         prefix = backend.prefill([token], parent=prefix)
     run.text, run.tokens = opener + grammar.decode(written), len(written)
     return run
+
+
+def scripted_document(engine: Any, compiled: CompiledSchema, value: dict[str, Any]) -> tuple[int, ...]:
+    """The tokens of ``value`` written as an indented JSON object after the prompt's opener: the
+    script that the generators follow with dummy weights.
+    """
+    document = json.dumps(value, indent=2, ensure_ascii=False)
+    opener = compiled.layout.opener
+    rest = document[len(opener) :] if document.startswith(opener) else document
+    return tuple(engine.tokenizer.hf.encode(rest, add_special_tokens=False))
 
 
 def _below_row(spec: CompiledField) -> Any:

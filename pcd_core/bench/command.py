@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ..dummy_weights import check_architecture, shipped_architectures
 from ..errors import PcdError
 from ..models import DEFAULT_MODEL, DTYPES
 from ..schema import parse_schema
@@ -39,6 +40,12 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     bench.add_argument("--backend", default="torch", choices=("torch", "mlx", "all", "vllm"))
     bench.add_argument("--base-url", help="the vLLM server for --backend vllm (PCD against vLLM's own JSON)")
     bench.add_argument("--model", default=DEFAULT_MODEL, help="embedded alias, HF id, local folder or .gguf path")
+    bench.add_argument(
+        "--dummy-weights",
+        metavar="CONFIG",
+        help="instead of --model, that architecture with random weights, for timing only: a shipped shape "
+        f"({', '.join(shipped_architectures())}) or a config JSON file",
+    )
     bench.add_argument(
         "--dtype", choices=DTYPES, default=None, help="the torch backend's dtype (default float32); both sides use it"
     )
@@ -141,12 +148,32 @@ def _processor() -> str:
     return platform.processor() or platform.system()
 
 
+#: what a run on dummy weights says beside its table and in its JSON
+DUMMY_NOTE = (
+    "dummy weights: the model's answers are meaningless and left out; only times, pass counts and "
+    "token counts compare (the generators write PCD's answer, token by token)"
+)
+
+
+def _check_dummy(args: argparse.Namespace) -> None:
+    """Refuse, before anything loads, dummy weights with another backend or a model, or a shape
+    without a tokenizer of its family here.
+    """
+    if args.backend != "torch":
+        raise PcdError(f"--dummy-weights runs on the torch backend only, not {args.backend!r}")
+    if args.model != DEFAULT_MODEL:
+        raise PcdError("give --model or --dummy-weights, not both")
+    check_architecture(args.dummy_weights)
+
+
 def run_bench(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from ..engine import Engine
 
     cases, baselines = _check(args)
+    if args.dummy_weights:
+        _check_dummy(args)
     if args.backend == "vllm":
         from .vllm_baselines import run_vllm_bench
 
@@ -164,12 +191,20 @@ def run_bench(args: argparse.Namespace) -> int:
         "max_tokens_per_pass": args.max_tokens_per_pass,
         "dtype": args.dtype or "float32",
     }
+    if args.dummy_weights:
+        meta.update(model=f"dummy:{args.dummy_weights}", note=DUMMY_NOTE)
+        print(f"pcd bench: {DUMMY_NOTE}", file=sys.stderr)
     with tqdm(total=total, desc="pcd bench", unit="run", file=sys.stderr, disable=None) as progress:
         for backend in backends:
             try:
                 engine = Engine.load(
-                    args.model, backend=backend, dtype=args.dtype, max_tokens_per_pass=args.max_tokens_per_pass
+                    args.model,
+                    backend=backend,
+                    dtype=args.dtype,
+                    max_tokens_per_pass=args.max_tokens_per_pass,
+                    dummy_weights=args.dummy_weights,
                 )
+                meta.update(getattr(engine.backend, "placement", {}))  # the torch device and dtype used
             except (PcdError, ImportError) as error:
                 print(f"pcd bench: skipping backend {backend!r}: {error}", file=sys.stderr)
                 progress.update(1 if args.throughput else len(cases) * steps)
@@ -188,10 +223,13 @@ def run_bench(args: argparse.Namespace) -> int:
                         baselines=baselines,
                         cap=args.ar_cap,
                         tick=lambda: progress.update(1),
+                        scripted=bool(args.dummy_weights),
                     )
                 )
                 if args.json:  # after every record: a long run interrupted still leaves its results
                     write_json(records, args.json, meta)
+    if args.dummy_weights:
+        print(f"{DUMMY_NOTE}\n")
     write_table(records, sys.stdout)
     if args.json:
         write_json(records, args.json, meta)

@@ -5,6 +5,11 @@ minus the RSS just before it: tracemalloc cannot see torch's CPU allocations, an
 high-water mark (VmHWM) cannot be reset between runs. The allocator keeps freed pages, and a timed
 run that reuses them reads lower, so ``pcd bench`` takes memory from one more run of each method,
 untimed, made after handing the freed pages back (``timed(..., fresh_memory=True)``).
+
+A backend with a ``synchronize`` method (torch on CUDA) is synchronised before the clock starts and
+before it stops, so that a call's time includes the device work it queued and none queued before.
+On such a device RSS misses what the device holds, so a backend that can (``device_memory_mark``)
+also gives the rise of its allocator's peak over the call (``Timed.device_peak_mb``).
 """
 
 from __future__ import annotations
@@ -73,12 +78,21 @@ class PeakSampler:
         return (self.peak - self.start) / 2**20
 
 
+def _no_device() -> None:
+    """A backend without a device queue: nothing to wait for."""
+
+
+def _no_device_memory() -> None:
+    """A backend whose memory RSS sees: no device counter to read."""
+
+
 @dataclass
 class Timed:
     result: Any
     ms: float
     forward_passes: int
     peak_mem_mb: float
+    device_peak_mb: float | None = None
 
 
 def timed(backend: Any, call: Callable[[], Any], *, fresh_memory: bool = False) -> Timed:
@@ -87,10 +101,15 @@ def timed(backend: Any, call: Callable[[], Any], *, fresh_memory: bool = False) 
     in, so a run made for its memory is not a run to time.
     """
     passes = backend.forward_passes
+    synchronize = getattr(backend, "synchronize", _no_device)
     if fresh_memory:
         _return_free_memory()
+    synchronize()
+    mark = getattr(backend, "device_memory_mark", _no_device_memory)()
     with PeakSampler() as sampler:
         started = time.perf_counter()
         result = call()
+        synchronize()
         ms = (time.perf_counter() - started) * 1000.0
-    return Timed(result, ms, backend.forward_passes - passes, sampler.peak_mb)
+    device_peak_mb = None if mark is None else (backend.device_memory_peak() - mark) / 2**20
+    return Timed(result, ms, backend.forward_passes - passes, sampler.peak_mb, device_peak_mb)

@@ -4,6 +4,11 @@ Every repeat runs PCD, the request prefill alone, then each baseline, back to ba
 engine and cached head, so that a noisy machine slows a pair together; ratios are medians of the
 per-repeat ratios, times are medians of the repeats. One warm-up before the repeats fills the head
 and compiled-schema caches and touches each loop once (a short one for the generators).
+
+``scripted`` is for dummy weights: the generators write PCD's answer as their document
+(``baselines.py``), and the record keeps times, pass counts, token counts and memory, and none of
+the answers, their validity or their agreement (``ANSWER_KEYS``), which a random model makes
+meaningless.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from .baselines import (
     generate_grammar,
     read_request,
     request_ids,
+    scripted_document,
 )
 from .checks import agreement, json_object_end, parse_lenient, valid_output
 from .measure import Timed, timed
@@ -29,6 +35,19 @@ from .measure import Timed, timed
 BASELINES = ("ar", "arc", "seq")
 #: how AR-constrained is implemented, written into every record
 ARC_ENGINE = "llguidance"
+#: a record's keys about answers, left out (None) with dummy weights
+ANSWER_KEYS = (
+    "pcd_output",
+    "pcd_valid",
+    "agreement",
+    "ar_valid",
+    "ar_output",
+    "arc_valid",
+    "arc_agreement",
+    "arc_output",
+    "seq_valid",
+    "seq_agreement",
+)
 
 
 @dataclass(frozen=True)
@@ -70,6 +89,7 @@ def bench_case(
     baselines: tuple[str, ...] = BASELINES,
     cap: int | None = None,
     tick: Callable[[], None] = lambda: None,
+    scripted: bool = False,
 ) -> dict[str, Any]:
     backend = engine.backend
     compiled = engine.compile(case.schema, case.task)
@@ -79,15 +99,17 @@ def bench_case(
     cap = cap or ar_cap(case.n_fields) + open_caps
     # the grammar closes the object by itself; this cap only stops a model that pads with whitespace
     arc_cap = 4 * ar_cap(case.n_fields) + open_caps
+    # warm-up; sequential runs on PCD's primitives
+    warm = engine.fill(case.schema, case.text, task=case.task)
+    script = scripted_document(engine, compiled, warm.value) if scripted else ()
     methods: dict[str, Callable[[], Any]] = {
         "pcd": lambda: engine.fill(case.schema, case.text, task=case.task),
         "prefill": lambda: read_request(engine, compiled, head, case.text),
-        "ar": lambda: generate_free(engine, compiled, head, case.text, cap),
-        "arc": lambda: generate_grammar(engine, compiled, head, case.text, arc_cap),
+        "ar": lambda: generate_free(engine, compiled, head, case.text, cap, script),
+        "arc": lambda: generate_grammar(engine, compiled, head, case.text, arc_cap, script),
         "seq": lambda: fill_sequential(engine, compiled, head, case.text),
     }
     order = ["pcd", "prefill"] + [b for b in BASELINES if b in baselines]
-    engine.fill(case.schema, case.text, task=case.task)  # warm-up; sequential runs on PCD's primitives
     if "ar" in order:
         generate_free(engine, compiled, head, case.text, 4)
     if "arc" in order:
@@ -99,7 +121,8 @@ def bench_case(
             runs[name].append(timed(backend, methods[name]))
             tick()
     # memory from one more run each, untimed, on pages handed back first (``measure.py``)
-    memory = {name: timed(backend, methods[name], fresh_memory=True).peak_mem_mb for name in order}
+    memory_runs = {name: timed(backend, methods[name], fresh_memory=True) for name in order}
+    memory = {name: run.peak_mem_mb for name, run in memory_runs.items()}
     tick()
 
     pcd_values = runs["pcd"][-1].result.values
@@ -128,6 +151,11 @@ def bench_case(
     for name in BASELINES:
         record.update(_baseline_fields(name, runs.get(name), runs["pcd"], case, schema, pcd_values, memory.get(name)))
     record["arc_engine"] = ARC_ENGINE if "arc" in runs else None
+    if memory_runs["pcd"].device_peak_mb is not None:  # CUDA: the RSS rise misses what the GPU holds
+        record["device_peak_mem_mb"] = {name: run.device_peak_mb for name, run in memory_runs.items()}
+    if scripted:
+        record.update(dict.fromkeys(ANSWER_KEYS))
+        record["dummy_weights"] = True
     return record
 
 
