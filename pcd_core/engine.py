@@ -36,7 +36,7 @@ from .compiler import CompiledSchema, compile_schema
 from .debias import CONTENT_FREE, content_free_prior
 from .deciding import plan_decide
 from .decoding import DecisionTask, Decoded, DecodeOptions, RoundStats, decode
-from .errors import OptionError, PromptError
+from .errors import OptionError, PromptError, ReplyTooLongError
 from .fairness import ModelLock, no_pause
 from .generation import MAX_ROOM, GeneratedField, GenerationStats, check_caps, generate_open_fields
 from .grammar import GrammarTokenizer
@@ -446,9 +446,12 @@ class Engine:
         head_ids = self.tokenizer.encode_head(head_text)
         whole = self.tokenizer.encode_head(head_text + rest)
         if len(whole) + max_new_tokens > self.context_length:
-            raise PromptError(
+            raise ReplyTooLongError(
                 f"the messages take {len(whole)} tokens and up to {max_new_tokens} may be generated, over "
-                f"the model's context of {self.context_length}; shorten them or lower max_new_tokens"
+                f"the model's context of {self.context_length}; shorten them or lower max_new_tokens",
+                prompt_tokens=len(whole),
+                max_new_tokens=max_new_tokens,
+                context_length=self.context_length,
             )
         with self._lock.turn() as turn:
             head, hit = self._heads.get_or(head_ids, lambda: self.backend.prefill(head_ids))

@@ -95,6 +95,21 @@ class RequestError(PcdError, ValueError):
         super().__init__(message)
 
 
+class ReplyTooLongError(PromptError):
+    """A reply cap that, with the prompt, is over the model's context. The numbers let a protocol name
+    its own parameter (``max_tokens`` on chat completions) and the most it may be: ``room_tokens``.
+    """
+
+    def __init__(self, message: str, *, prompt_tokens: int, max_new_tokens: int, context_length: int) -> None:
+        self.prompt_tokens, self.max_new_tokens, self.context_length = prompt_tokens, max_new_tokens, context_length
+        super().__init__(message)
+
+    @property
+    def room_tokens(self) -> int:
+        """The most tokens a reply to this prompt may have (0: the prompt alone fills the context)."""
+        return max(0, self.context_length - self.prompt_tokens)
+
+
 class TextError(PromptError):
     """User text that cannot be read as written: invalid Unicode, or a number JSON cannot hold.
 
