@@ -27,6 +27,7 @@ from typing import Any, Protocol
 
 from pcd_core import Engine, Extraction
 from pcd_core.chatting import Generation
+from pcd_core.errors import ReplyTooLongError, RequestError
 from pcd_core.tools import ToolDecision, choose_tool, tool_arguments
 from pcd_core.wire.chat import (
     AssistantReply,
@@ -141,12 +142,15 @@ def reply_steps(engine: Engine, request: ChatCompletionRequest) -> Iterator[str 
         yield Reply(content=content, finish_reason="stop", usage=cost.usage(), pcd=pcd)
         return
     generation = Generation()
-    yield from engine.stream(
-        request.chat_messages(),
-        max_new_tokens=request.max_new_tokens(),
-        stop=request.stop_strings(),
-        result=generation,
-    )
+    try:
+        yield from engine.stream(
+            request.chat_messages(),
+            max_new_tokens=request.max_new_tokens(),
+            stop=request.stop_strings(),
+            result=generation,
+        )
+    except ReplyTooLongError as error:
+        raise _over_context(request, error) from error
     cost.add(generation)
     pcd = PcdExtension(
         method="generated",
@@ -158,6 +162,24 @@ def reply_steps(engine: Engine, request: ChatCompletionRequest) -> Iterator[str 
     yield Reply(
         content=generation.text, finish_reason=generation.finish_reason, usage=cost.usage(), pcd=pcd, streamed=True
     )
+
+
+def _over_context(request: ChatCompletionRequest, error: ReplyTooLongError) -> RequestError:
+    """The engine's "reply cap over the context" in this protocol's words: the parameter the request
+    set (``max_completion_tokens`` or ``max_tokens``) and the most it may be; without either, or when
+    the messages alone fill the context, the messages are what must change.
+    """
+    param = next((name for name in ("max_completion_tokens", "max_tokens") if getattr(request, name)), None)
+    tokens = f"the messages take {error.prompt_tokens} tokens of the model's context of {error.context_length}"
+    if param is None or error.room_tokens == 0:
+        message = (
+            f"{tokens}, which leaves no room for a reply of up to {error.max_new_tokens} tokens; shorten the "
+            f"messages{' or set max_tokens to at most ' + str(error.room_tokens) if error.room_tokens else ''}"
+        )
+        param = "messages"
+    else:
+        message = f"{param}={error.max_new_tokens} is over the room left: {tokens}; set {param} to at most {error.room_tokens}"
+    return RequestError(message, errors=({"loc": (param,), "msg": message, "type": "context_length_exceeded"},))
 
 
 def _completion_id() -> str:

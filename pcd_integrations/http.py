@@ -416,6 +416,15 @@ def create_app(
             )
 
     async def strict_body(request: Request) -> None:
+        # a body sent as text or a form would reach the models as raw bytes and fail with a 422 about
+        # its shape: say what is wrong instead
+        media_type = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+        if media_type != "application/json" and not (
+            media_type.startswith("application/") and media_type.endswith("+json")
+        ):
+            sent = repr(media_type) if media_type else "missing"
+            message = f"the body must be JSON sent with 'Content-Type: application/json'; the content type is {sent}"
+            raise ApiError(415, "unsupported_media_type", message)
         # FastAPI's own parse keeps the last of two equal keys and accepts NaN; this one refuses both.
         try:
             loads_strict(await request.body())

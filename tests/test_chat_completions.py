@@ -431,3 +431,31 @@ def test_a_client_that_hangs_up_stops_its_request_and_the_next_one_does_not_wait
     assert busy["choices"][0]["message"] == after["choices"][0]["message"] == answered["choices"][0]["message"]
     assert long_passes < 401 // 2
     assert after["x_pcd"]["queue_ms"] < busy["x_pcd"]["queue_ms"] / 4
+
+
+# -- the protocol's own words for its mistakes (issue 24, item 10) -----------------------------------
+@pytest.mark.parametrize("param", ["max_tokens", "max_completion_tokens"])
+def test_a_reply_cap_over_the_context_names_the_parameter_and_its_room(client, engine, param):
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.chat.completions.create(model=MODEL, messages=HELLO, **{param: engine.context_length})
+    assert_openai_bad_request(raised.value, param, f"set {param} to at most")
+    room = int(raised.value.message.rsplit(" ", 1)[1])
+    assert 0 < room < engine.context_length and "max_new_tokens" not in raised.value.message
+    reply = client.chat.completions.create(model=MODEL, messages=HELLO, **{param: 1})  # within the room: served
+    assert reply.choices[0].finish_reason == "length"
+
+
+@pytest.mark.parametrize("content_type", [None, "text/plain", "application/x-www-form-urlencoded"])
+def test_a_body_not_sent_as_json_gets_415_saying_so_in_each_protocol(base_url, content_type):
+    headers = {"content-type": content_type} if content_type else {}
+    chat_body = json.dumps({"model": MODEL, "messages": HELLO, "max_tokens": 1})
+    refused = httpx.post(f"{base_url}/chat/completions", content=chat_body, headers=headers)
+    assert refused.status_code == 415, refused.text
+    error = refused.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["code"] == "unsupported_media_type"
+    assert "Content-Type: application/json" in error["message"]
+    system_one = json.dumps({"state": STATE, "questions": {"q": {"type": "noul", "instructions": "Is it urgent?"}}})
+    refused = httpx.post(f"{base_url}/systemone", content=system_one, headers=headers)
+    assert refused.status_code == 415 and refused.json()["detail"]["error_type"] == "unsupported_media_type"
+    json_type = {"content-type": "application/json; charset=utf-8"}
+    assert httpx.post(f"{base_url}/chat/completions", content=chat_body, headers=json_type).status_code == 200
