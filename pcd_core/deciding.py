@@ -13,8 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .asking import AskedQuestion, as_text, ask
-from .decoding import DecisionTask
+from .backends.base import pack_tree
+from .decoding import DecisionTask, plan_rows
 from .errors import PromptError
+from .limits import DEFAULT_LIMITS, Limits, check_row_tokens
 from .prompt import PromptParts, normalise_input
 from .questions import DecideRequest, DecideResponse, Usage
 from .readout import Readout
@@ -33,6 +35,14 @@ class DecidePlan:
 
     def tasks(self) -> list[DecisionTask]:
         return [DecisionTask(a.trie, "trie", branch_norm=a.branch_norm) for a in self.asked]
+
+    def row_tokens(self) -> int:
+        """The distinct tokens of every row the pass reads, as it packs them: a question's text once,
+        its branches (a code's second letters, the quote of ``"true"``) hanging from it. It is
+        ``stats.row_tokens`` when the rows fit one pass; more passes read a shared start again.
+        """
+        rows, _ = plan_rows([(task.trie.row, path) for task in self.tasks() for path in task.pending])
+        return len(pack_tree(rows).tokens)
 
     def respond(
         self,
@@ -59,9 +69,15 @@ class DecidePlan:
 
 
 def plan_decide(
-    tokenizer: TextTokenizer, prompt: PromptParts, request: DecideRequest, context_length: int
+    tokenizer: TextTokenizer,
+    prompt: PromptParts,
+    request: DecideRequest,
+    context_length: int,
+    limits: Limits = DEFAULT_LIMITS,
 ) -> DecidePlan:
-    """Render a validated request (``limits.check_decide``); a state too long raises here, before any pass."""
+    """Render a validated request (``limits.check_decide``); a state too long or rows over
+    ``limits.max_row_tokens`` raise here, before any pass.
+    """
     head_ids = tokenizer.encode_head(prompt.head)
     state_text = prompt.head + normalise_input(as_text(request.state))
     whole = tokenizer.encode_head(state_text)
@@ -72,4 +88,6 @@ def plan_decide(
             f"the state and its longest question need {len(whole) + longest} tokens, over the "
             f"model's context of {context_length}; shorten the state"
         )
-    return DecidePlan(request, head_ids, whole, asked)
+    plan = DecidePlan(request, head_ids, whole, asked)
+    check_row_tokens(limits, plan.row_tokens())
+    return plan

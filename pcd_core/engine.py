@@ -94,7 +94,7 @@ class Engine:
         calibration: Calibration | None = None,
         debias: bool = False,
     ) -> None:
-        self.limits = limits  # per-request bounds, checked before any tokenizing (pcd_core/limits.py)
+        self.limits = limits  # per-request bounds, checked before any pass (pcd_core/limits.py)
         # trust (pcd_core/debias.py, pcd_core/calibration.py): per-schema content-free priors, fitted
         # calibration, and whether fill and decide debias when a call does not say
         self.calibration = calibration
@@ -490,7 +490,7 @@ class Engine:
         if self._decide_prompt is None:
             self._decide_prompt = render_decide_prompt(self.tokenizer)
         request = check_decide(self.limits, state, questions)  # bounds and readable text first
-        plan = plan_decide(self.tokenizer, self._decide_prompt, request, self.context_length)
+        plan = plan_decide(self.tokenizer, self._decide_prompt, request, self.context_length, self.limits)
         adjust = adjuster(  # the priors are measured before this request's passes are counted
             self.calibration if calibrate else None,
             {qid: asked.names for qid, asked in zip(request.questions, plan.asked)},

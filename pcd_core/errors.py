@@ -124,6 +124,6 @@ class TextError(PromptError):
 class LimitError(RequestError):
     """A request over one of the bounds in ``pcd_core/limits.py``; the message names the setting."""
 
-    def __init__(self, setting: str, value: int, limit: int, what: str) -> None:
+    def __init__(self, setting: str, value: int, limit: int, what: str, hint: str = "") -> None:
         self.setting, self.value, self.limit = setting, value, limit
-        super().__init__(f"{what}: {value} is over the limit of {limit} ({setting})")
+        super().__init__(f"{what}: {value} is over the limit of {limit} ({setting}){'; ' + hint if hint else ''}")

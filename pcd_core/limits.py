@@ -1,12 +1,13 @@
-"""Bounds on one request, and the checks that every user text is readable, all run before tokenizing.
+"""Bounds on one request, and the checks that every user text is readable, run before tokenizing.
 
 A request's cost grows with what it sends: the bytes of its body, the number of questions, options
 and fields, and the row tokens those become. Each has a setting in the frozen ``Limits``, with a
 default a 2-core machine survives and that admits what the OpenAI Decisions API admits (200 questions,
 255 choices). The checks are pure functions of the request and ``Limits``; the engine calls
 ``check_decide`` / ``check_fill`` first, and the servers call ``check_body_size`` before parsing.
-Over a bound is a ``LimitError`` that names the setting and its value (HTTP 413 for the body, 422 for
-the rest).
+The questions' row tokens are counted once they are compiled, before any pass (``check_row_tokens``);
+a fill's are bounded from their bytes. Over a bound is a ``LimitError`` that names the setting and
+its value (HTTP 413 for the body, 422 for the rest).
 
 The same pass rejects what the tokenizer must never read: lone surrogates (invalid Unicode, and the
 sentinels ``pcd_core/tokenizer.py`` marks control tokens with) anywhere in the state, a question, an
@@ -26,15 +27,12 @@ from typing import Any
 from pydantic import ValidationError
 
 from .errors import LimitError, PromptError, RequestError, TextError
-from .questions import ChoiceQuestion, DecideRequest, NoulQuestion, ScoreQuestion
+from .questions import ChoiceQuestion, DecideRequest, ScoreQuestion
 from .schema import Schema
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
-# What a row adds beyond the user's own text, in tokens, with room to spare (SmolLM2: 26 for a noul's
-# "Question:"/"Reply with" lines and the tail, 6 per option line): byte-level BPE never makes more
-# tokens than UTF-8 bytes, so user bytes plus these allowances bound the real row tokens from above.
-_ROW_ALLOWANCE = 40
-_OPTION_ALLOWANCE = 10
+# What a field's label row adds beyond the user's own text, in tokens, with room to spare: byte-level
+# BPE never makes more tokens than UTF-8 bytes, so user bytes plus this bound a fill's row tokens.
 _LABEL_ALLOWANCE = 8
 
 
@@ -46,9 +44,9 @@ class Limits:
     max_questions: int = 200  # questions in one decide request
     max_options: int = 255  # options of one choice question, labels of one schema field
     max_fields: int = 128  # fields of one schema
-    max_text_bytes: int = 256 << 10  # UTF-8 bytes of the input or of the state, before tokenizing
+    max_text_bytes: int = 256 << 10  # UTF-8 bytes of the input, of the state or of the questions, before tokenizing
     max_depth: int = 32  # nesting of a JSON state
-    max_row_tokens: int = 32768  # row tokens of one request, bounded from above before tokenizing
+    max_row_tokens: int = 32768  # distinct row tokens of one request: counted for questions, bounded for fields
 
     def __post_init__(self) -> None:
         for setting in fields(self):
@@ -81,12 +79,30 @@ def check_decide(limits: Limits, state: Any, questions: Any) -> DecideRequest:
         raise request_error(error) from None
     n_bytes = check_json(limits, request.state, ("state",))
     _at_most(limits, "max_text_bytes", n_bytes, "the state's bytes")
-    row_tokens = 0
+    question_bytes = 0
     for qid, question in request.questions.items():
         check_text(qid, ("questions", qid))
-        row_tokens += _question_row_bound(limits, question, ("questions", qid))
-    _at_most(limits, "max_row_tokens", row_tokens, "the questions' row tokens (bounded from their bytes)")
+        question_bytes += _question_bytes(question, ("questions", qid))
+    _at_most(limits, "max_text_bytes", question_bytes, "the questions' bytes")
     return request
+
+
+def check_row_tokens(limits: Limits, n_tokens: int) -> None:
+    """The questions' row tokens as compiled (``deciding.plan_decide``), each distinct token once,
+    against ``max_row_tokens``, before any pass reads them.
+
+    The count is the real one, not a bound from the request's bytes: such a bound let a 255-option
+    choice through while the engine read its option list once per branch row, 42,360 row tokens in
+    15 passes (issue 24).
+    """
+    _at_most(
+        limits,
+        "max_row_tokens",
+        n_tokens,
+        "the questions' row tokens",
+        "ask fewer questions per request, give fewer options or shorter descriptions, "
+        "or raise Limits(max_row_tokens=...)",
+    )
 
 
 def check_fill(limits: Limits, schema: Schema, text: Any) -> None:
@@ -162,8 +178,8 @@ def request_error(error: ValidationError) -> RequestError:
     return RequestError(f"invalid request: {problems}", errors=items)
 
 
-def _question_row_bound(limits: Limits, question: Any, loc: tuple[str | int, ...]) -> int:
-    # structured question text (JSON objects and arrays) is rendered as one line of JSON
+def _question_bytes(question: Any, loc: tuple[str | int, ...]) -> int:
+    """The UTF-8 bytes of a question's text, each checked readable; JSON text as the row shows it."""
     texts = [
         (text if isinstance(text, str) else json.dumps(text, ensure_ascii=False), where)
         for text, where in _question_texts(question, loc)
@@ -171,8 +187,7 @@ def _question_row_bound(limits: Limits, question: Any, loc: tuple[str | int, ...
     ]
     for text, where in texts:
         check_text(text, where)
-    options = len(question.criteria or ()) if not isinstance(question, NoulQuestion) else 0
-    return sum(_utf8(text) for text, _ in texts) + _ROW_ALLOWANCE + _OPTION_ALLOWANCE * options
+    return sum(_utf8(text) for text, _ in texts)
 
 
 def _question_texts(question: Any, loc: tuple[str | int, ...]) -> Iterator[tuple[str, tuple[str | int, ...]]]:
@@ -208,10 +223,10 @@ def _json_strings(value: Any, loc: tuple[str | int, ...]) -> Iterator[tuple[str,
             yield from _json_strings(child, (*loc, index))
 
 
-def _at_most(limits: Limits, setting: str, value: int, what: str) -> None:
+def _at_most(limits: Limits, setting: str, value: int, what: str, hint: str = "") -> None:
     limit = getattr(limits, setting)
     if value > limit:
-        raise LimitError(setting, value, limit, what)
+        raise LimitError(setting, value, limit, what, hint)
 
 
 def _utf8(text: str) -> int:

@@ -86,27 +86,39 @@ def test_options_fields_and_row_tokens_have_their_own_bounds(oracle):
     with pytest.raises(LimitError, match="max_options"):
         check_decide(tight, "state", {"q": choice})
     many = {f"q{i}": {"type": "noul", "instructions": "x" * 100} for i in range(5)}
-    with pytest.raises(LimitError, match="max_row_tokens"):
-        check_decide(tight, "state", many)
     engine = oracle_engine()
     engine.limits = tight
+    passes = engine.backend.forward_passes
+    with pytest.raises(LimitError, match="max_row_tokens"):
+        engine.decide("state", many)
+    assert engine.backend.forward_passes == passes
     with pytest.raises(LimitError, match="max_fields"):
         engine.fill({"a": "boolean", "b": "boolean", "c": "boolean"}, "text")
 
 
-def test_the_row_token_bound_is_above_the_real_row_tokens(engine):
+def test_the_row_token_limit_counts_the_rows_the_engine_reads(engine):
     from conftest import load_case
+
+    from pcd_core import Engine
 
     case = load_case("refund_request_questions")
     response = engine.decide(case["state"], case["questions"])
-    texts = "".join(json.dumps(q) for q in case["questions"].values())
-    assert response.stats.row_tokens < len(texts.encode()) + 50 * len(case["questions"])  # loose sanity bound
-    # the bound check_decide applies is an upper bound of the row tokens the engine really reads
-    with pytest.raises(LimitError) as refused:
-        check_decide(Limits(max_row_tokens=1), case["state"], case["questions"])
-    bound = refused.value.value
-    assert bound >= response.stats.row_tokens
-    check_decide(Limits(max_row_tokens=bound), case["state"], case["questions"])
+    n_tokens = response.stats.row_tokens  # one pass: every distinct row token read once
+    for limit, refused in ((n_tokens, False), (n_tokens - 1, True)):
+        limited = Engine(engine.backend, engine.tokenizer, "limited", limits=Limits(max_row_tokens=limit))
+        if refused:
+            with pytest.raises(LimitError, match=rf"row tokens: {n_tokens} is over the limit of {limit}"):
+                limited.decide(case["state"], case["questions"])
+        else:
+            assert limited.decide(case["state"], case["questions"]).stats.row_tokens == n_tokens
+
+
+def test_question_text_over_the_text_bound_is_refused_before_tokenizing(oracle):
+    cached = len(oracle.tokenizer.cache)
+    options = {f"option {i}": "x" * 2000 for i in range(200)}  # 400 KB of descriptions
+    with pytest.raises(LimitError, match=r"the questions' bytes: \d+ is over the limit of 262144 \(max_text_bytes\)"):
+        oracle.decide("state", {"q": {"type": "choice", "instructions": "which?", "criteria": options}})
+    assert len(oracle.tokenizer.cache) == cached
 
 
 def test_a_state_over_the_text_bound_is_refused_before_tokenizing(oracle):
