@@ -382,6 +382,28 @@ def test_unicode_option_names_and_ids_come_back_byte_for_byte(app):
         assert json.dumps(text, ensure_ascii=False).encode() in response.content
 
 
+def test_labels_equal_after_unicode_normalisation_are_refused_by_fill_and_decide_alike(app, engine):
+    """One rule in the core (``schema.check_distinct``): a fill's enum once took what a choice refused."""
+    same = ["A1", "\uff21\uff11"]  # full-width letters and digits: NFKC makes them "A1"
+    passes = engine.backend.forward_passes
+    question = {**CHOICE, "criteria": dict.fromkeys(same)}
+    decided = call(app, "POST", "/v1/systemone", json={"state": STATE, "questions": {"q": question}})
+    schema = {"type": "object", "properties": {"code": {"enum": same}, "urgent": {"type": "boolean"}}}
+    response_format = {"type": "json_schema", "json_schema": {"name": "Codes", "schema": schema}}
+    body = {
+        "model": "smollm2-135m",
+        "messages": [{"role": "user", "content": STATE}],
+        "response_format": response_format,
+    }
+    filled = call(app, "POST", "/v1/chat/completions", json=body)
+    # each protocol answers in its own shape: System One a 422, OpenAI's a 400 with code schema_error
+    assert (decided.status_code, filled.status_code) == (422, 400), (decided.text, filled.text)
+    assert filled.json()["error"]["code"] == "schema_error"
+    for response in (decided, filled):
+        assert "are the same after Unicode normalisation" in response.text
+    assert engine.backend.forward_passes == passes
+
+
 @pytest.mark.slow
 def test_255_options_all_get_a_probability(app):
     # Short names without descriptions: the option list is read by the model, and 255 is the point here.
