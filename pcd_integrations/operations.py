@@ -220,7 +220,11 @@ class Operations:
 
         work = asyncio.ensure_future(self.app(scope, receive, watched))
         try:
+            # shielded, so that a stream that began in time outlives the timeout
             await asyncio.wait_for(asyncio.shield(work), self.backpressure.timeout_s)
+        except asyncio.CancelledError:  # the server stops the request: so does its work
+            work.cancel()
+            raise
         except TimeoutError:
             if responding:  # a stream that began in time runs to its end
                 await work

@@ -222,11 +222,14 @@ def test_a_request_past_its_timeout_gets_504_and_runs_no_pass(engine: Engine) ->
         # on the same engine, behind the dropped request if that still waits for the model
         after = client.post(f"{other_url}/v1/systemone", json=body)
         passes_after = engine.backend.counter.forward_passes
+        metrics = samples(client.get(f"{url}/metrics").text)
     assert late.status_code == 504 and late.json()["detail"]["error_type"] == "timeout"
     assert late.headers["x-request-id"] and 0.5 <= waited_s < 5.0
     assert after.status_code == 200
     # every pass after the hold is the next request's own: the dropped one read nothing
     assert passes_after - passes_before == after.json()["x_forward_passes"]
+    assert sample(metrics, "pcd_requests_rejected_total", reason="timeout") == 1
+    assert sample(metrics, "pcd_requests_total", route="/v1/systemone", status="504") == 1
 
 
 def test_livez_and_readyz_follow_the_load(engine: Engine) -> None:
