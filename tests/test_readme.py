@@ -4,6 +4,8 @@ import json
 import re
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -96,3 +98,40 @@ def test_the_open_fields_figures_are_the_recorded_run():
     assert before["pcd_forward_passes"] == mixed["pcd_forward_passes"] + 1  # the answers' own pass
     assert f"took {before['pcd_ms']:,.0f} ms before".replace(",", " ") in readme
     assert f"and {room['pcd_ms']:,.0f} ms after".replace(",", " ") in readme
+
+
+def python_blocks(section: str) -> list[str]:
+    """The ```python blocks of one ``## `` section of the README, in order."""
+    readme = (ROOT / "README.md").read_text()
+    start = readme.index(f"\n## {section}\n")
+    end = readme.find("\n## ", start + 1)
+    return re.findall(r"```python\n(.+?)\n```", readme[start : end if end > 0 else None], re.S)
+
+
+def _tour_checks():
+    """What each API tour snippet must leave behind, besides running: a property of its result."""
+    return [
+        lambda ns: type(ns["out"].value).__name__ == "Ticket" and len(ns["outs"]) == len(ns["texts"]) == 3,
+        lambda ns: set(ns["resp"].answers) == {"refund", "team", "anger"},
+        lambda ns: (
+            ns["out"].fields["customer_name"].method == "generated"
+            and set(ns["out"].value.address.model_fields) == {"city", "country"}
+        ),
+        lambda ns: ns["reply"].output_tokens > 0 and ns["reply"].finish_reason in {"stop", "length"},
+    ]
+
+
+@pytest.mark.parametrize("index", range(4))
+def test_every_api_tour_snippet_runs_as_written_on_the_real_model(engine, monkeypatch, index):
+    """Each snippet of the README's API tour runs on its own, in a fresh namespace, with nothing
+    defined elsewhere (issue 24, item 12). ``Engine.load()`` hands back the session's SmolLM2-135M,
+    the model it loads by default, so that the four snippets load it once.
+    """
+    from pcd_core import Engine
+
+    blocks = python_blocks("API tour")
+    assert len(blocks) == 4, "the API tour has four snippets; update the checks with the README"
+    monkeypatch.setattr(Engine, "load", classmethod(lambda cls, *args, **kwargs: engine))
+    namespace: dict = {"__name__": "readme_snippet"}
+    exec(compile(blocks[index], f"README.md, API tour snippet {index + 1}", "exec"), namespace)
+    assert _tour_checks()[index](namespace)
