@@ -26,8 +26,9 @@ point, fill, decide, generate and stream, is covered by the one lock they all ta
 raises ``Cancelled`` where it would next take or offer the model: on entering a turn, at every
 ``pause``, and while it waits in the queue (it leaves the queue). The model is released on the way out
 and the rows it grew go with its frames, so the next request starts at once.
-``tests/test_fairness.py`` cancels a real fill between its passes; ``tests/test_http.py`` drops a
-real client in the middle of a long chat and reads the next request's wait.
+``tests/test_fairness.py`` cancels a real reply and fill between passes;
+``tests/test_chat_completions.py`` drops a real client in the middle of a long chat and reads the
+next request's wait; ``tests/test_mcp_server.py`` abandons an MCP fill mid-generation.
 """
 
 from __future__ import annotations
