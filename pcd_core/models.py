@@ -303,6 +303,8 @@ def check_dtype(dtype: str | None, backend: str) -> None:
         raise OptionError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     if backend == "vllm":
         raise OptionError("the vLLM server computes in its own dtype (vllm serve --dtype); leave dtype unset")
+    if backend == "llamacpp":
+        raise OptionError("llama.cpp computes in the GGUF's own types; leave dtype unset")
     if backend == "mlx" and dtype != "float32":
         raise OptionError("the MLX backend sets its own compute dtype (float32 for a GGUF); leave dtype unset")
 
@@ -323,6 +325,10 @@ def load_backend(
     if backend == "vllm" and not base_url:  # before the tokenizer loads: a missing address costs nothing
         raise PcdError("the vllm backend needs base_url: the vLLM server's address, e.g. http://127.0.0.1:8000")
     check_dtype(dtype, backend)
+    if backend == "llamacpp":  # reads the GGUF itself: no dequantized folder, no torch
+        from .backends.llamacpp_loading import load_llamacpp
+
+        return load_llamacpp(resolve(model), max_tokens_per_pass)
     with tqdm(total=3, desc=f"loading {model}", disable=None, leave=False) as progress, _library_bars_off():
         source = resolve(model)
         progress.update()
@@ -338,7 +344,7 @@ def load_backend(
         elif backend == "vllm":
             loaded = _vllm_backend(folder, tokenizer, base_url or "", api_key, max_tokens_per_pass)
         else:
-            raise PcdError(f"unknown backend {backend!r}; choose 'torch', 'mlx' or 'vllm'")
+            raise PcdError(f"unknown backend {backend!r}; choose 'torch', 'mlx', 'vllm' or 'llamacpp'")
         progress.update()
     return loaded, tokenizer, source.name
 

@@ -136,9 +136,11 @@ class Tally:
     tokens_read: int
 
 
-def plan_chunks(rows: Sequence[Sequence[int]], max_tokens_per_pass: int | None) -> list[list[int]]:
+def plan_chunks(
+    rows: Sequence[Sequence[int]], max_tokens_per_pass: int | None, max_rows: int | None = None
+) -> list[list[int]]:
     """Group row indices into passes of at most ``max_tokens_per_pass`` distinct row tokens beyond the
-    stem that all of a pass's rows share (one row at least).
+    stem that all of a pass's rows share, and at most ``max_rows`` rows (one row at least).
 
     Rows are taken in token order, so that rows that start alike share a pass, where ``pack_tree``
     reads their common start once: a row costs only the tokens it adds. The stem is free because any
@@ -149,7 +151,7 @@ def plan_chunks(rows: Sequence[Sequence[int]], max_tokens_per_pass: int | None) 
     """
     if not rows:
         return []
-    if max_tokens_per_pass is None:
+    if max_tokens_per_pass is None and max_rows is None:
         return [list(range(len(rows)))]
     order = sorted(range(len(rows)), key=lambda k: tuple(rows[k]))
     chunks: list[list[int]] = []
@@ -157,7 +159,8 @@ def plan_chunks(rows: Sequence[Sequence[int]], max_tokens_per_pass: int | None) 
     for index in order:
         row = rows[index]
         shared = _shared_start(rows[chunks[-1][-1]], row) if chunks else 0
-        if chunks and used + len(row) - shared - min(stem, shared) <= max_tokens_per_pass:
+        fits = max_tokens_per_pass is None or used + len(row) - shared - min(stem, shared) <= max_tokens_per_pass
+        if chunks and fits and (max_rows is None or len(chunks[-1]) < max_rows):
             chunks[-1].append(index)
             used, stem = used + len(row) - shared, min(stem, shared)
         else:
@@ -254,6 +257,9 @@ class Backend(ABC):
     kv_bytes_per_token: int = 0
     #: bytes per (query, key) entry of the attention masks a pass builds
     mask_bytes_per_entry: int = 1
+    #: rows one pass may hold, where a backend bounds them (llama.cpp: a sequence id per row); a call
+    #: with more is split into passes, as ``max_tokens_per_pass`` splits it
+    max_rows_per_pass: int | None = None
 
     def __init__(
         self,
@@ -317,7 +323,7 @@ class Backend(ABC):
                 f"a row reaches {start + longest} tokens, over the model's context of {self.context_length}"
             )
         passes = []  # (rows of the chunk, the queries it answers), only chunks that answer one
-        for chunk in plan_chunks(given, self.max_tokens_per_pass):
+        for chunk in plan_chunks(given, self.max_tokens_per_pass, self.max_rows_per_pass):
             local = {row: n for n, row in enumerate(chunk)}
             picked = [k for k, q in enumerate(queries) if q.row in local and q.position >= 0]
             if picked:

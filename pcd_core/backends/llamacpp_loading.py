@@ -1,0 +1,93 @@
+"""Loading a GGUF into the llama.cpp backend, with the tokenizer the engine needs beside it.
+
+llama.cpp reads the GGUF's weights as they are. The engine still needs a Hugging Face tokenizer
+(chat template, the compiler's encodings, llguidance's byte view), which transformers builds from
+the same GGUF's metadata: on two cores that takes 15 s or more (its GGUF reader walks the 49k-token
+vocabulary and its merges through a numpy memmap), so the tokenizer alone, a few MB, is saved once
+in the cache folder (``models.cache_dir``) and later loads read it in a second. No weights are
+written anywhere. The tokenizer must agree with llama.cpp's own vocabulary, token for token, or
+the engine would score ids the model reads as other text: ``LlamaCppBackend.check_vocabulary``
+refuses a mismatch at load.
+
+The context's thread count is ``PCD_LLAMACPP_THREADS`` when set, else every core of the machine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from ..errors import OptionError, PcdError
+from ..tokenizer import TextTokenizer
+
+#: texts whose tokenization must be the same in llama.cpp and in the tokenizer: words, digits,
+#: spaces, punctuation, JSON and non-ASCII, where byte-level pre-tokenizers differ first
+VOCABULARY_SAMPLES = (
+    'Ticket #4521: "refund" requested — 3 items, 12.50 EUR; shipped 2024-11-03.\n',
+    '{"priority": "high", "tags": ["billing", "login"]}\n\n  indented   spaces\ttab',
+    "Überprüfung café naïve 東京 ✓ emoji 🙂 don't won't I'm",
+)
+
+
+def tokenizer_dir(gguf: Path) -> Path:
+    """The cached tokenizer of one GGUF, keyed by its path, size and modification time."""
+    from ..models import cache_dir
+
+    stat = gguf.stat()
+    key = hashlib.sha256(f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    return cache_dir() / "tokenizer" / f"{gguf.stem}-{key}"
+
+
+def gguf_tokenizer(gguf: Path) -> Any:
+    """The Hugging Face tokenizer stored in a GGUF, built once and then read from the cache."""
+    try:
+        from transformers import AutoTokenizer
+    except ImportError as error:
+        raise PcdError(
+            "the llamacpp backend builds its tokenizer with transformers: pip install transformers"
+        ) from error
+    target = tokenizer_dir(gguf)
+    if (target / "tokenizer_config.json").is_file():
+        return AutoTokenizer.from_pretrained(str(target), local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name, local_files_only=True)
+    partial = target.with_name(f"{target.name}.partial-{os.getpid()}")
+    tokenizer.save_pretrained(partial)
+    try:
+        partial.rename(target)  # atomic: a concurrent load sees the whole folder or none
+    except OSError:  # another process finished first; its copy is the same
+        shutil.rmtree(partial, ignore_errors=True)
+    return tokenizer
+
+
+def threads_from_environment() -> int | None:
+    given = os.environ.get("PCD_LLAMACPP_THREADS")
+    if not given:
+        return None
+    if not given.isdigit() or int(given) < 1:
+        raise OptionError(f"PCD_LLAMACPP_THREADS must be a positive whole number, got {given!r}")
+    return int(given)
+
+
+def load_llamacpp(source: Any, max_tokens_per_pass: int | None) -> tuple[Any, TextTokenizer, str]:
+    """``models.load_backend`` for ``backend="llamacpp"``: (backend, tokenizer, model name)."""
+    if source.gguf is None:
+        raise PcdError(
+            f"the llamacpp backend reads GGUF files, and {source.name!r} is a model folder or hub id; "
+            "give an embedded alias or a .gguf path, or use backend='torch'"
+        )
+    from .llamacpp_backend import LlamaCppBackend  # BackendUnavailableError without the extra
+
+    with tqdm(total=2, desc=f"loading {source.name}", disable=None, leave=False) as progress:
+        hf_tokenizer = gguf_tokenizer(source.gguf)
+        progress.update()
+        backend = LlamaCppBackend(
+            source.gguf, threads=threads_from_environment(), max_tokens_per_pass=max_tokens_per_pass
+        )
+        backend.check_vocabulary(hf_tokenizer, VOCABULARY_SAMPLES)
+        progress.update()
+    return backend, TextTokenizer(hf_tokenizer), source.name

@@ -1,0 +1,206 @@
+"""The llama.cpp backend on the real SmolLM2 Q4_1 GGUF: the backend contract, sequence bookkeeping
+(no row cell survives a pass, a pass split at the sequence limit reads the same), the load-time
+checks, and agreement with the torch backend on every bundled schema and question set.
+
+Agreement: torch dequantizes the GGUF to float32; llama.cpp keeps the weights in Q4_1 and quantizes
+activations to 8 bits inside its matrix products, so probabilities move. Every field that torch
+decides by a top-two margin over ``MARGIN`` must be decided the same, and every probability must be
+within ``PROBABILITY_BOUND`` of torch's (measured: see the constant).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("llama_cpp")
+
+import numpy as np
+from conftest import load_case, schema_cases
+
+from pcd_core import Engine
+from pcd_core.backends import llamacpp_backend
+from pcd_core.backends.base import Query
+from pcd_core.errors import BackendError, OptionError, PcdError
+from pcd_core.testing import check_backend, check_grow
+
+#: torch's top-two margin above which llama.cpp must decide a field the same (the issue's 0.05)
+MARGIN = 0.05
+#: how far a probability may move from torch's fp32 (measured on the bundled cases: see the test)
+PROBABILITY_BOUND = 0.05
+#: llama.cpp against itself (packed against single rows, a prefix extended against one prefill):
+#: the same kernels on the same quantized weights, only batch shapes differ
+SELF_ATOL = 0.3
+
+
+@pytest.fixture(scope="module")
+def llama_engine():
+    return Engine.load("smollm2-135m", backend="llamacpp")
+
+
+@pytest.fixture(scope="module")
+def ids(llama_engine):
+    encode = llama_engine.tokenizer.encode
+    prompt = encode("The customer wrote that the parcel arrived late and damaged, and asked for")
+    rows = [encode(" a refund of the full price"), encode(" a replacement"), encode(" an apology")]
+    return list(prompt), [list(r) for r in rows]
+
+
+def test_contract_on_the_real_model(llama_engine, ids):
+    prompt, rows = ids
+    check_backend(llama_engine.backend, prompt, rows, atol=SELF_ATOL)
+
+
+def test_grow_equals_prefills(llama_engine, ids):
+    prompt, rows = ids
+    steps = [[rows[0][:2], rows[1][:1], ()], [rows[0][2:3], (), rows[2][:2]], [(), rows[1][1:2], rows[2][2:3]]]
+    check_grow(llama_engine.backend, prompt, steps, atol=SELF_ATOL)
+    check_grow(llama_engine.backend, prompt, steps, atol=SELF_ATOL, trunk=rows[2][:2])
+
+
+def test_an_older_rows_grows_from_its_own_lengths(llama_engine, ids):
+    prompt, rows = ids
+    backend = llama_engine.backend
+    prefix = backend.prefill(prompt)
+    first = backend.grow(prefix, None, [rows[0][:1], rows[1][:1]])
+    backend.grow(prefix, first, [rows[0][1:3], rows[1][1:2]])  # the latest view moves on
+    again = backend.grow(prefix, first, [rows[2][:1], ()])  # the older view grows a different way
+    want = backend.next_logp(backend.prefill(rows[0][:1] + rows[2][:1], parent=prefix))
+    np.testing.assert_allclose(again.logp[0], want, atol=SELF_ATOL)
+
+
+def live_ends(backend) -> dict[int, int]:
+    """Every sequence that holds cells, with its last position (llama_memory_seq_pos_max)."""
+    return backend.live_sequences()
+
+
+def test_no_row_cell_survives_a_pass(llama_engine, ids):
+    prompt, rows = ids
+    backend = llama_engine.backend
+    prefix = backend.prefill(prompt)
+    before = live_ends(backend)
+    queries = [Query(r, len(row) - 1, (1, 2)) for r, row in enumerate(rows)]
+    backend.score(prefix, rows, queries)
+    assert live_ends(backend) == before
+    seq = prefix.state.seq.id
+    assert before[seq] == len(prompt) - 1, "the prefix keeps its own cells, up to its last position"
+    scored = backend.score(prefix, rows, queries, trunk=rows[0][:2])
+    after = live_ends(backend)
+    extended = scored.prefix.state.seq.id
+    assert after.pop(extended) == len(prompt) + 1, "the trunk's cells stay, as the extended prefix"
+    assert after == before
+
+
+def test_a_pass_over_the_sequence_limit_splits_and_reads_the_same(llama_engine, ids):
+    prompt, rows = ids
+    backend = llama_engine.backend
+    prefix = backend.prefill(prompt)
+    many = [row[:k] + [t] for row in rows for k in range(1, len(row)) for t in (11, 12)]
+    queries = [Query(r, len(row) - 1, (1, 2, 3, 4)) for r, row in enumerate(many)]
+    whole = backend.score(prefix, many, queries)
+    saved = backend.max_rows_per_pass
+    backend.max_rows_per_pass = 3
+    try:
+        passes = backend.forward_passes
+        split = backend.score(prefix, many, queries)
+        assert backend.forward_passes - passes >= len(many) // 3
+    finally:
+        backend.max_rows_per_pass = saved
+    for got, want in zip(split.values, whole.values, strict=True):
+        np.testing.assert_allclose(got, want, atol=SELF_ATOL)
+
+
+def test_evicted_prefixes_are_read_again(llama_engine, ids, monkeypatch):
+    prompt, rows = ids
+    backend = llama_engine.backend
+    monkeypatch.setattr(llamacpp_backend, "MAX_LIVE_PREFIXES", 2)
+    first = backend.prefill(prompt)
+    want = backend.score(first, rows, [Query(0, 0, (1, 2, 3))]).values[0]
+    others = [backend.prefill(prompt[:k]) for k in (3, 4, 5)]  # evicts ``first``
+    assert first.state.seq.id is None
+    passes = backend.forward_passes
+    got = backend.score(first, rows, [Query(0, 0, (1, 2, 3))]).values[0]
+    assert backend.forward_passes - passes == 2, "one pass to read the prefix again, one for the rows"
+    np.testing.assert_allclose(got, want, atol=SELF_ATOL)
+    del others
+
+
+def test_load_time_checks(llama_engine):
+    backend = llama_engine.backend
+    assert backend.layout_error <= llamacpp_backend.LAYOUT_TOLERANCE
+    assert backend.threads >= 1
+    with pytest.raises(BackendError, match="token 1 is"):
+        backend.check_vocabulary(_Shifted(llama_engine.tokenizer.hf), ())
+    with pytest.raises(OptionError, match="dtype"):
+        Engine.load("smollm2-135m", backend="llamacpp", dtype="float16")
+    with pytest.raises(PcdError, match="GGUF"):
+        from pcd_core.backends.llamacpp_loading import load_llamacpp
+        from pcd_core.models import ModelSource
+
+        load_llamacpp(ModelSource("some/folder", pretrained="some/folder"), None)
+
+
+class _Shifted:
+    """A tokenizer whose token 1 reads as token 2: the vocabulary check must refuse it."""
+
+    def __init__(self, hf):
+        self.hf = hf
+
+    def __len__(self):
+        return len(self.hf)
+
+    def convert_ids_to_tokens(self, ids):
+        texts = self.hf.convert_ids_to_tokens(ids)
+        texts[1] = texts[2]
+        return texts
+
+
+def _compare_fields(expected, got, where: str) -> float:
+    """Assert the decisions and the probability bound; return the largest probability gap."""
+    worst = 0.0
+    for name, want in expected.fields.items():
+        have = got.fields[name]
+        gaps = [abs(have.probabilities[label] - p) for label, p in want.probabilities.items()]
+        worst = max(worst, *gaps)
+        assert max(gaps) <= PROBABILITY_BOUND, f"{where} {name}: {want.probabilities} vs {have.probabilities}"
+        top = sorted(want.probabilities.values())
+        if len(top) < 2 or top[-1] - top[-2] > MARGIN:
+            assert have.value == want.value, f"{where} {name}: torch {want.value!r}, llama.cpp {have.value!r}"
+    return worst
+
+
+@pytest.mark.parametrize("name", [*schema_cases(), "examples/ticket_schema"])
+def test_bundled_schemas_decide_as_torch(engine, llama_engine, name, capsys):
+    if name.startswith("examples/"):
+        import json
+        from pathlib import Path
+
+        root = Path(__file__).resolve().parents[1]
+        schema, text = json.loads((root / f"{name}.json").read_text()), (root / "examples/ticket.txt").read_text()
+        task = ""
+    else:
+        case = load_case(name)
+        schema, text, task = case["json_schema"], case["input"], case.get("task", "")
+    expected = engine.fill(schema, text, task=task)
+    got = llama_engine.fill(schema, text, task=task)
+    assert got.stats.forward_passes == expected.stats.forward_passes
+    worst = _compare_fields(expected, got, name)
+    with capsys.disabled():
+        print(f"\n{name}: largest probability gap llama.cpp vs torch {worst:.4f}")
+
+
+def test_bundled_questions_decide_as_torch(engine, llama_engine, capsys):
+    case = load_case("refund_request_questions")
+    expected = engine.decide(case["state"], case["questions"])
+    got = llama_engine.decide(case["state"], case["questions"])
+    worst = 0.0
+    for qid, want in expected.answers.items():
+        have = got.answers[qid]
+        if want.probabilities:
+            gaps = [abs(have.probabilities[k] - p) for k, p in want.probabilities.items()]
+            worst = max(worst, *gaps)
+            assert max(gaps) <= PROBABILITY_BOUND, qid
+            top = sorted(want.probabilities.values())
+            if len(top) < 2 or top[-1] - top[-2] > MARGIN:
+                assert have.type == want.type and getattr(have, want.type) == getattr(want, want.type), qid
+    with capsys.disabled():
+        print(f"\nquestions: largest probability gap llama.cpp vs torch {worst:.4f}")
