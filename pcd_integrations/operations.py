@@ -312,10 +312,14 @@ def observe_reply(usage: Any, pcd: Any) -> None:
 
 
 def observed_chunks(events: Iterator[Any]) -> Iterator[Any]:
-    """A streamed reply's chunks, passed on; the one with ``x_pcd`` (and the usage, if asked) is observed."""
+    """A streamed reply's chunks, passed on, the request id written into the one with ``x_pcd``; that one
+    (and the usage, if asked) is observed.
+    """
     pcd = usage = None
+    request_id = current_request_id()
     for event in events:
-        pcd = event.x_pcd if event.x_pcd is not None else pcd
+        if event.x_pcd is not None:
+            pcd = event.x_pcd = event.x_pcd.model_copy(update={"request_id": request_id})
         usage = event.usage if event.usage is not None else usage
         yield event
     if pcd is not None:

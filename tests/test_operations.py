@@ -6,6 +6,7 @@ and tracing, each driven by real clients against a real loopback server on the e
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import threading
 import time
@@ -127,10 +128,13 @@ def test_a_safe_request_id_is_echoed_and_an_unsafe_one_replaced(base_url: str, c
         )
         decided = client.post("/v1/decisions", json=DECISIONS, headers={"X-Request-Id": "x" * 129})
         chat = client.post("/v1/chat/completions", json=CHAT, headers={"X-Request-Id": "bad id\x7f"})
+        streamed = client.post("/v1/chat/completions", json={**CHAT, "stream": True}, headers={"X-Request-Id": "s-1"})
     assert one.headers["x-request-id"] == one.json()["x_request_id"] == "ticket-42.a"
     made = decided.headers["x-request-id"]
     assert made == decided.json()["x_request_id"] and len(made) == 32 and made != "x" * 129
     assert chat.headers["x-request-id"] == chat.json()["x_pcd"]["request_id"] != made
+    events = [json.loads(line[6:]) for line in streamed.text.splitlines() if line.startswith("data: {")]
+    assert [e["x_pcd"]["request_id"] for e in events if e.get("x_pcd")] == ["s-1"] == [streamed.headers["x-request-id"]]
     lines = {r.request_id: r.getMessage() for r in caplog.records if r.name == "pcd_integrations.operations"}
     assert "POST /v1/systemone -> 200" in lines["ticket-42.a"] and "-> 200" in lines[made]
 

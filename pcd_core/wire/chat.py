@@ -457,6 +457,9 @@ class PcdExtension(_Model):
     forward_passes: int
     queue_ms: float = Field(0.0, description="Milliseconds the request waited for the model behind other requests.")
     warnings: list[str] = Field(default_factory=list)
+    request_id: str | None = Field(
+        default=None, description="The request's X-Request-Id (pcd serve): the id its log lines carry."
+    )
 
 
 class ChatCompletion(_Model):
