@@ -183,8 +183,9 @@ def build_model(config: Any, device: Any, dtype: Any, seed: int = 0) -> Any:
     free = _free_bytes(device)
     if free is not None and n_bytes > _MEMORY_SHARE * free:
         raise OptionError(
-            f"dummy weights of {n_bytes / 2**30:.1f} GiB in {dtype} do not fit in the {free / 2**30:.1f} GiB free "
-            f"on {device}; pick a smaller shape, a 16-bit dtype, or a device with more memory"
+            f"dummy weights of {n_bytes / 2**20:,.0f} MiB in {str(dtype).removeprefix('torch.')} do not fit in "
+            f"the {free / 2**20:,.0f} MiB free on {device}; pick a smaller shape, a 16-bit dtype, or a device "
+            "with more memory"
         )
     logger.info("building a %.2f GiB model with random weights on %s", n_bytes / 2**30, device)
     devices = [device] if device.type == "cuda" else []

