@@ -178,3 +178,24 @@ def test_scripted_generators_write_pcds_document_one_pass_per_token(engine):
     assert record["ar_tokens"] == record["arc_tokens"] == record["arc_forward_passes"] == len(script)
     assert record["pcd_forward_passes"] == 2
     assert all(record[key] is None for key in ANSWER_KEYS)
+
+
+def test_choice_bench_records_time_passes_and_row_tokens_per_option_count(engine, tmp_path, monkeypatch, capsys):
+    from pcd_core.engine import Engine
+
+    monkeypatch.setattr(Engine, "load", classmethod(lambda cls, *args, **kwargs: engine))
+    out = tmp_path / "choices.json"
+    assert main(["--choices", "8,60", "--repeat", "1", "--json", str(out)]) == 0
+    records = json.loads(out.read_text())["records"]
+    assert [(r["mode"], r["options"], r["forward_passes"]) for r in records] == [("choices", 8, 1), ("choices", 60, 1)]
+    # the 60-option list is read once, its second letters hanging from it: not once per first letter
+    assert records[0]["row_tokens"] < records[1]["row_tokens"] < 13 * 60
+    assert records[1]["n_rows"] > 1 and all(r["ms"] > 0 for r in records)
+    assert "| torch | 60 |" in capsys.readouterr().out
+
+
+def test_choice_counts_are_checked_before_a_model_loads(capsys):
+    assert main(["--choices", "1,8"]) == 2
+    assert main(["--choices", "8,256"]) == 2
+    assert main(["--choices", "eight"]) == 2
+    assert capsys.readouterr().err.count("pcd: error: --choices") == 3

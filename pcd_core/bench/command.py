@@ -16,8 +16,10 @@ from typing import Any
 
 from ..dummy_weights import check_architecture, shipped_architectures
 from ..errors import PcdError
+from ..limits import DEFAULT_LIMITS
 from ..models import DEFAULT_MODEL, DTYPES
 from ..schema import parse_schema
+from .choices import bench_choices
 from .report import write_json, write_plot, write_table
 from .runner import BASELINES, BenchCase, bench_case, bench_throughput
 
@@ -75,6 +77,11 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
         metavar="N",
         help="instead, fill_many N inputs against the first schema and report documents/s",
     )
+    bench.add_argument(
+        "--choices",
+        metavar="N,N,...",
+        help="instead, time one choice question of N options per N (e.g. 64,128,255): ms, passes, row tokens",
+    )
     bench.add_argument("--json", metavar="OUT.json", help="write the records here")
     bench.add_argument("--plot", metavar="OUT.png", help="plot ms per request against fields here")
     bench.set_defaults(run=run_bench)
@@ -105,15 +112,27 @@ def load_cases(paths: list[str] | None, input_path: str | None) -> list[BenchCas
     return cases
 
 
-def _field_counts(spec: str | None) -> list[int] | None:
+def _field_counts(
+    spec: str | None, flag: str = "--fields", example: str = "4,8,16,28", least: int = 1
+) -> list[int] | None:
     if spec is None:
         return None
     try:
         counts = sorted({int(n) for n in spec.split(",") if n.strip()})
     except ValueError as error:
-        raise PcdError(f"--fields {spec!r}: give comma-separated whole numbers, e.g. 4,8,16,28") from error
-    if not counts or counts[0] < 1:
-        raise PcdError(f"--fields {spec!r}: every count must be at least 1")
+        raise PcdError(f"{flag} {spec!r}: give comma-separated whole numbers, e.g. {example}") from error
+    if not counts or counts[0] < least:
+        raise PcdError(f"{flag} {spec!r}: every count must be at least {least}")
+    return counts
+
+
+def choice_counts(args: argparse.Namespace) -> list[int]:
+    """The option counts of ``--choices`` (none without it), each a choice the engine admits."""
+    counts = _field_counts(args.choices, "--choices", "64,128,255", least=2) or []
+    if counts and counts[-1] > DEFAULT_LIMITS.max_options:
+        raise PcdError(f"--choices {args.choices}: a choice has at most {DEFAULT_LIMITS.max_options} options")
+    if counts and args.backend == "vllm":
+        raise PcdError("--choices runs on a local backend, not vllm")
     return counts
 
 
@@ -172,6 +191,7 @@ def run_bench(args: argparse.Namespace) -> int:
     from ..engine import Engine
 
     cases, baselines = _check(args)
+    choices = choice_counts(args)
     if args.dummy_weights:
         _check_dummy(args)
     if args.backend == "vllm":
@@ -180,7 +200,8 @@ def run_bench(args: argparse.Namespace) -> int:
         return run_vllm_bench(args, cases)
     backends = ("torch", "mlx") if args.backend == "all" else (args.backend,)
     steps = 2 + args.repeat * (2 + len(baselines))  # warm-up, repeats, the memory runs
-    total = len(backends) * (1 if args.throughput else len(cases) * steps)
+    per_backend = 1 if args.throughput else len(choices) if choices else len(cases) * steps
+    total = len(backends) * per_backend
     records: list[dict[str, Any]] = []
     meta = {
         "command": "pcd " + " ".join(getattr(args, "argv", None) or sys.argv[1:]),
@@ -207,11 +228,19 @@ def run_bench(args: argparse.Namespace) -> int:
                 meta.update(getattr(engine.backend, "placement", {}))  # the torch device and dtype used
             except (PcdError, ImportError) as error:
                 print(f"pcd bench: skipping backend {backend!r}: {error}", file=sys.stderr)
-                progress.update(1 if args.throughput else len(cases) * steps)
+                progress.update(per_backend)
                 continue
             if args.throughput:
                 records.append(bench_throughput(engine, cases[0], args.throughput))
                 progress.update(1)
+                continue
+            for n_options in choices:
+                progress.set_postfix_str(f"{backend} a choice of {n_options} options")
+                records.append(bench_choices(engine, n_options, args.repeat))
+                progress.update(1)
+                if args.json:
+                    write_json(records, args.json, meta)
+            if choices:
                 continue
             for case in cases:
                 progress.set_postfix_str(f"{backend} {case.name} {case.n_fields} fields")

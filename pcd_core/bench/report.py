@@ -31,6 +31,25 @@ _COLUMNS = (
     ("prefill_peak_mem_mb", "prefill +MB", "{:.0f}"),
 )
 
+_THROUGHPUT = (
+    ("schema", "schema", "{}"),
+    ("backend", "backend", "{}"),
+    ("fields", "fields", "{}"),
+    ("documents", "documents", "{}"),
+    ("docs_per_s", "docs/s", "{:.2f}"),
+    ("ms_per_doc", "ms/doc", "{:.0f}"),
+    ("forward_passes", "passes", "{}"),
+)
+_CHOICES = (  # pcd bench --choices
+    ("backend", "backend", "{}"),
+    ("options", "options", "{}"),
+    ("ms", "ms", "{:.0f}"),
+    ("forward_passes", "passes", "{}"),
+    ("row_tokens", "row tokens", "{}"),
+    ("n_rows", "rows", "{}"),
+    ("input_tokens", "input tokens", "{}"),
+)
+
 
 def _cell(record: dict[str, Any], key: str, fmt: str) -> str:
     value = record.get(key)
@@ -42,29 +61,14 @@ def _cell(record: dict[str, Any], key: str, fmt: str) -> str:
 
 
 def write_table(records: list[dict[str, Any]], out: TextIO) -> None:
-    """A Markdown table, so that the same text goes into the terminal and the README."""
-    compared = [r for r in records if r.get("mode") != "throughput"]
-    if compared:
-        head = [title for _, title, _ in _COLUMNS]
-        rows = [[_cell(r, key, fmt) for key, _, fmt in _COLUMNS] for r in compared]
-        _markdown(head, rows, out)
-    throughput = [r for r in records if r.get("mode") == "throughput"]
-    if throughput:
-        out.write("\n")
-        head = ["schema", "backend", "fields", "documents", "docs/s", "ms/doc", "passes"]
-        rows = [
-            [
-                r["schema"],
-                r["backend"],
-                str(r["fields"]),
-                str(r["documents"]),
-                f"{r['docs_per_s']:.2f}",
-                f"{r['ms_per_doc']:.0f}",
-                str(r["forward_passes"]),
-            ]
-            for r in throughput
-        ]
-        _markdown(head, rows, out)
+    """A Markdown table per kind of record, so that the same text goes into the terminal and the README."""
+    for mode, columns in ((None, _COLUMNS), ("throughput", _THROUGHPUT), ("choices", _CHOICES)):
+        picked = [r for r in records if r.get("mode") == mode]
+        if picked:
+            if mode is not None:
+                out.write("\n")
+            head = [title for _, title, _ in columns]
+            _markdown(head, [[_cell(r, key, fmt) for key, _, fmt in columns] for r in picked], out)
 
 
 def _markdown(head: list[str], rows: list[list[str]], out: TextIO) -> None:
@@ -88,7 +92,7 @@ def write_plot(records: list[dict[str, Any]], path: str, title: str) -> None:
         import matplotlib.pyplot as plt
     except ImportError as error:
         raise ImportError("--plot needs matplotlib; run: pip install 'pcd-engine[bench]'") from error
-    compared = [r for r in records if r.get("mode") != "throughput"]
+    compared = [r for r in records if r.get("mode") is None]
     backends = sorted({r["backend"] for r in compared})
     figure, axes = plt.subplots(1, max(1, len(backends)), figsize=(6 * max(1, len(backends)), 4.5), squeeze=False)
     methods = (("pcd_ms", "PCD"), ("seq_ms", "sequential jump-forward"), ("arc_ms", "AR-constrained"), ("ar_ms", "AR"))
