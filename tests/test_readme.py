@@ -135,3 +135,18 @@ def test_every_api_tour_snippet_runs_as_written_on_the_real_model(engine, monkey
     namespace: dict = {"__name__": "readme_snippet"}
     exec(compile(blocks[index], f"README.md, API tour snippet {index + 1}", "exec"), namespace)
     assert _tour_checks()[index](namespace)
+
+
+def test_the_choice_table_is_the_recorded_run():
+    """Each row of the many-options table is a record of the `pcd bench --choices` run the README names."""
+    readme = (ROOT / "README.md").read_text()
+    assert "pcd bench --choices 64,128,255 --repeat 1 --json docs/bench/choices.json" in readme
+    records = bench_records("choices.json")
+    assert [record["options"] for record in records] == [64, 128, 255]
+    for record in records:
+        spaced = [f"{value:,.0f}".replace(",", " ") for value in (record["ms"], record["row_tokens"])]
+        row = (
+            f"| {record['options']} | {spaced[0]} | {record['forward_passes']} | {spaced[1]} | {record['n_rows']} "
+            f"| {record['input_tokens']:,} |".replace(",", " ")
+        )
+        assert row in readme, row

@@ -39,7 +39,12 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
         "bundled case; repeatable (default: every bundled case with a json_schema)",
     )
     bench.add_argument("--input", metavar="FILE", help="the text for a --schema file that carries none")
-    bench.add_argument("--backend", default="torch", choices=("torch", "mlx", "all", "vllm"))
+    bench.add_argument("--backend", default="torch", choices=("torch", "mlx", "llamacpp", "all", "vllm"))
+    bench.add_argument(
+        "--versus",
+        choices=("torch", "mlx", "llamacpp"),
+        help="also time PCD on this backend (same model) in the same repeats: a cross-backend ratio",
+    )
     bench.add_argument("--base-url", help="the vLLM server for --backend vllm (PCD against vLLM's own JSON)")
     bench.add_argument("--model", default=DEFAULT_MODEL, help="embedded alias, HF id, local folder or .gguf path")
     bench.add_argument(
@@ -198,7 +203,12 @@ def run_bench(args: argparse.Namespace) -> int:
         from .vllm_baselines import run_vllm_bench
 
         return run_vllm_bench(args, cases)
-    backends = ("torch", "mlx") if args.backend == "all" else (args.backend,)
+    backends = ("torch", "mlx", "llamacpp") if args.backend == "all" else (args.backend,)
+    rival = None
+    if args.versus:
+        if args.versus == args.backend or args.backend == "all":
+            raise PcdError(f"--versus {args.versus}: name a backend other than --backend {args.backend}")
+        rival = Engine.load(args.model, backend=args.versus, max_tokens_per_pass=args.max_tokens_per_pass)
     steps = 2 + args.repeat * (2 + len(baselines))  # warm-up, repeats, the memory runs
     per_backend = 1 if args.throughput else len(choices) if choices else len(cases) * steps
     total = len(backends) * per_backend
@@ -253,6 +263,7 @@ def run_bench(args: argparse.Namespace) -> int:
                         cap=args.ar_cap,
                         tick=lambda: progress.update(1),
                         scripted=bool(args.dummy_weights),
+                        rival=rival,
                     )
                 )
                 if args.json:  # after every record: a long run interrupted still leaves its results
@@ -260,6 +271,12 @@ def run_bench(args: argparse.Namespace) -> int:
     if args.dummy_weights:
         print(f"{DUMMY_NOTE}\n")
     write_table(records, sys.stdout)
+    for record in records if rival is not None else []:
+        print(
+            f"{record['schema']} {record['fields']} fields: PCD on {record['rival_backend']} "
+            f"{record['rival_pcd_ms']:.0f} ms, on {record['backend']} {record['pcd_ms']:.0f} ms "
+            f"({record['rival_ratio']:.2f}x)"
+        )
     if args.json:
         write_json(records, args.json, meta)
     if args.plot:

@@ -90,7 +90,11 @@ def bench_case(
     cap: int | None = None,
     tick: Callable[[], None] = lambda: None,
     scripted: bool = False,
+    rival: Any = None,
 ) -> dict[str, Any]:
+    """One record. ``rival`` is a second engine (another backend, same model): its PCD fill is timed
+    in the same repeats, right after this engine's, for a cross-backend ratio (``--versus``).
+    """
     backend = engine.backend
     compiled = engine.compile(case.schema, case.task)
     schema = compiled.schema
@@ -110,6 +114,10 @@ def bench_case(
         "seq": lambda: fill_sequential(engine, compiled, head, case.text),
     }
     order = ["pcd", "prefill"] + [b for b in BASELINES if b in baselines]
+    if rival is not None:
+        rival.fill(case.schema, case.text, task=case.task)  # its warm-up
+        methods["rival"] = lambda: rival.fill(case.schema, case.text, task=case.task)
+        order.insert(1, "rival")
     if "ar" in order:
         generate_free(engine, compiled, head, case.text, 4)
     if "arc" in order:
@@ -121,7 +129,7 @@ def bench_case(
             runs[name].append(timed(backend, methods[name]))
             tick()
     # memory from one more run each, untimed, on pages handed back first (``measure.py``)
-    memory_runs = {name: timed(backend, methods[name], fresh_memory=True) for name in order}
+    memory_runs = {name: timed(backend, methods[name], fresh_memory=True) for name in order if name != "rival"}
     memory = {name: run.peak_mem_mb for name, run in memory_runs.items()}
     tick()
 
@@ -151,6 +159,10 @@ def bench_case(
     for name in BASELINES:
         record.update(_baseline_fields(name, runs.get(name), runs["pcd"], case, schema, pcd_values, memory.get(name)))
     record["arc_engine"] = ARC_ENGINE if "arc" in runs else None
+    if rival is not None:
+        record["rival_backend"] = rival.backend.name
+        record["rival_pcd_ms"] = _median_ms(runs["rival"])
+        record["rival_ratio"] = _median_ratio(runs["rival"], runs["pcd"])  # rival's time over this one's
     if memory_runs["pcd"].device_peak_mb is not None:  # CUDA: the RSS rise misses what the GPU holds
         record["device_peak_mem_mb"] = {name: run.device_peak_mb for name, run in memory_runs.items()}
     if scripted:
