@@ -204,3 +204,41 @@ def test_bundled_questions_decide_as_torch(engine, llama_engine, capsys):
                 assert have.type == want.type and getattr(have, want.type) == getattr(want, want.type), qid
     with capsys.disabled():
         print(f"\nquestions: largest probability gap llama.cpp vs torch {worst:.4f}")
+
+
+SHORT_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "sentiment": {"type": "string", "enum": ["NEGATIVE", "NEUTRAL", "POSITIVE"]},
+        "wants_refund": {"type": "boolean"},
+        "summary": {"type": "string", "maxLength": 40},
+    },
+    "required": ["sentiment", "wants_refund", "summary"],
+}
+SHORT_INPUT = "I was charged twice for my plan this month. Please refund the extra charge."
+
+
+def test_open_fields_and_generation_run_on_llamacpp(llama_engine):
+    """An open field is generated under its grammar over llama.cpp's log-probs, and it is valid."""
+    result = llama_engine.fill(SHORT_SCHEMA, SHORT_INPUT)
+    assert result.values["sentiment"] in ("NEGATIVE", "NEUTRAL", "POSITIVE")
+    assert isinstance(result.values["wants_refund"], bool)
+    summary = result.values["summary"]
+    assert isinstance(summary, str) and 0 < len(summary) <= 40
+
+
+def test_bench_times_a_rival_backend_in_the_same_repeats(engine, llama_engine):
+    from pcd_core.bench.runner import BenchCase, bench_case
+
+    case = BenchCase("short", SHORT_SCHEMA, SHORT_INPUT)
+    record = bench_case(llama_engine, case, repeat=1, baselines=("arc",), rival=engine)
+    assert record["backend"] == "llamacpp" and record["rival_backend"] == "torch"
+    assert record["rival_ratio"] == pytest.approx(record["rival_pcd_ms"] / record["pcd_ms"])
+    assert record["arc_valid"] and record["pcd_valid"]
+
+
+def test_versus_the_same_backend_fails_before_a_model_loads(capsys):
+    from pcd_core.bench.command import main
+
+    assert main(["--backend", "llamacpp", "--versus", "llamacpp", "--schema", "support_ticket"]) == 2
+    assert "--versus llamacpp" in capsys.readouterr().err
