@@ -305,8 +305,9 @@ LETTER = (
 
 
 def test_a_nested_model_has_exactly_its_keys_in_bounded_steps(engine):
-    """An ordinary ``Address(BaseModel)`` does not forbid extra keys; the grammar once let SmolLM2 add
-    ``"date"``, ``"street"``... until its cap. Now every key is forced and the object closes after the last.
+    """An ordinary ``Address(BaseModel)`` does not forbid extra keys, and the grammar once let SmolLM2 go on
+    (``{"city": "Lyon", "country": "Lyon", "street_address": "1234567890", "street_address_street_name": ...``
+    to a cap of 64 here). Now every key is forced and the object closes after the last.
     """
     result = engine.fill(Letter, LETTER)
     address = result.fields["address"]
