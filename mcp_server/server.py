@@ -17,7 +17,6 @@ Invariants:
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -47,7 +46,7 @@ from pcd_core import (
     parse_schema,
 )
 from pcd_core.errors import GenerationError, LimitError, OptionError, RequestError
-from pcd_core.fairness import Cancellation, run_cancellable
+from pcd_core.fairness import Cancellation, in_worker
 from pcd_core.generation import GeneratedField
 from pcd_core.limits import DEFAULT_LIMITS, Limits, check_decide, check_fill
 from pcd_core.questions import DecideResponse
@@ -146,11 +145,7 @@ async def _in_worker(call: Callable[[], _T]) -> _T:
     is abandoned: the SDK cancels the handler on ``notifications/cancelled`` (or when its transport
     goes), and the ``Cancellation`` set on the way out reaches the engine (``pcd_core/fairness.py``).
     """
-    token = Cancellation()
-    try:
-        return await asyncio.to_thread(run_cancellable, token, call)
-    finally:  # a no-op once the call is done
-        token.cancel("the MCP request was cancelled")
+    return await in_worker(call, Cancellation(), "the MCP request was cancelled")
 
 
 def _filled_fields(extraction: Extraction) -> dict[str, FieldDecision | FieldMemberships | FieldGenerated]:

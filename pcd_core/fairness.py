@@ -33,6 +33,7 @@ next request's wait; ``tests/test_mcp_server.py`` abandons an MCP fill mid-gener
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections import deque
@@ -91,6 +92,17 @@ def run_cancellable(token: Cancellation, call: Callable[[], _T]) -> _T:
     """``call()`` under ``token``; the function a server hands to its worker thread."""
     with cancellable(token):
         return call()
+
+
+async def in_worker(call: Callable[[], _T], token: Cancellation, reason: str) -> _T:
+    """``call()`` in a worker thread under ``token``, which is set with ``reason`` on the way out: a
+    no-op once the call is done, and the engine's stop at its next pass boundary when the awaiting
+    task was cancelled (a request abandoned). Both servers run their engine calls through it.
+    """
+    try:
+        return await asyncio.to_thread(run_cancellable, token, call)
+    finally:
+        token.cancel(reason)
 
 
 def current_cancellation() -> Cancellation | None:

@@ -52,7 +52,7 @@ from pcd_core import (
     __version__,
 )
 from pcd_core.errors import Cancelled, LimitError, RequestError, TextError
-from pcd_core.fairness import Cancellation, run_cancellable
+from pcd_core.fairness import Cancellation, in_worker
 from pcd_core.limits import DEFAULT_LIMITS, Limits
 from pcd_core.loading import EngineLoader
 from pcd_core.models import EMBEDDED
@@ -280,7 +280,7 @@ async def _in_engine(call: Callable[[], _T], where: dict[str, str | int], state_
     token = Cancellation()
     watcher = asyncio.create_task(_cancel_on_disconnect(request, token))
     try:
-        return await asyncio.to_thread(run_cancellable, token, call)
+        return await in_worker(call, token, "the request was abandoned")
     except Cancelled as error:  # nobody reads this answer; it is shaped for the log and the tests
         logger.info("stopped a request whose client went away: %s", error)
         raise ApiError(499, "client_closed_request", str(error)) from error
@@ -295,8 +295,7 @@ async def _in_engine(call: Callable[[], _T], where: dict[str, str | int], state_
     except Exception as error:  # a server fault, reported in the error shape, never as bare text
         logger.exception("the engine failed on a valid request")
         raise ApiError(500, "internal_error", f"{type(error).__name__}: {error}") from error
-    finally:  # a no-op when the call is done; it stops the work when this await was cancelled
-        token.cancel("the request was abandoned")
+    finally:
         watcher.cancel()
 
 
