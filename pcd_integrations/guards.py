@@ -46,13 +46,19 @@ async def send_error(
         if openai
         else {"detail": {"error_type": error_type, "message": message}}
     )
-    body = json.dumps(shaped).encode()
+    await send_body(send, status, json.dumps(shaped).encode(), "application/json", headers)
+
+
+async def send_body(
+    send: Send, status: int, body: bytes, content_type: str, headers: dict[str, str] | None = None
+) -> None:
+    """One whole response, sent from middleware that answers before the app (errors, health, metrics)."""
     extra = [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
     await send(
         {
             "type": "http.response.start",
             "status": status,
-            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *extra],
+            "headers": [(b"content-type", content_type.encode()), (b"content-length", str(len(body)).encode()), *extra],
         }
     )
     await send({"type": "http.response.body", "body": body})

@@ -39,7 +39,7 @@ from pcd_core.hooks import listening
 from pcd_core.loading import EngineLoader
 from pcd_core.questions import DecideResponse
 
-from .guards import App, Message, Receive, Scope, Send, send_error
+from .guards import App, Message, Receive, Scope, Send, send_body, send_error
 from .metrics import INSTALL_HINT, Metrics
 
 __all__ = [
@@ -261,7 +261,7 @@ class Operations:
             if self.metrics is None:
                 await send_error(send, 501, "not_implemented", f"metrics need prometheus-client: {INSTALL_HINT}")
                 return
-            await _send(send, 200, self.metrics.render(), self.metrics.content_type)
+            await send_body(send, 200, self.metrics.render(), self.metrics.content_type)
             return
         if path == "/livez":
             await _send_json(send, 200, {"status": "alive"})
@@ -274,14 +274,8 @@ class Operations:
         await _send_json(send, 200 if body["status"] == "ready" else 503, body)
 
 
-async def _send(send: Send, status: int, body: bytes, content_type: str) -> None:
-    headers = [(b"content-type", content_type.encode()), (b"content-length", str(len(body)).encode())]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
-
-
 async def _send_json(send: Send, status: int, value: dict[str, Any]) -> None:
-    await _send(send, status, json.dumps(value).encode(), "application/json")
+    await send_body(send, status, json.dumps(value).encode(), "application/json")
 
 
 # -- what the routes report ------------------------------------------------------------------------
