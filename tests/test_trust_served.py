@@ -179,4 +179,6 @@ def test_the_langchain_decision_model_reports_the_engines_flags(calibrated: Engi
     }
     answers = model.invoke({"state": STATE, "questions": questions}).answers
     assert answers["refund"].calibrated is True and answers["other"].calibrated is False
-    assert answers["refund"].noul == pytest.approx(calibrated.decide(STATE, {"refund": REFUND}).answers["refund"].noul)
+    # the solo call packs one question, the adapter's call two: fp32 sums in another order move the fifth decimal
+    solo = calibrated.decide(STATE, {"refund": REFUND}).answers["refund"].noul
+    assert answers["refund"].noul == pytest.approx(solo, abs=1e-5)
