@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -63,3 +64,14 @@ def test_a_deliberate_violation_breaks_its_contract(tmp_path, module, bad_import
     assert f"{contract}" in run.stdout
     broken = run.stdout.split("Broken contracts", 1)[1]
     assert module.removesuffix(".py").replace("/", ".") in broken
+
+
+def test_every_core_module_has_a_layer():
+    """A module left out of the layers is checked by no layer contract: each must be placed."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    layers = config["tool"]["importlinter"]["contracts"][0]["layers"]
+    named = {name.strip() for layer in layers for name in layer.replace("|", ":").split(":")}
+    core = ROOT / "pcd_core"
+    modules = {f"pcd_core.{path.stem}" for path in core.glob("*.py") if path.stem != "__init__"}
+    packages = {f"pcd_core.{path.name}" for path in core.iterdir() if (path / "__init__.py").is_file()}
+    assert modules | packages <= named, sorted((modules | packages) - named)
