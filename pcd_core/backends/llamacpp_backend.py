@@ -130,6 +130,11 @@ class LlamaCppBackend(Backend):
         llama.llama_backend_init()
         model_params = llama.llama_model_default_params()
         model_params.n_gpu_layers = 0
+        # No repacked weight layouts ("extra buffer types"): on CPUs with AMX tiles (Xeon Sapphire Rapids
+        # and later) llama.cpp 0.3.36 moves Q4_1 weights into its AMX layout, whose matrix product
+        # segfaults in ggml_backend_amx_mul_mat at the first decode (seen on this project's machines,
+        # gdb backtrace); the plain quantized kernels read the same weights and give the same values.
+        model_params.use_extra_bufts = False
         self._model = llama.llama_model_load_from_file(str(path).encode(), model_params)
         if not self._model:
             raise BackendError(f"llama.cpp could not load {path}")

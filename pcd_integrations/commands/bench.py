@@ -18,7 +18,6 @@ from typing import Any
 from pcd_core.bench.choices import bench_choices
 from pcd_core.bench.report import write_json, write_plot, write_table
 from pcd_core.bench.runner import BASELINES, BenchCase, bench_case, bench_throughput
-from pcd_core.bench.vllm_baselines import bench_vllm_case, write_vllm_table
 from pcd_core.dummy_weights import check_architecture, shipped_architectures
 from pcd_core.errors import PcdError
 from pcd_core.limits import DEFAULT_LIMITS
@@ -286,6 +285,8 @@ def run_bench(args: argparse.Namespace) -> int:
 
 def run_vllm_bench(args: argparse.Namespace, cases: list[BenchCase]) -> int:
     """The ``--backend vllm`` branch of ``pcd bench``: one record per case, a table, ``--json``."""
+    # here, not at the top: the vLLM client needs httpx, which a plain install of the torch extra lacks
+    from pcd_core.bench.vllm_baselines import bench_vllm_case, write_vllm_table
     from pcd_core.engine import Engine
 
     if not args.base_url:
