@@ -103,7 +103,7 @@ CHECKS: dict[tuple[str, str], Callable[[dict[str, Any]], bool]] = {
     ("docs/python-api.md", '"anger"'): lambda ns: set(ns["resp"].answers) == {"refund", "team", "anger"},
     ("docs/python-api.md", "customer_name"): lambda ns: (
         ns["out"].fields["customer_name"].method == "generated"
-        and set(ns["out"].value.address.model_fields) == {"city", "country"}
+        and set(type(ns["out"].value.address).model_fields) == {"city", "country"}
     ),
     ("docs/python-api.md", "engine.generate("): lambda ns: (
         ns["reply"].output_tokens > 0 and ns["reply"].finish_reason in {"stop", "length"}
@@ -301,3 +301,34 @@ def test_every_figure_of_the_figure_pages_is_shipped():
     for path in PAGES[1:]:
         for target in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", path.read_text()):
             assert (path.parent / target).is_file(), (path.name, target)
+
+
+def test_the_llamacpp_speed_figures_are_the_recorded_run():
+    text = flat("docs/llamacpp.md")
+    run = json.loads((ROOT / "docs" / "bench" / "llamacpp_support_ticket_28.json").read_text())
+    (record,) = run["records"]
+    assert f"`{run['meta']['command']}`" in text
+    assert record["backend"] == "llamacpp" and record["rival_backend"] == "torch" and record["pcd_valid"]
+    assert f"PCD on llama.cpp {record['pcd_ms'] / 1000:.1f} s in {record['pcd_forward_passes']} passes" in text
+    assert f"the request prefill alone {record['prefill_ms'] / 1000:.1f} s" in text
+    assert f"AR on llama.cpp {record['ar_ms'] / 1000:.1f} s ({record['ratio']:.1f}×" in text
+    assert f"{record['arc_ms'] / 1000:.1f} s ({record['arc_ratio']:.1f}×, {record['arc_tokens']} tokens)" in text
+    assert f"sequential jump-forward on llama.cpp {record['seq_ms'] / 1000:.1f} s ({record['seq_ratio']:.1f}×)" in text
+    assert (
+        f"PCD on torch fp32 {record['rival_pcd_ms'] / 1000:.1f} s, so llama.cpp is {record['rival_ratio']:.2f}×" in text
+    )
+
+
+def test_the_injection_table_is_the_recorded_runs():
+    """The last two rows of the prompt-injection table are the two runs of examples/injection_eval.py."""
+    text = page("docs/limits.md")
+    for name in ("injection_before.json", "injection.json"):
+        run = json.loads((ROOT / "docs" / name).read_text())
+        flips = {kind: int(count.split("/")[0]) for kind, count in run["flips_by_kind"].items()}
+        injected = flips["plain"] + flips["authority"] + flips["fake_turn"]
+        assert injected == round(run["flip_rate"] * run["n_cases"])
+        row = (
+            f"(`docs/{name}`) | {flips['plain']} | {flips['authority']} | {flips['fake_turn']} | {injected} "
+            f"| {flips['benign']} | {round(run['clean_accuracy'] * 14)} |"
+        )
+        assert row in text, row
