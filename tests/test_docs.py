@@ -13,6 +13,7 @@ under ``docs/bench`` and ``docs/eval`` that the commands beside them wrote.
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import json
 import re
@@ -332,3 +333,36 @@ def test_the_injection_table_is_the_recorded_runs():
             f"| {flips['benign']} | {round(run['clean_accuracy'] * 14)} |"
         )
         assert row in text, row
+
+
+REPO_PATH = re.compile(r"(?<![\w/.$<-])((?:pcd_core|pcd_integrations|mcp_server|tests|examples|docs)/[\w./-]*[\w/])")
+DOTTED = re.compile(r"`((?:pcd_core|pcd_integrations|mcp_server)(?:\.\w+)+)")
+
+
+def _resolves(dotted: str) -> bool:
+    """Whether ``pcd_core.limits.Limits`` names a module, or an attribute of one, that imports."""
+    parts = dotted.split(".")
+    for end in range(len(parts), 0, -1):
+        try:
+            found: Any = importlib.import_module(".".join(parts[:end]))
+        except ModuleNotFoundError:
+            continue
+        for attribute in parts[end:]:
+            if not hasattr(found, attribute):
+                return False
+            found = getattr(found, attribute)
+        return True
+    return False
+
+
+@pytest.mark.parametrize("path", PAGES, ids=lambda path: path.name)
+def test_every_repository_path_the_page_names_exists(path):
+    """Paths and modules named in the text follow the code when it moves (issue 31 moved the commands
+    out of pcd_core); a stale one fails here rather than sending a reader to a file that is gone."""
+    text = path.read_text()
+    for name in REPO_PATH.findall(text):
+        if "<" in name or "*" in name:
+            continue
+        assert (ROOT / name).exists(), f"{path.name} names {name}, which is not in the repository"
+    for dotted in DOTTED.findall(text):
+        assert _resolves(dotted), f"{path.name} names {dotted}, which does not import"
