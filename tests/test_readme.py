@@ -42,3 +42,8 @@ def test_the_readme_fits_on_two_screens_and_its_links_lead_somewhere():
     assert links
     for target in links:
         assert (ROOT / target).is_file(), target
+
+
+def test_the_sites_first_run_is_the_readmes_main_command():
+    index = (ROOT / "docs" / "index.md").read_text()
+    assert re.findall(r"```bash\n(.+?)\n```", index) == [readme_commands()[0]]
