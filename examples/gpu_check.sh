@@ -140,7 +140,7 @@ for kernel in (SDPBackend.EFFICIENT_ATTENTION, SDPBackend.FLASH_ATTENTION):
 json.dump(results, open(sys.argv[1], "w"), indent=2)
 EOF
 
-BENCH=(-m pcd_core.bench --schema support_ticket --baselines arc,seq "${SIZE[@]}")
+BENCH=(-m pcd_integrations.commands bench --schema support_ticket --baselines arc,seq "${SIZE[@]}")
 
 
 step "$SHAPE shape, dummy weights, bfloat16"

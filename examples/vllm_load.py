@@ -48,7 +48,7 @@ def start_pcd(vllm_url: str, model: str) -> tuple[subprocess.Popen, str]:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    command = [sys.executable, "-m", "pcd_core.cli", "serve", "--backend", "vllm", "--base-url", vllm_url]
+    command = [sys.executable, "-m", "pcd_integrations.commands", "serve", "--backend", "vllm", "--base-url", vllm_url]
     command += ["--model", model, "--port", str(port)]
     server = subprocess.Popen(command, start_new_session=True)
     url = f"http://127.0.0.1:{port}"

@@ -223,9 +223,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     # Imported after the checks: pulling in the engine and the SDK takes a while.
     from mcp_server.server import serve
     from pcd_core import Engine
-    from pcd_core.cli import engine_options
     from pcd_core.limits import Limits
     from pcd_core.models import recommendation
+    from pcd_integrations.commands.common import engine_options
 
     advice = recommendation(args.model)
     if advice is not None:

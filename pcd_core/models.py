@@ -328,7 +328,7 @@ def load_backend(
     if backend == "llamacpp":  # reads the GGUF itself: no dequantized folder, no torch
         from .backends.llamacpp_loading import load_llamacpp
 
-        return load_llamacpp(resolve(model), max_tokens_per_pass)
+        return load_llamacpp(resolve(model), max_tokens_per_pass, cache_dir())
     with tqdm(total=3, desc=f"loading {model}", disable=None, leave=False) as progress, _library_bars_off():
         source = resolve(model)
         progress.update()

@@ -3,7 +3,7 @@
 These pydantic models are the System One (Jev) wire contract of ``POST /v1/systemone``, declared
 once: the answers serialise to the wire by their aliases (``x_candidate_mass``, ``x_logits``,
 ``x_debiased``, ``x_calibrated``), and the HTTP server, the MCP server and the OpenAI-shaped
-``POST /v1/decisions`` (``pcd_core/wire/decisions.py``) all translate from these classes. Validation
+``POST /v1/decisions`` (``pcd_integrations/wire/decisions.py``) all translate from these classes. Validation
 lives here, so that every adapter rejects the same requests with the same messages:
 
 - 2 to 255 choice options, none blank and no two equal after Unicode normalisation (NFKC, zero-width

@@ -29,7 +29,7 @@ from pcd_core import Engine, Extraction
 from pcd_core.chatting import Generation
 from pcd_core.errors import ReplyTooLongError, RequestError
 from pcd_core.tools import ToolDecision, choose_tool, tool_arguments
-from pcd_core.wire.chat import (
+from pcd_integrations.wire.chat import (
     AssistantReply,
     ChatCompletion,
     ChatCompletionChunk,

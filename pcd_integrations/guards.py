@@ -3,7 +3,7 @@
 They sit in front of the app, so an oversized body is refused before anything parses it (413) and a
 request without the key never reaches a tool (401); both answer in the servers' error shape,
 ``{"detail": {"error_type", "message"}}``, except that a 413 on a path in ``openai_paths`` takes
-OpenAI's shape (``pcd_core/wire/errors.py``), as every other error of those routes does. Pure ASGI,
+OpenAI's shape (``pcd_integrations/wire/errors.py``), as every other error of those routes does. Pure ASGI,
 no framework import: the MCP SDK's Starlette app and the FastAPI app take them alike.
 ``tests/test_hardening_servers.py`` drives both; ``tests/test_chat_completions.py`` the OpenAI 413.
 """
@@ -20,7 +20,7 @@ from typing import Any
 
 from pcd_core.errors import LimitError
 from pcd_core.limits import Limits, check_body_size
-from pcd_core.wire.errors import openai_error_body
+from pcd_integrations.wire.errors import openai_error_body
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]

@@ -2,8 +2,8 @@
 OpenAI Chat Completions (``POST /v1/chat/completions``).
 
 A thin translation layer: JSON in, the wire models of ``pcd_core.questions`` (System One),
-``pcd_core.wire.decisions`` (OpenAI Decisions, which translates into the System One questions) or
-``pcd_core.wire.chat`` (Chat Completions, run by ``pcd_integrations/chat_completions.py``), the engine
+``pcd_integrations.wire.decisions`` (OpenAI Decisions, which translates into the System One questions) or
+``pcd_integrations.wire.chat`` (Chat Completions, run by ``pcd_integrations/chat_completions.py``), the engine
 called in a worker thread, the wire models out. It never builds a prompt or touches a token id. The
 invariants it keeps, each proven on the embedded model in ``tests/test_http.py`` and, with the real
 ``openai`` client, in ``tests/test_decisions_api.py`` and ``tests/test_chat_completions.py``:
@@ -54,13 +54,13 @@ from pcd_core import (
 from pcd_core.errors import Cancelled, LimitError, RequestError, TextError
 from pcd_core.fairness import Cancellation, in_worker
 from pcd_core.limits import DEFAULT_LIMITS, Limits
-from pcd_core.loading import EngineLoader
 from pcd_core.models import EMBEDDED
-from pcd_core.wire import accepts_model, chat, decisions
-from pcd_core.wire.body import BodyError, loads_strict
-from pcd_core.wire.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionRequest
-from pcd_core.wire.decisions import DecisionRequest, DecisionResponse, decision_response
-from pcd_core.wire.errors import OpenAIErrorBody, openai_error_body
+from pcd_integrations.loading import EngineLoader
+from pcd_integrations.wire import accepts_model, chat, decisions
+from pcd_integrations.wire.body import BodyError, loads_strict
+from pcd_integrations.wire.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionRequest
+from pcd_integrations.wire.decisions import DecisionRequest, DecisionResponse, decision_response
+from pcd_integrations.wire.errors import OpenAIErrorBody, openai_error_body
 
 from .chat_completions import chunks, completion, reply_steps
 from .guards import BodyLimit, warn_if_exposed

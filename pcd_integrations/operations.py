@@ -36,8 +36,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from pcd_core.hooks import listening
-from pcd_core.loading import EngineLoader
 from pcd_core.questions import DecideResponse
+from pcd_integrations.loading import EngineLoader
 
 from .guards import App, Message, Receive, Scope, Send, send_body, send_error
 from .metrics import INSTALL_HINT, Metrics

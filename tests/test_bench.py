@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 
-from pcd_core.bench import BenchCase, agreement, bench_case, is_valid, main, parse_lenient, valid_output
+from pcd_core.bench import BenchCase, agreement, bench_case, is_valid, parse_lenient, valid_output
 from pcd_core.bench.checks import json_object_end
 from pcd_core.schema import parse_schema
+from pcd_integrations.commands.main import main as pcd
 
 TINY = {
     "type": "object",
@@ -113,7 +114,7 @@ def test_bench_records_every_method_and_pcd_is_valid(engine, tmp_path, monkeypat
         "--plot",
         str(tmp_path / "out.png"),
     ]
-    assert main(argv) == 0
+    assert pcd(["bench", *argv]) == 0
     (record,) = json.loads(out.read_text())["records"]
     assert RECORD_KEYS <= set(record)
     assert record["fields"] == 3 and record["pcd_valid"] and record["pcd_forward_passes"] == 2
@@ -126,9 +127,9 @@ def test_bench_records_every_method_and_pcd_is_valid(engine, tmp_path, monkeypat
 
 
 def test_bad_arguments_fail_before_a_model_loads(tmp_path, capsys):
-    assert main(["--schema", str(tmp_path / "missing.json")]) == 2
-    assert main(["--schema", "support_ticket", "--fields", "99"]) == 2
-    assert main(["--schema", "support_ticket", "--baselines", "ar,beam"]) == 2
+    assert pcd(["bench", "--schema", str(tmp_path / "missing.json")]) == 2
+    assert pcd(["bench", "--schema", "support_ticket", "--fields", "99"]) == 2
+    assert pcd(["bench", "--schema", "support_ticket", "--baselines", "ar,beam"]) == 2
     assert "pcd: error" in capsys.readouterr().err
 
 
@@ -185,7 +186,7 @@ def test_choice_bench_records_time_passes_and_row_tokens_per_option_count(engine
 
     monkeypatch.setattr(Engine, "load", classmethod(lambda cls, *args, **kwargs: engine))
     out = tmp_path / "choices.json"
-    assert main(["--choices", "8,60", "--repeat", "1", "--json", str(out)]) == 0
+    assert pcd(["bench", "--choices", "8,60", "--repeat", "1", "--json", str(out)]) == 0
     records = json.loads(out.read_text())["records"]
     assert [(r["mode"], r["options"], r["forward_passes"]) for r in records] == [("choices", 8, 1), ("choices", 60, 1)]
     # the 60-option list is read once, its second letters hanging from it: not once per first letter
@@ -195,7 +196,7 @@ def test_choice_bench_records_time_passes_and_row_tokens_per_option_count(engine
 
 
 def test_choice_counts_are_checked_before_a_model_loads(capsys):
-    assert main(["--choices", "1,8"]) == 2
-    assert main(["--choices", "8,256"]) == 2
-    assert main(["--choices", "eight"]) == 2
+    assert pcd(["bench", "--choices", "1,8"]) == 2
+    assert pcd(["bench", "--choices", "8,256"]) == 2
+    assert pcd(["bench", "--choices", "eight"]) == 2
     assert capsys.readouterr().err.count("pcd: error: --choices") == 3

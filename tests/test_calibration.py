@@ -181,7 +181,7 @@ def test_an_engine_that_debiases_by_default_flags_every_answer_and_a_call_can_tu
 
 
 def test_the_fill_table_says_what_its_probabilities_are():
-    from pcd_core.cli_output import MEANING, fill_table
+    from pcd_integrations.commands.output import MEANING, fill_table
 
     schema = {"colour": ["red", "green", "blue"], "size": ["small", "large"]}
     engine = oracle_engine()

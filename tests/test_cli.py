@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from pcd_core.cli import main
-from pcd_core.cli_output import render_value
 from pcd_core.result import LOW_MASS
+from pcd_integrations.commands.main import main
+from pcd_integrations.commands.output import render_value
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
@@ -25,7 +25,7 @@ COST = re.compile(r"^cost: (\d+) forward passes, (\d+) input tokens \((\d+) from
 @pytest.fixture
 def use_engine(engine, monkeypatch):
     """The session's engine stands in for the load, so that each command costs no model load."""
-    monkeypatch.setattr("pcd_core.cli._load_engine", lambda args: engine)
+    monkeypatch.setattr("pcd_integrations.commands.common.load_engine", lambda args: engine)
     return engine
 
 
@@ -235,7 +235,16 @@ def test_a_mistake_is_one_line_and_status_2(case, tmp_path, capsys):
 
 
 def test_a_missing_file_is_one_line_in_a_real_process_too():
-    command = [sys.executable, "-m", "pcd_core.cli", "fill", "--schema", str(SCHEMA), "--input", "/nonexistent"]
+    command = [
+        sys.executable,
+        "-m",
+        "pcd_integrations.commands",
+        "fill",
+        "--schema",
+        str(SCHEMA),
+        "--input",
+        "/nonexistent",
+    ]
     done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert done.returncode == 2
     (line,) = done.stderr.splitlines()  # one line, no traceback

@@ -19,7 +19,6 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from pcd_core import Engine
 from pcd_core.backends.torch_backend import MASK_ALIGN, TorchBackend, default_dtype
-from pcd_core.bench import main
 from pcd_core.dummy_weights import (
     FAMILY_TOKENIZERS,
     Architecture,
@@ -29,6 +28,7 @@ from pcd_core.dummy_weights import (
     shipped_architectures,
 )
 from pcd_core.errors import BackendError, OptionError
+from pcd_integrations.commands.main import main as pcd
 
 MISTRAL = {"model_type": "mistral", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4}
 
@@ -43,7 +43,7 @@ def test_the_bench_on_dummy_weights_reports_two_passes_and_no_answers(tiny_engin
     (tmp_path / "tiny.json").write_text(json.dumps({"json_schema": TINY, "input": INPUT}))
     out = tmp_path / "out.json"
     argv = ["--dummy-weights", "tiny-llama", "--schema", str(tmp_path / "tiny.json"), "--repeat", "1"]
-    assert main([*argv, "--baselines", "arc,seq", "--json", str(out)]) == 0
+    assert pcd(["bench", *argv, "--baselines", "arc,seq", "--json", str(out)]) == 0
     data = json.loads(out.read_text())
     (record,) = data["records"]
     assert record["pcd_forward_passes"] == 2 and record["dummy_weights"] is True
@@ -69,7 +69,7 @@ def test_a_family_without_a_tokenizer_here_is_refused_before_anything_loads(tmp_
     config.write_text(json.dumps(MISTRAL))
     with pytest.raises(OptionError, match="family 'mistral', whose tokenizer does not ship here"):
         Engine.load(dummy_weights=str(config))
-    assert main(["--dummy-weights", str(config), "--schema", "support_ticket"]) == 2
+    assert pcd(["bench", "--dummy-weights", str(config), "--schema", "support_ticket"]) == 2
     assert "whose tokenizer does not ship here" in capsys.readouterr().err
 
 

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 from pcd_core.calibration import Calibration, fit
-from pcd_core.cli import main
 from pcd_core.evaluation import datasets
 from pcd_core.evaluation.cache import AnswerCache
 from pcd_core.evaluation.runner import build_report, fit_calibration, read_answers, read_question_answers, variants
 from pcd_core.testing import oracle_engine
+from pcd_integrations.commands.main import main
 
 SCHEMA = {"colour": ["red", "green", "blue"], "size": ["small", "large"]}
 RECORDS = [
@@ -87,7 +87,7 @@ def test_a_gold_value_outside_the_schema_fails_before_the_model_reads(tmp_path, 
 
 
 def test_the_eval_command_writes_a_report_and_a_reliability_plot(engine, tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr("pcd_core.cli._load_engine", lambda args: engine)
+    monkeypatch.setattr("pcd_integrations.commands.common.load_engine", lambda args: engine)
     data = tmp_path / "reviews.jsonl"
     texts = [("a wonderful, moving film", "positive"), ("dull and far too long", "negative")] * 2
     data.write_text("".join(json.dumps({"text": t, "labels": {"sentiment": s}}) + "\n" for t, s in texts))
@@ -105,7 +105,7 @@ def test_the_eval_command_writes_a_report_and_a_reliability_plot(engine, tmp_pat
 
 def test_calibrate_with_bias_saves_a_version_2_file_and_reports_the_fits_it_did_not_save(tmp_path, monkeypatch, capsys):
     engine = oracle_engine(window=6)
-    monkeypatch.setattr("pcd_core.cli._load_engine", lambda args: engine)
+    monkeypatch.setattr("pcd_integrations.commands.common.load_engine", lambda args: engine)
     data, schema = tmp_path / "d.jsonl", tmp_path / "s.json"
     data.write_text("".join(json.dumps({**r, "split": split}) + "\n" for r in RECORDS for split in ("train", "test")))
     schema.write_text(json.dumps(SCHEMA))
@@ -139,7 +139,7 @@ def test_a_calibration_fitted_on_question_answers_is_what_decide_then_serves(tmp
     probabilities /v1/systemone serves with the file are the calibrated ones the report scored.
     """
     engine = oracle_engine(window=6)
-    monkeypatch.setattr("pcd_core.cli._load_engine", lambda args: engine)
+    monkeypatch.setattr("pcd_integrations.commands.common.load_engine", lambda args: engine)
     data, questions, out = tmp_path / "q.jsonl", tmp_path / "q.json", tmp_path / "cal.json"
     data.write_text("".join(json.dumps({**r, "split": s}) + "\n" for r in QUESTION_RECORDS for s in ("train", "test")))
     questions.write_text(json.dumps({"questions": QUESTIONS}))
@@ -172,7 +172,7 @@ def test_the_readme_quality_table_is_the_recorded_runs():
     """Every docs/eval report is a row of the README's decision-quality table, as quality_row renders it."""
     from pathlib import Path
 
-    from pcd_core.evaluation.command import QUALITY_HEAD, quality_row
+    from pcd_integrations.commands.evaluate import QUALITY_HEAD, quality_row
 
     root = Path(__file__).resolve().parents[1]
     readme = (root / "docs" / "quality.md").read_text()
@@ -241,7 +241,7 @@ def test_a_malformed_answers_file_fails_before_the_model_loads(tmp_path, monkeyp
     def no_model(args):
         raise AssertionError("the model loaded")
 
-    monkeypatch.setattr("pcd_core.cli._load_engine", no_model)
+    monkeypatch.setattr("pcd_integrations.commands.common.load_engine", no_model)
     data, schema, answers = tmp_path / "d.jsonl", tmp_path / "s.json", tmp_path / "a.jsonl"
     data.write_text("".join(json.dumps({**r, "split": "test"}) + "\n" for r in RECORDS))
     schema.write_text(json.dumps(SCHEMA))
@@ -256,7 +256,7 @@ def test_a_malformed_answers_file_fails_before_the_model_loads(tmp_path, monkeyp
 
 def test_calibrate_with_an_answers_file_reads_each_example_once_and_reports_the_same(tmp_path, monkeypatch, capsys):
     engine = oracle_engine(window=6)
-    monkeypatch.setattr("pcd_core.cli._load_engine", lambda args: engine)
+    monkeypatch.setattr("pcd_integrations.commands.common.load_engine", lambda args: engine)
     data, schema, answers = tmp_path / "d.jsonl", tmp_path / "s.json", tmp_path / "a.jsonl"
     data.write_text("".join(json.dumps({**r, "split": split}) + "\n" for r in RECORDS for split in ("train", "test")))
     schema.write_text(json.dumps(SCHEMA))

@@ -189,7 +189,16 @@ def test_pcd_fill_with_a_missing_input_file_is_one_line_and_exit_2(tmp_path):
     schema = tmp_path / "schema.json"
     schema.write_text(json.dumps(SENTIMENT))
     done = subprocess.run(
-        [sys.executable, "-m", "pcd_core.cli", "fill", "--schema", str(schema), "--input", "/nonexistent.txt"],
+        [
+            sys.executable,
+            "-m",
+            "pcd_integrations.commands",
+            "fill",
+            "--schema",
+            str(schema),
+            "--input",
+            "/nonexistent.txt",
+        ],
         capture_output=True,
         text=True,
         timeout=60,

@@ -321,7 +321,7 @@ def test_both_servers_run_uvicorn_with_the_timeouts_and_document_the_flags(oracl
 
     from mcp_server.__main__ import build_parser
     from mcp_server.server import serve as serve_mcp
-    from pcd_core.cli import build_parser as build_pcd_parser
+    from pcd_integrations.commands.main import build_parser as build_pcd_parser
     from pcd_integrations.http import serve as serve_http
 
     runs: list[dict] = []

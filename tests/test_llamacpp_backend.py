@@ -130,7 +130,7 @@ def test_evicted_prefixes_are_read_again(llama_engine, ids, monkeypatch):
     del others
 
 
-def test_load_time_checks(llama_engine):
+def test_load_time_checks(llama_engine, tmp_path):
     backend = llama_engine.backend
     assert backend.layout_error <= llamacpp_backend.LAYOUT_TOLERANCE
     assert backend.threads >= 1
@@ -142,7 +142,7 @@ def test_load_time_checks(llama_engine):
         from pcd_core.backends.llamacpp_loading import load_llamacpp
         from pcd_core.models import ModelSource
 
-        load_llamacpp(ModelSource("some/folder", pretrained="some/folder"), None)
+        load_llamacpp(ModelSource("some/folder", pretrained="some/folder"), None, tmp_path)
 
 
 class _Shifted:
@@ -250,7 +250,7 @@ def test_bench_times_a_rival_backend_in_the_same_repeats(engine, llama_engine):
 
 
 def test_versus_the_same_backend_fails_before_a_model_loads(capsys):
-    from pcd_core.bench.command import main
+    from pcd_integrations.commands.main import main as pcd
 
-    assert main(["--backend", "llamacpp", "--versus", "llamacpp", "--schema", "support_ticket"]) == 2
+    assert pcd(["bench", "--backend", "llamacpp", "--versus", "llamacpp", "--schema", "support_ticket"]) == 2
     assert "--versus llamacpp" in capsys.readouterr().err

@@ -141,7 +141,7 @@ def test_a_safe_request_id_is_echoed_and_an_unsafe_one_replaced(base_url: str, c
 
 def test_log_lines_written_in_the_worker_thread_carry_the_request_id() -> None:
     """The engine runs in a worker thread; its log lines must still name the request."""
-    from pcd_core.loading import EngineLoader
+    from pcd_integrations.loading import EngineLoader
 
     seen: list[str] = []
 
@@ -294,7 +294,7 @@ def test_a_span_per_request_and_per_pass_continues_the_callers_trace(engine: Eng
     "argv", [["--max-queue", "-1"], ["--timeout", "0"], ["--timeout", "nan"], ["--max-queue", "x"]]
 )
 def test_serve_refuses_a_bad_bound(argv: list[str]) -> None:
-    from pcd_core.cli import main
+    from pcd_integrations.commands.main import main
 
     with pytest.raises(SystemExit) as caught:
         main(["serve", *argv])
@@ -303,7 +303,7 @@ def test_serve_refuses_a_bad_bound(argv: list[str]) -> None:
 
 def test_serve_hands_its_bounds_and_tracing_to_the_server(monkeypatch: Any) -> None:
     import pcd_integrations.http
-    from pcd_core.cli import main
+    from pcd_integrations.commands.main import main
 
     given: dict[str, Any] = {}
     monkeypatch.setattr(pcd_integrations.http, "serve", lambda load, **options: given.update(options))

@@ -32,7 +32,7 @@ sync_api = pytest.importorskip("playwright.sync_api", reason="the browser tests 
 from loopback import serving  # noqa: E402
 
 from pcd_core import Engine  # noqa: E402
-from pcd_core.cli import main  # noqa: E402
+from pcd_integrations.commands.main import main  # noqa: E402
 from pcd_integrations.http import create_app  # noqa: E402
 from pcd_integrations.playground import bundled_examples  # noqa: E402
 

@@ -1,7 +1,7 @@
 """The question models, their wire forms and the strict body reader, without a model.
 
 Every rule in ``pcd_core/questions.py`` is checked here with the message an adapter will show; the
-OpenAI Decisions translation (``pcd_core/wire/decisions.py``) is checked to build the same System One
+OpenAI Decisions translation (``pcd_integrations/wire/decisions.py``) is checked to build the same System One
 questions, and to map answers back in order with the values' own JSON types.
 """
 
@@ -27,9 +27,9 @@ from pcd_core.questions import (
     normalise_option,
 )
 from pcd_core.result import Stats
-from pcd_core.wire import accepts_model
-from pcd_core.wire.body import BodyError, loads_strict
-from pcd_core.wire.decisions import DecisionRequest, decision_response
+from pcd_integrations.wire import accepts_model
+from pcd_integrations.wire.body import BodyError, loads_strict
+from pcd_integrations.wire.decisions import DecisionRequest, decision_response
 
 
 def rejection(model: Any, **fields: Any) -> str:

@@ -25,8 +25,8 @@ from mcp_server import build_server  # noqa: E402
 from mcp_server.__main__ import parse_args  # noqa: E402
 from pcd_core import Engine  # noqa: E402
 from pcd_core.calibration import Calibration, FieldCalibration  # noqa: E402
-from pcd_core.cli import main  # noqa: E402
 from pcd_core.models import RECOMMENDED_MODEL, recommendation  # noqa: E402
+from pcd_integrations.commands.main import main  # noqa: E402
 from pcd_integrations.http import create_app  # noqa: E402
 from pcd_integrations.langchain_decisions import PCDDecisionModel  # noqa: E402
 
@@ -145,7 +145,7 @@ def test_pcd_serve_hands_the_file_and_debias_to_the_engine_and_logs_the_recommen
         seen["factory"] = factory
 
     monkeypatch.setattr("pcd_integrations.http.serve", fake_serve)
-    monkeypatch.setattr("pcd_core.cli.Engine.load", lambda *args, **kwargs: kwargs)
+    monkeypatch.setattr("pcd_integrations.commands.common.Engine.load", lambda *args, **kwargs: kwargs)
     with caplog.at_level(logging.WARNING):
         assert main(["serve", "--calibration", str(calibration_file), "--debias"]) == 0
     options = seen["factory"]()

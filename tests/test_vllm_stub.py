@@ -356,8 +356,8 @@ def test_engine_load_reaches_the_server_and_refuses_its_other_tokenizer(stub):
 
 def test_the_vllm_backend_needs_a_base_url_in_every_entry_point(capsys):
     from mcp_server.__main__ import parse_args
-    from pcd_core.cli import main
     from pcd_core.errors import PcdError
+    from pcd_integrations.commands.main import main
 
     with pytest.raises(PcdError, match="base_url"):
         Engine.load("smollm2-135m", backend="vllm")

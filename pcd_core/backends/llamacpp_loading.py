@@ -34,16 +34,14 @@ VOCABULARY_SAMPLES = (
 )
 
 
-def tokenizer_dir(gguf: Path) -> Path:
-    """The cached tokenizer of one GGUF, keyed by its path, size and modification time."""
-    from ..models import cache_dir
-
+def tokenizer_dir(gguf: Path, cache: Path) -> Path:
+    """The cached tokenizer of one GGUF under ``cache``, keyed by its path, size and modification time."""
     stat = gguf.stat()
     key = hashlib.sha256(f"{gguf.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
-    return cache_dir() / "tokenizer" / f"{gguf.stem}-{key}"
+    return cache / "tokenizer" / f"{gguf.stem}-{key}"
 
 
-def gguf_tokenizer(gguf: Path) -> Any:
+def gguf_tokenizer(gguf: Path, cache: Path) -> Any:
     """The Hugging Face tokenizer stored in a GGUF, built once and then read from the cache."""
     try:
         from transformers import AutoTokenizer
@@ -51,7 +49,7 @@ def gguf_tokenizer(gguf: Path) -> Any:
         raise PcdError(
             "the llamacpp backend builds its tokenizer with transformers: pip install transformers"
         ) from error
-    target = tokenizer_dir(gguf)
+    target = tokenizer_dir(gguf, cache)
     if (target / "tokenizer_config.json").is_file():
         return AutoTokenizer.from_pretrained(str(target), local_files_only=True)
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name, local_files_only=True)
@@ -73,8 +71,10 @@ def threads_from_environment() -> int | None:
     return int(given)
 
 
-def load_llamacpp(source: Any, max_tokens_per_pass: int | None) -> tuple[Any, TextTokenizer, str]:
-    """``models.load_backend`` for ``backend="llamacpp"``: (backend, tokenizer, model name)."""
+def load_llamacpp(source: Any, max_tokens_per_pass: int | None, cache: Path) -> tuple[Any, TextTokenizer, str]:
+    """``models.load_backend`` for ``backend="llamacpp"``: (backend, tokenizer, model name). ``cache`` is
+    the weights cache folder (``models.cache_dir``), passed in so that a backend never imports the loader.
+    """
     if source.gguf is None:
         raise PcdError(
             f"the llamacpp backend reads GGUF files, and {source.name!r} is a model folder or hub id; "
@@ -83,7 +83,7 @@ def load_llamacpp(source: Any, max_tokens_per_pass: int | None) -> tuple[Any, Te
     from .llamacpp_backend import LlamaCppBackend  # BackendUnavailableError without the extra
 
     with tqdm(total=2, desc=f"loading {source.name}", disable=None, leave=False) as progress:
-        hf_tokenizer = gguf_tokenizer(source.gguf)
+        hf_tokenizer = gguf_tokenizer(source.gguf, cache)
         progress.update()
         backend = LlamaCppBackend(
             source.gguf, threads=threads_from_environment(), max_tokens_per_pass=max_tokens_per_pass

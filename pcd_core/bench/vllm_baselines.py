@@ -11,16 +11,13 @@ median of the per-repeat ratios, as in ``runner.py``.
 
 from __future__ import annotations
 
-import argparse
 import statistics
-import sys
 import time
 from typing import Any, TextIO
 
 from ..backends.vllm_backend import VllmBackend
-from ..errors import BackendError, PcdError
+from ..errors import BackendError
 from .checks import agreement, is_valid
-from .report import write_json
 from .runner import BenchCase, ar_cap, strict_json
 
 
@@ -98,20 +95,3 @@ def write_vllm_table(records: list[dict[str, Any]], out: TextIO) -> None:
             f"| {r['vllm_json_ratio']:.1f}x | {r['vllm_json_tokens']} | {r['vllm_json_agreement']}/{r['fields']} "
             f"| {r['pcd_valid']}/{r['vllm_json_valid']} |\n"
         )
-
-
-def run_vllm_bench(args: argparse.Namespace, cases: list[BenchCase]) -> int:
-    """The ``--backend vllm`` branch of ``pcd bench``: one record per case, a table, ``--json``."""
-    from ..engine import Engine
-
-    if not args.base_url:
-        raise PcdError("--backend vllm needs --base-url, the vLLM server's address")
-    engine = Engine.load(
-        args.model, backend="vllm", base_url=args.base_url, max_tokens_per_pass=args.max_tokens_per_pass
-    )
-    records = [bench_vllm_case(engine, case, repeat=args.repeat, cap=args.ar_cap) for case in cases]
-    write_vllm_table(records, sys.stdout)
-    if args.json:
-        meta = {"command": "pcd " + " ".join(sys.argv[1:]), "model": args.model, "base_url": args.base_url}
-        write_json(records, args.json, meta)
-    return 0 if records else 1

@@ -15,7 +15,7 @@ Decisions models, ``tests/test_chat_completions.py`` the chat ones.
 
 from __future__ import annotations
 
-from ..models import EMBEDDED
+from pcd_core.models import EMBEDDED
 
 
 def served_names(model_name: str) -> frozenset[str]:

@@ -11,19 +11,21 @@ import json
 import os
 import platform
 import sys
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from ..dummy_weights import check_architecture, shipped_architectures
-from ..errors import PcdError
-from ..limits import DEFAULT_LIMITS
-from ..models import DEFAULT_MODEL, DTYPES
-from ..schema import parse_schema
-from .choices import bench_choices
-from .report import write_json, write_plot, write_table
-from .runner import BASELINES, BenchCase, bench_case, bench_throughput
+from pcd_core.bench.choices import bench_choices
+from pcd_core.bench.report import write_json, write_plot, write_table
+from pcd_core.bench.runner import BASELINES, BenchCase, bench_case, bench_throughput
+from pcd_core.bench.vllm_baselines import bench_vllm_case, write_vllm_table
+from pcd_core.dummy_weights import check_architecture, shipped_architectures
+from pcd_core.errors import PcdError
+from pcd_core.limits import DEFAULT_LIMITS
+from pcd_core.models import DEFAULT_MODEL, DTYPES
+from pcd_core.schema import parse_schema
 
-DATA_DIR = Path(__file__).resolve().parents[1] / "benchdata"
+DATA_DIR = Path(str(resources.files("pcd_core") / "benchdata"))  # the bundled cases, in an installed package too
 
 
 def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -193,15 +195,13 @@ def _check_dummy(args: argparse.Namespace) -> None:
 def run_bench(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from ..engine import Engine
+    from pcd_core.engine import Engine
 
     cases, baselines = _check(args)
     choices = choice_counts(args)
     if args.dummy_weights:
         _check_dummy(args)
     if args.backend == "vllm":
-        from .vllm_baselines import run_vllm_bench
-
         return run_vllm_bench(args, cases)
     backends = ("torch", "mlx", "llamacpp") if args.backend == "all" else (args.backend,)
     rival = None
@@ -284,14 +284,18 @@ def run_bench(args: argparse.Namespace) -> int:
     return 0 if records else 1
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run ``pcd bench`` on its own (``python -m pcd_core.bench``), until the CLI wires it in."""
-    parser = argparse.ArgumentParser(prog="pcd")
-    add_bench_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["bench", *(argv if argv is not None else sys.argv[1:])])
-    args.argv = ["bench", *(argv if argv is not None else sys.argv[1:])]
-    try:
-        return args.run(args)
-    except PcdError as error:
-        print(f"pcd: error: {error}", file=sys.stderr)
-        return 2
+def run_vllm_bench(args: argparse.Namespace, cases: list[BenchCase]) -> int:
+    """The ``--backend vllm`` branch of ``pcd bench``: one record per case, a table, ``--json``."""
+    from pcd_core.engine import Engine
+
+    if not args.base_url:
+        raise PcdError("--backend vllm needs --base-url, the vLLM server's address")
+    engine = Engine.load(
+        args.model, backend="vllm", base_url=args.base_url, max_tokens_per_pass=args.max_tokens_per_pass
+    )
+    records = [bench_vllm_case(engine, case, repeat=args.repeat, cap=args.ar_cap) for case in cases]
+    write_vllm_table(records, sys.stdout)
+    if args.json:
+        meta = {"command": "pcd " + " ".join(sys.argv[1:]), "model": args.model, "base_url": args.base_url}
+        write_json(records, args.json, meta)
+    return 0 if records else 1

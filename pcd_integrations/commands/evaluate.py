@@ -17,13 +17,22 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
-from ..calibration import BIAS_SD, Calibration
-from ..errors import PcdError
-from ..schema import parse_schema
-from . import datasets
-from .cache import AnswerCache
-from .metrics import reliability
-from .runner import Answers, build_report, fit_calibration, read_answers, read_question_answers, variants
+from pcd_core.calibration import BIAS_SD, Calibration
+from pcd_core.errors import PcdError
+from pcd_core.evaluation import datasets
+from pcd_core.evaluation.cache import AnswerCache
+from pcd_core.evaluation.metrics import reliability
+from pcd_core.evaluation.runner import (
+    Answers,
+    build_report,
+    fit_calibration,
+    read_answers,
+    read_question_answers,
+    variants,
+)
+from pcd_core.schema import parse_schema
+
+from . import common
 
 COLUMNS = (
     "n",
@@ -40,8 +49,6 @@ COLUMNS = (
 
 
 def _add_data_options(parser: argparse.ArgumentParser, split: str) -> None:
-    from ..cli import _add_model_options  # registered from cli.build_parser, so cli is loaded
-
     parser.add_argument(
         "--data",
         required=True,
@@ -73,7 +80,7 @@ def _add_data_options(parser: argparse.ArgumentParser, split: str) -> None:
         "(same model, schema or questions, and text) is not read again, so a refit or a larger limit reads "
         "only new examples. Delete it when the model or pcd-engine changes",
     )
-    _add_model_options(parser)
+    common.add_model_options(parser)
 
 
 def add_trust_options(parser: argparse.ArgumentParser, what: str = "the answers") -> None:
@@ -129,12 +136,10 @@ def add_eval_parsers(subparsers: Any) -> None:
 def _load_data(args: argparse.Namespace) -> tuple[Any, list[dict[str, Any]]]:
     """The schema (or, with ``--questions``, the questions) and the labelled records, all checked."""
     if args.questions is not None:
-        from ..cli import _check_questions, _read_questions
-
         if args.schema or args.data in datasets.NAMES:
             raise PcdError("--questions takes a JSONL --data whose labels are keyed by question id, and no --schema")
-        questions = _read_questions(args.questions)["questions"]
-        _check_questions(args.questions, "", questions)
+        questions = common.read_questions(args.questions)["questions"]
+        common.check_questions(args.questions, "", questions)
         return questions, datasets.read_jsonl(args.data)
     if args.data in datasets.NAMES:
         folder = datasets.fetch(args.data)
@@ -144,9 +149,7 @@ def _load_data(args: argparse.Namespace) -> tuple[Any, list[dict[str, Any]]]:
         if not args.schema:
             raise PcdError("a JSONL --data needs --schema")
         schema_path, records = args.schema, datasets.read_jsonl(args.data)
-    from ..cli import _read_schema
-
-    schema, _ = _read_schema(schema_path)
+    schema, _ = common.read_schema(schema_path)
     parse_schema(schema)
     return schema, records
 
@@ -218,9 +221,7 @@ def run_eval(args: argparse.Namespace) -> int:
     schema, records = _load_data(args)
     chosen = _selected(args, records, args.split, args.limit)
     cache = AnswerCache(args.answers) if args.answers else None
-    from ..cli import _load_engine
-
-    engine = _load_engine(args)
+    engine = common.load_engine(args)
     answers = _read(args, engine, schema, chosen, args.constrained_limit, cache)
     report = {"meta": _meta(args, engine, args.split, len(chosen)), **build_report(answers, calibration)}
     _finish(args, report, answers, calibration)
@@ -234,9 +235,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
     train = _selected(args, records, "train", args.train_limit)
     test = _selected(args, records, "test", args.limit)
     cache = AnswerCache(args.answers) if args.answers else None
-    from ..cli import _load_engine
-
-    engine = _load_engine(args)
+    engine = common.load_engine(args)
     fitted_on = {"data": args.data, "split": "train", "seed": args.seed, "n": len(train), "top_label": args.top_label}
     train_answers = _read(args, engine, schema, train, 0, cache)
 

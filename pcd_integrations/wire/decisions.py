@@ -34,8 +34,8 @@ from pydantic import (
     model_validator,
 )
 
-from .. import questions as systemone
-from ..questions import (
+from pcd_core import questions as systemone
+from pcd_core.questions import (
     CALIBRATED,
     DEBIASED,
     ChoiceQuestion,

@@ -12,9 +12,9 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .generation import GeneratedField
-from .questions import ChoiceAnswer, DecideResponse, NoulAnswer, ScoreAnswer
-from .result import LOW_MASS, Extraction, FieldResult, MembershipResult, Stats
+from pcd_core.generation import GeneratedField
+from pcd_core.questions import ChoiceAnswer, DecideResponse, NoulAnswer, ScoreAnswer
+from pcd_core.result import LOW_MASS, Extraction, FieldResult, MembershipResult, Stats
 
 LOW_MASS_MARK = "!"
 

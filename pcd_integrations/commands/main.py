@@ -19,11 +19,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from . import __version__
-from .cli_output import decide_record, decide_table, fill_record, fill_table
-from .engine import Engine  # light: torch and transformers load with the model, not with the engine
-from .errors import PcdError
-from .models import DEFAULT_MODEL, DTYPES, EMBEDDED, cache_dir
+from pcd_core import __version__
+from pcd_core.errors import PcdError
+from pcd_core.models import DEFAULT_MODEL, EMBEDDED, cache_dir
+
+from . import common
+from .output import decide_record, decide_table, fill_record, fill_table
 
 logger = logging.getLogger(__name__)
 
@@ -31,123 +32,14 @@ logger = logging.getLogger(__name__)
 JSONL_CHUNK = 8
 
 
-def _read_json(path: str, what: str) -> Any:
-    try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as error:
-        raise PcdError(f"cannot read {what} {path!r}: {error}") from error
-
-
-def _read_schema(path: str) -> tuple[Any, str | None]:
-    """A JSON Schema file, or a case file (``{"json_schema", "input"}``) that also carries an input."""
-    data = _read_json(path, "schema")
-    if isinstance(data, dict) and "json_schema" in data:
-        return data["json_schema"], data.get("input")
-    return data, None
-
-
-def _read_jsonl(path: str) -> list[tuple[dict[str, Any], str]]:
-    """Each non-blank line: a JSON string, or an object with a string ``text`` (and an optional ``id``)."""
-    items = []
-    for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise PcdError(f"{path}:{number}: not JSON ({error.msg})") from error
-        if isinstance(item, dict) and isinstance(item.get("text"), str):
-            ident = {"id": item["id"]} if "id" in item else {}
-            items.append(({"line": number, **ident}, item["text"]))
-        elif isinstance(item, str):
-            items.append(({"line": number}, item))
-        else:
-            raise PcdError(f"{path}:{number}: expected a JSON string or an object with a string 'text'")
-    if not items:
-        raise PcdError(f"{path}: no inputs")
-    return items
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is not a positive number of tokens")
-    return value
-
-
-def _non_negative(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} is not 0 or more")
-    return value
-
-
-def _positive_seconds(text: str) -> float:
-    value = float(text)
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
-    return value
-
-
-def _add_model_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default=DEFAULT_MODEL, help="embedded alias, HF id, local folder or .gguf path")
-    parser.add_argument("--backend", default="torch", choices=("torch", "mlx", "vllm"))
-    parser.add_argument("--base-url", default=None, help="the vLLM server for --backend vllm, e.g. http://host:8000")
-    parser.add_argument(
-        "--vllm-api-key-env", metavar="VAR", default=None, help="send the key in environment variable VAR to vLLM"
-    )
-    parser.add_argument("--device", default=None, help="torch device, e.g. cpu or cuda")
-    parser.add_argument(
-        "--dtype",
-        choices=DTYPES,
-        default=None,
-        help="the torch backend's weights and arithmetic (default float32, what every figure here uses)",
-    )
-    parser.add_argument(
-        "--max-tokens-per-pass",
-        type=_positive,
-        default=None,
-        help="row tokens per forward pass; bounds memory, never changes a result",
-    )
-
-
-def _load_engine(args: argparse.Namespace, *, debias: bool = False) -> Engine:
-    """The engine ``args`` name; ``debias`` is its default for every call (``pcd serve --debias``)."""
-    if args.backend == "vllm" and not args.base_url:
-        raise PcdError("--backend vllm needs --base-url, the vLLM server's address")
-    api_key = os.environ.get(args.vllm_api_key_env) if args.vllm_api_key_env else None
-    return Engine.load(args.model, debias=debias, **engine_options(args, api_key))
-
-
-def engine_options(args: argparse.Namespace, api_key: str | None) -> dict[str, Any]:
-    """``Engine.load``'s keywords from the model options ``pcd`` and ``pcd-mcp`` share by name
-    (``--backend``, ``--device``, ``--dtype``, ``--max-tokens-per-pass``, ``--base-url``,
-    ``--calibration``), with the vLLM key each reads its own way.
-    """
-    return {
-        "backend": args.backend,
-        "device": args.device,
-        "dtype": args.dtype,
-        "max_tokens_per_pass": args.max_tokens_per_pass,
-        "base_url": args.base_url,
-        "api_key": api_key,
-        "calibration": getattr(args, "calibration", None),  # --calibration (pcd_core/calibration.py)
-    }
-
-
-def _print_json(record: Any) -> None:
-    json.dump(record, sys.stdout, indent=2, ensure_ascii=False)
-    sys.stdout.write("\n")
-
-
 # -- fill ---------------------------------------------------------------------------------------
 def cmd_fill(args: argparse.Namespace) -> int:
-    from .schema import parse_schema
+    from pcd_core.schema import parse_schema
 
-    schema, case_input = _read_schema(args.schema)
+    schema, case_input = common.read_schema(args.schema)
     parse_schema(schema)
     if args.jsonl:
-        return _fill_jsonl(args, schema, _read_jsonl(args.jsonl))
+        return _fill_jsonl(args, schema, common.read_jsonl(args.jsonl))
     if args.input:
         try:
             text = Path(args.input).read_text(encoding="utf-8")
@@ -157,10 +49,10 @@ def cmd_fill(args: argparse.Namespace) -> int:
         text = case_input
     else:
         raise PcdError("give --input FILE or --jsonl FILE (the schema file carries no input)")
-    engine = _load_engine(args)
+    engine = common.load_engine(args)
     result = engine.fill(schema, text, strategy=args.strategy, debias=args.debias)
     if args.json:
-        _print_json(fill_record(result, engine.model_name))
+        common.print_json(fill_record(result, engine.model_name))
     else:
         print(fill_table(result))
     return 0
@@ -170,7 +62,7 @@ def _fill_jsonl(args: argparse.Namespace, schema: Any, items: list[tuple[dict[st
     """One JSON line per input, in input order, each with its ``line`` number (and ``id`` if given)."""
     from tqdm.auto import tqdm
 
-    engine = _load_engine(args)
+    engine = common.load_engine(args)
     with tqdm(total=len(items), desc="fill", unit="input", disable=None) as progress:
         for start in range(0, len(items), JSONL_CHUNK):
             chunk = items[start : start + JSONL_CHUNK]
@@ -194,55 +86,29 @@ def add_fill(commands: Any) -> None:
     )
     fill.add_argument("--strategy", default="trie", choices=("trie", "greedy", "exact"))
     fill.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
-    _add_model_options(fill)
-    from .evaluation.command import add_trust_options  # light: no model, no matplotlib
+    common.add_model_options(fill)
+    from .evaluate import add_trust_options  # light: no model, no matplotlib
 
     add_trust_options(fill)
     fill.set_defaults(run=cmd_fill)
 
 
 # -- decide -------------------------------------------------------------------------------------
-def _read_questions(path: str) -> dict[str, Any]:
-    """A question file in the ``POST /v1/systemone`` shape: an object with ``questions`` (and a ``state``)."""
-    data = _read_json(path, "question file")
-    if not isinstance(data, dict) or not isinstance(data.get("questions"), dict):
-        raise PcdError(f"question file {path!r} needs a 'questions' object (and a 'state')")
-    return data
-
-
-def _check_questions(path: str, state: Any, questions: Any) -> None:
-    """The request checked as ``/v1/systemone`` checks it, before any model loads."""
-    from pydantic import ValidationError
-
-    from .questions import DecideRequest
-
-    try:
-        DecideRequest(state=state, questions=questions)
-    except ValidationError as error:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'request'}: {e['msg']}" for e in error.errors())
-        raise PcdError(f"question file {path!r}: {problems}") from error
 
 
 def cmd_decide(args: argparse.Namespace) -> int:
-    data = _read_questions(args.questions)
-    state = _read_state(args.state) if args.state else data.get("state")
+    data = common.read_questions(args.questions)
+    state = common.read_state(args.state) if args.state else data.get("state")
     if state is None:
         raise PcdError("give --state FILE (the question file carries no state)")
-    _check_questions(args.questions, state, data["questions"])
-    engine = _load_engine(args)
+    common.check_questions(args.questions, state, data["questions"])
+    engine = common.load_engine(args)
     response = engine.decide(state, data["questions"], debias=args.debias)
     if args.json:
-        _print_json(decide_record(response))
+        common.print_json(decide_record(response))
     else:
         print(decide_table(response))
     return 0
-
-
-def _read_state(path: str) -> Any:
-    """A ``.json`` file is the state as JSON (object, array or string); any other file is its text."""
-    if path.endswith(".json"):
-        return _read_json(path, "state")
-    return Path(path).read_text(encoding="utf-8")
 
 
 def add_decide(commands: Any) -> None:
@@ -250,8 +116,8 @@ def add_decide(commands: Any) -> None:
     decide.add_argument("questions", metavar="FILE", help="JSON with 'questions' and 'state', as POST /v1/systemone")
     decide.add_argument("--state", metavar="FILE", help="the state to ask about instead (.json as JSON, else text)")
     decide.add_argument("--json", action="store_true", help="print the /v1/systemone response instead of a table")
-    _add_model_options(decide)
-    from .evaluation.command import add_trust_options
+    common.add_model_options(decide)
+    from .evaluate import add_trust_options
 
     add_trust_options(decide)
     decide.set_defaults(run=cmd_decide)
@@ -289,16 +155,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
         import fastapi  # noqa: F401  (fail here, with the hint, not after the model has loaded)
         import uvicorn  # noqa: F401
 
-        from pcd_integrations.http import serve
-        from pcd_integrations.operations import Backpressure
-        from pcd_integrations.read_timeouts import ReadTimeouts
+        from ..http import serve
+        from ..operations import Backpressure
+        from ..read_timeouts import ReadTimeouts
     except ImportError as error:
         raise PcdError(f"{error}; run: pip install 'pcd-engine[http]'") from error
     if args.otel and importlib.util.find_spec("opentelemetry") is None:
         raise PcdError("--otel needs opentelemetry-api, which is not installed; run: pip install 'pcd-engine[otel]'")
-    from .calibration import Calibration
-    from .limits import Limits
-    from .models import recommendation
+    from pcd_core.calibration import Calibration
+    from pcd_core.limits import Limits
+    from pcd_core.models import recommendation
 
     # read now, so that a bad file is an error here and not a failed load behind a listening server
     args.calibration = Calibration.load(args.calibration) if args.calibration else None
@@ -307,7 +173,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         logger.warning(advice)
     limits = Limits(max_body_bytes=args.max_body_bytes)
     serve(
-        lambda: _load_engine(args, debias=args.debias),
+        lambda: common.load_engine(args, debias=args.debias),
         host=args.host,
         port=args.port,
         api_key=api_key,
@@ -335,14 +201,14 @@ def add_serve(commands: Any) -> None:
     serve.add_argument("--port", type=int, default=8000, help="TCP port to listen on (default 8000)")
     serve.add_argument(
         "--header-timeout",
-        type=_positive_seconds,
+        type=common.positive_seconds,
         default=10.0,
         metavar="S",
         help="close a connection whose request headers take over S seconds, with 408 (default 10)",
     )
     serve.add_argument(
         "--body-timeout",
-        type=_positive_seconds,
+        type=common.positive_seconds,
         default=30.0,
         metavar="S",
         help="answer 408 to a request whose body takes over S seconds to arrive (default 30)",
@@ -354,7 +220,7 @@ def add_serve(commands: Any) -> None:
     )
     serve.add_argument(
         "--max-body-bytes",
-        type=_positive,
+        type=common.positive,
         default=1 << 20,
         help="refuse request bodies over this many bytes with 413 (default 1048576)",
     )
@@ -365,14 +231,14 @@ def add_serve(commands: Any) -> None:
     )
     serve.add_argument(
         "--max-queue",
-        type=_non_negative,
+        type=common.non_negative,
         default=None,
         metavar="N",
         help="at most N requests wait for the model; one more gets 503 with Retry-After (default: no bound)",
     )
     serve.add_argument(
         "--timeout",
-        type=_positive_seconds,
+        type=common.positive_seconds,
         default=None,
         metavar="S",
         help="a request not answered within S seconds gets 504 and its work stops at its next pass (default: none)",
@@ -383,8 +249,8 @@ def add_serve(commands: Any) -> None:
         help="an OpenTelemetry span per request and per forward pass, to the tracer provider the process "
         "configures (the otel extra)",
     )
-    _add_model_options(serve)
-    from .evaluation.command import add_trust_options  # light: no model, no matplotlib
+    common.add_model_options(serve)
+    from .evaluate import add_trust_options  # light: no model, no matplotlib
 
     add_trust_options(serve, "every answer")
     serve.set_defaults(run=cmd_serve)
@@ -392,7 +258,7 @@ def add_serve(commands: Any) -> None:
 
 #: every subcommand, in the order ``pcd --help`` lists them
 def add_eval(commands: Any) -> None:
-    from .evaluation.command import add_eval_parsers  # light: the model and matplotlib load when it runs
+    from .evaluate import add_eval_parsers  # light: the model and matplotlib load when it runs
 
     add_eval_parsers(commands)
 

@@ -40,8 +40,8 @@ from pydantic import (
     model_validator,
 )
 
-from ..chatting import Message, transcript
-from ..tools import ToolChoice, ToolChoiceError, ToolSpec, normalise_tool_choice
+from pcd_core.chatting import Message, transcript
+from pcd_core.tools import ToolChoice, ToolChoiceError, ToolSpec, normalise_tool_choice
 
 #: The most tokens a generated reply has when the request sets no ``max_tokens``.
 DEFAULT_MAX_TOKENS = 256
