@@ -179,7 +179,7 @@ def test_the_readmes_dummy_pass_counts_are_the_recorded_run():
     recorded = json.loads((root / "docs" / "bench" / "dummy_tiny_llama.json").read_text())
     (record,) = recorded["records"]
     assert recorded["meta"]["command"].startswith("pcd bench --dummy-weights tiny-llama --schema support_ticket")
-    readme = " ".join((root / "README.md").read_text().split())
+    readme = " ".join((root / "docs" / "gpus.md").read_text().split())
     claim = (
         f"read the ticket ({record['input_tokens']} input tokens) in {record['pcd_forward_passes']} passes, "
         f"against {record['seq_forward_passes']} for sequential jump-forward and {record['arc_forward_passes']} "

@@ -175,7 +175,7 @@ def test_the_readme_quality_table_is_the_recorded_runs():
     from pcd_integrations.commands.evaluate import QUALITY_HEAD, quality_row
 
     root = Path(__file__).resolve().parents[1]
-    readme = (root / "README.md").read_text()
+    readme = (root / "docs" / "quality.md").read_text()
     assert QUALITY_HEAD in readme
     reports = [
         json.loads(p.read_text())
