@@ -2,7 +2,7 @@
 
 Every flag has an environment variable, so that an agent host's config can set either. Arguments are
 checked before the model loads or a transport opens, so a typo fails in a second with exit status 2.
-Logs go to stderr: on stdio, stdout is the wire. Run on the default model, it logs the README's
+Logs go to stderr: on stdio, stdout is the wire. Run on the default model, it logs the docs'
 recommendation of a bigger local one at start (``pcd_core.models.recommendation``).
 """
 

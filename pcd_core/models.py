@@ -163,7 +163,7 @@ EMBEDDED = {
 }
 
 
-#: the local model the README recommends for real decisions, from its decision-quality table
+#: the local model the docs recommend for real decisions, from the decision-quality table (docs/quality.md)
 #: (docs/eval/*.json); the default stays SmolLM2-135M, for speed and for CI
 RECOMMENDED_MODEL = "qwen2.5-coder-0.5b"
 
@@ -171,7 +171,7 @@ RECOMMENDED_MODEL = "qwen2.5-coder-0.5b"
 def recommendation(model: str | None) -> str | None:
     """What ``pcd serve`` and ``pcd-mcp`` log at start when they run the default model, else None.
 
-    The figures are the README's (``docs/eval/``): held-out accuracy on movie-review polarity (2,000
+    The figures are docs/quality.md's (``docs/eval/``): held-out accuracy on movie-review polarity (2,000
     examples) and the seven-field ticket example; both models are weak on five-way newsgroup topics
     (0.30 to 0.35 raw), which the message says too, so that it claims no more.
     """
@@ -179,9 +179,9 @@ def recommendation(model: str | None) -> str | None:
         return None
     return (
         f"running {DEFAULT_MODEL}, the fast default: 0.50 accuracy on held-out sentiment (0.69 debiased) "
-        f"and 3 of 7 fields of the README ticket. For real decisions use --model {RECOMMENDED_MODEL} "
+        f"and 3 of 7 fields of the tour's ticket. For real decisions use --model {RECOMMENDED_MODEL} "
         "(0.75 and 6 of 7; pip install 'pcd-engine[qwen-05b]'); neither is good at five-way topics "
-        "(0.30-0.35). See the README's Decision quality section."
+        "(0.30-0.35). See docs/quality.md."
     )
 
 

@@ -107,7 +107,7 @@ def test_sdk_parse_with_a_pydantic_model_returns_the_instance(client: Any) -> No
     parsed = client.chat.completions.parse(model=MODEL, messages=ASK, response_format=Ticket)
     ticket = parsed.choices[0].message.parsed
     assert isinstance(ticket, Ticket) and ticket.team in ("billing", "shipping", "sales")
-    team = parsed.x_pcd["fields"]["team"]  # the extension survives the SDK's parsing, as the README shows
+    team = parsed.x_pcd["fields"]["team"]  # the extension survives the SDK's parsing, as docs/http.md shows
     assert team["value"] == ticket.team == max(team["probabilities"], key=team["probabilities"].get)
 
 

@@ -8,7 +8,7 @@ Two MLX engines are compared with the torch engine, all behind the same tokenize
   every field that torch decides by a margin of 0.02 or more must be decided the same.
 
 MLX's Linux CPU wheel runs at about 2.5 GFLOP/s here, so CI runs one short schema. Every bundled
-case (about 25 minutes on one core here) runs with ``PCD_CROSS_BACKEND=full``; the README has the
+case (about 25 minutes on one core here) runs with ``PCD_CROSS_BACKEND=full``; the docs have the
 last result.
 """
 

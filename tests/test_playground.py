@@ -9,7 +9,7 @@ and drawn width are the probability, the candidate mass with its mark at 0.5, th
 cost line, and a refused request's body exactly as the API returned it.
 
 ``PCD_PLAYGROUND_SCREENSHOT=docs/playground.png python -m pytest tests/test_playground.py -k bundled``
-also writes the README's screenshot, from the same run that checks it.
+also writes the screenshot of docs/playground.md, from the same run that checks it.
 """
 
 from __future__ import annotations

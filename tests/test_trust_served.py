@@ -4,7 +4,7 @@ A calibration file written by the code ``pcd calibrate`` saves with, loaded by t
 ``pcd serve`` (``/v1/systemone`` over httpx, ``/v1/decisions`` with the real ``openai`` client, both on
 a loopback server) and behind ``pcd-mcp`` (in process), changes the served probabilities exactly as
 the file says, and every answer says whether it was calibrated and debiased. The start-up commands
-read the file before any model loads, and log the README's model recommendation on the default.
+read the file before any model loads, and log the docs' model recommendation on the default.
 """
 
 from __future__ import annotations

@@ -62,7 +62,7 @@ MASK_ALIGN = 16
 
 def default_dtype(device: torch.device) -> torch.dtype:
     """bfloat16 on CUDA, as GPU serving runs; float32 elsewhere (a CPU computes bfloat16 slower, and
-    every CPU figure in the README is float32).
+    every CPU figure in the docs is float32).
     """
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 

@@ -1,4 +1,4 @@
-"""The benchmark's outputs: a table for the terminal, the JSON records, and the plot for the README."""
+"""The benchmark's outputs: a table for the terminal, the JSON records, and the plot for the docs (docs/benchmarks.md)."""
 
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ def _cell(record: dict[str, Any], key: str, fmt: str) -> str:
 
 
 def write_table(records: list[dict[str, Any]], out: TextIO) -> None:
-    """A Markdown table per kind of record, so that the same text goes into the terminal and the README."""
+    """A Markdown table per kind of record, so that the same text goes into the terminal and the docs."""
     for mode, columns in ((None, _COLUMNS), ("throughput", _THROUGHPUT), ("choices", _CHOICES)):
         picked = [r for r in records if r.get("mode") == mode]
         if picked:

@@ -333,7 +333,7 @@ def write_plot(answers: Any, calibration: Calibration | None, path: str, title: 
     plt.close(figure)
 
 
-#: the README's decision-quality table head; ``quality_row`` renders its rows
+#: the decision-quality table head of docs/quality.md; ``quality_row`` renders its rows
 QUALITY_HEAD = (
     "| model | data | n held-out / train | accuracy raw | debiased | calibrated | AR-constrained (n; PCD on those) "
     "| ECE raw | ECE T | ECE T + bias | ECE T + bias, raw | ECE if calibrated | Brier raw | Brier calibrated "
@@ -342,7 +342,7 @@ QUALITY_HEAD = (
 
 
 def quality_row(report: dict[str, Any]) -> str:
-    """The README's decision-quality row of one ``pcd calibrate --debias --bias --json`` report
+    """The decision-quality row (docs/quality.md) of one ``pcd calibrate --debias --bias --json`` report
     (tests/test_eval.py checks that every row there is one of docs/eval/*.json). The fitted columns:
     temperature alone on the debiased answers, temperature and per-label bias on the debiased answers
     (the saved file), and the same on the raw answers (what ``--bias`` without ``--debias`` saves);
