@@ -1,11 +1,20 @@
 """The OpenAI Decisions API (``POST /v1/decisions``) as pydantic models over the System One questions.
 
 The shapes are those of the ``openai`` package's ``client.decisions.create`` (``openai/types/
-decision_create_params.py`` and ``decision.py``, version 3.51): ``input`` is a string or a list of user
-messages whose content is a string or ``input_text`` / ``input_json`` parts; ``questions`` is a list of
-1 to 200 ``predicate``, ``choice`` (2 to 255 distinct ``{value, description}``, a value a string or a
-boolean) and ``score`` (2 to 10 ``{label, description}`` levels), each with an optional ``name``. Images
-are refused with a message that says so: the engine reads text only.
+decision_create_params.py`` and ``decision.py``, version 3.57): ``input`` is a string or a list of
+items: user, system and developer messages (a string or ``input_text`` / ``input_json`` parts),
+assistant messages (``output_text`` and ``refusal`` parts), ``function_call`` and
+``custom_tool_call`` items and their outputs, each output after the call with its ``call_id``;
+``questions`` is a list of 1 to 400 ``predicate``, ``choice`` (2 to 255 distinct
+``{value, description}``, a value a string or a boolean) and ``score`` (2 to 10 ``{label,
+description}`` levels), each with an optional ``name``; ``prompt_cache_key`` asks the engine to keep
+the earlier turns in its head cache. Images are refused with a message that says so: the engine reads
+text only.
+
+The input becomes what ``Engine.decide`` reads (``DecisionRequest.state_and_context``): system and
+developer messages are the caller's instructions, the user messages that end the input are the
+state, and every other item is an earlier turn rendered through the model's chat template with its
+own role (a function call and its output are tool turns; ``pcd_core/conversation.py``).
 
 Each question becomes a `pcd_core.questions` model when it is validated, so the System One rules and
 messages apply here unchanged, and both routes make the same ``engine.decide`` call. Answers come back
@@ -25,16 +34,19 @@ from typing import Annotated, Any, Literal
 from pydantic import (
     BaseModel,
     ConfigDict,
+    Discriminator,
     Field,
     PrivateAttr,
     StrictBool,
     StrictStr,
+    Tag,
     ValidationError,
     field_validator,
     model_validator,
 )
 
 from .. import questions as systemone
+from ..conversation import Conversation, Role, Turn
 from ..questions import (
     CALIBRATED,
     DEBIASED,
@@ -47,12 +59,13 @@ from ..questions import (
 )
 
 #: The most questions one request may ask, as the OpenAI API admits.
-MAX_QUESTIONS = 200
+MAX_QUESTIONS = 400
 ChoiceValue = StrictStr | StrictBool
 
 
 class _Model(BaseModel):
-    # Fields this server does not use (prompt_cache_key, safety_identifier, ...) are accepted and ignored.
+    # Fields this server does not use (prompt_cache_options, safety_identifier, an assistant message's
+    # phase, an input_text's prompt_cache_breakpoint, ...) are accepted and ignored.
     model_config = ConfigDict(extra="ignore")
 
 
@@ -93,24 +106,157 @@ def _as_text(parts: list[InputText | InputJson | InputImage]) -> Text:
     return values
 
 
-class InputMessage(_Model):
-    role: Literal["user"]
-    content: list[Part] = Field(min_length=1)
-    type: Literal["message"] = "message"
+class _Message(_Model):
+    """A message whose content is a string or input parts (text, JSON; images are refused)."""
 
-    @model_validator(mode="before")
-    @classmethod
-    def _only_user(cls, value: Any) -> Any:
-        if isinstance(value, dict) and value.get("role", "user") != "user":
-            raise ValueError(f"only user messages are supported, not role {value.get('role')!r}")
-        if isinstance(value, dict) and "role" not in value and value.get("type") not in (None, "message"):
-            raise ValueError(f"only user messages are supported, not {value.get('type')!r} items")
-        return value
+    type: Literal["message"] = "message"
+    content: list[Part] = Field(min_length=1)
 
     @field_validator("content", mode="before")
     @classmethod
     def _content_parts(cls, value: Any) -> Any:
         return _as_parts(value)
+
+
+class InputMessage(_Message):
+    """A user message: the state when it ends the input, an earlier user turn otherwise."""
+
+    role: Literal["user"]
+
+    def text(self) -> Text:
+        return _as_text(self.content)
+
+
+class InstructionMessage(_Message):
+    """A system or developer message: the caller's instructions for every question."""
+
+    role: Literal["system", "developer"]
+
+    def text(self) -> str:
+        value = _as_text(self.content)
+        return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
+class OutputText(_Model):
+    type: Literal["output_text"]
+    text: StrictStr
+
+
+class Refusal(_Model):
+    type: Literal["refusal"]
+    refusal: StrictStr
+
+
+class AssistantMessage(_Model):
+    """An assistant turn: output text and refusals, in order (a refusal is shown as what it said)."""
+
+    type: Literal["message"] = "message"
+    role: Literal["assistant"]
+    content: list[Annotated[OutputText | Refusal, Field(discriminator="type")]] = Field(min_length=1)
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _content_parts(cls, value: Any) -> Any:
+        return [{"type": "output_text", "text": value}] if isinstance(value, str) else value
+
+    def text(self) -> Text:
+        return "\n\n".join(p.text if isinstance(p, OutputText) else f"(refused) {p.refusal}" for p in self.content)
+
+
+class FunctionCall(_Model):
+    """A call the assistant made; shown to the model as a tool turn ``{"call": name, "arguments": ...}``."""
+
+    type: Literal["function_call"]
+    call_id: StrictStr
+    name: StrictStr
+    arguments: StrictStr
+
+    def text(self) -> Text:
+        try:  # arguments are a JSON string: shown as the JSON they hold, or as written when they are not JSON
+            arguments: Any = json.loads(self.arguments)
+        except ValueError:
+            arguments = self.arguments
+        return {"call": self.name, "arguments": arguments}
+
+
+class CustomToolCall(_Model):
+    type: Literal["custom_tool_call"]
+    call_id: StrictStr
+    name: StrictStr
+    input: StrictStr
+
+    def text(self) -> Text:
+        return {"call": self.name, "input": self.input}
+
+
+class _CallOutput(_Model):
+    """A tool's output, for the call with the same ``call_id`` earlier in the input."""
+
+    type: Literal["function_call_output", "custom_tool_call_output"]
+    call_id: StrictStr
+    output: list[Annotated[InputText | InputImage, Field(discriminator="type")]] = Field(min_length=1)
+
+    @field_validator("output", mode="before")
+    @classmethod
+    def _output_parts(cls, value: Any) -> Any:
+        return _as_parts(value)
+
+    def text(self) -> Text:
+        return _as_text(list(self.output))
+
+
+class FunctionCallOutput(_CallOutput):
+    type: Literal["function_call_output"]
+
+
+class CustomToolCallOutput(_CallOutput):
+    type: Literal["custom_tool_call_output"]
+
+
+_ITEM_TAGS = {
+    "user": "user_message",
+    "system": "instruction_message",
+    "developer": "instruction_message",
+    "assistant": "assistant_message",
+}
+
+
+def _item_tag(value: Any) -> str | None:
+    """Which item model reads ``value``: messages by their role, the rest by their type."""
+    if isinstance(value, BaseModel):
+        value = {"role": getattr(value, "role", None), "type": getattr(value, "type", None)}
+    if not isinstance(value, dict):
+        return None
+    if "role" in value or value.get("type") in (None, "message"):
+        return _ITEM_TAGS.get(value.get("role", "user"))
+    kind = value.get("type")
+    return f"{kind}_item" if kind in _CALL_TYPES else None
+
+
+_CALL_TYPES = {"function_call", "function_call_output", "custom_tool_call", "custom_tool_call_output"}
+InputItem = Annotated[
+    Annotated[InputMessage, Tag("user_message")]
+    | Annotated[InstructionMessage, Tag("instruction_message")]
+    | Annotated[AssistantMessage, Tag("assistant_message")]
+    | Annotated[FunctionCall, Tag("function_call_item")]
+    | Annotated[FunctionCallOutput, Tag("function_call_output_item")]
+    | Annotated[CustomToolCall, Tag("custom_tool_call_item")]
+    | Annotated[CustomToolCallOutput, Tag("custom_tool_call_output_item")],
+    Discriminator(
+        _item_tag,
+        custom_error_type="invalid_item",
+        custom_error_message="an input item is a user, system, developer or assistant message, a "
+        "function_call, a function_call_output, a custom_tool_call or a custom_tool_call_output",
+    ),
+]
+_ROLE_OF: dict[type[Any], Role] = {
+    InputMessage: "user",
+    AssistantMessage: "assistant",
+    FunctionCall: "tool",
+    FunctionCallOutput: "tool",
+    CustomToolCall: "tool",
+    CustomToolCallOutput: "tool",
+}
 
 
 class _Question(_Model):
@@ -199,20 +345,50 @@ DecisionQuestion = Annotated[
 
 
 class DecisionRequest(_Model):
-    """The body of ``POST /v1/decisions``."""
+    """The body of ``POST /v1/decisions``.
+
+    The input is split into what the engine reads (``state_and_context``): system and developer
+    messages are the caller's instructions; the user messages that end the input are the state (their
+    parts joined, as one message's are); every item before them is an earlier turn. An input that
+    ends with another item (a tool's output, an assistant's reply) has that item as its state.
+    """
 
     model: StrictStr
-    input: list[InputMessage] = Field(min_length=1)
+    input: list[InputItem] = Field(min_length=1)
     questions: list[DecisionQuestion] = Field(min_length=1, max_length=MAX_QUESTIONS)
+    prompt_cache_key: StrictStr | None = None
 
     @field_validator("input", mode="before")
     @classmethod
     def _string_input(cls, value: Any) -> Any:
         return [{"role": "user", "content": value}] if isinstance(value, str) else value
 
-    def state(self) -> Text:
-        """The state the engine reads: the messages' parts, in order, as `_as_text` joins them."""
-        return _as_text([part for message in self.input for part in message.content])
+    @field_validator("input")
+    @classmethod
+    def _calls_answered_in_order(cls, items: list[Any]) -> list[Any]:
+        called: set[str] = set()
+        for item in items:
+            if isinstance(item, FunctionCall | CustomToolCall):
+                called.add(item.call_id)
+            elif isinstance(item, _CallOutput) and item.call_id not in called:
+                raise ValueError(f"the {item.type} with call_id {item.call_id!r} has no earlier call with that id")
+        if all(isinstance(item, InstructionMessage) for item in items):
+            raise ValueError("the input has only instructions: add the user message or tool output to decide about")
+        return items
+
+    def state_and_context(self) -> tuple[Text, Conversation]:
+        """The state, and the conversation before it (``pcd_core/conversation.py``)."""
+        items = [item for item in self.input if not isinstance(item, InstructionMessage)]
+        instructions = tuple(item.text() for item in self.input if isinstance(item, InstructionMessage))
+        trailing_users = next(
+            (i for i, item in enumerate(reversed(items)) if not isinstance(item, InputMessage)), len(items)
+        )
+        split = len(items) - max(trailing_users, 1)  # no user message at the end: the last item is the state
+        earlier, last = items[:split], items[split:]
+        parts = [part for message in last if isinstance(message, InputMessage) for part in message.content]
+        state = _as_text(parts) if parts else last[0].text()
+        turns = tuple(Turn(_ROLE_OF[type(item)], item.text()) for item in earlier)
+        return state, Conversation(turns=turns, instructions=instructions)
 
     def engine_questions(self) -> dict[str, NoulQuestion | ChoiceQuestion | ScoreQuestion]:
         """The System One questions, keyed by position (ids never reach the model)."""
@@ -226,6 +402,14 @@ FIELD_NAMES = frozenset(
     for model in (
         DecisionRequest,
         InputMessage,
+        InstructionMessage,
+        AssistantMessage,
+        OutputText,
+        Refusal,
+        FunctionCall,
+        FunctionCallOutput,
+        CustomToolCall,
+        CustomToolCallOutput,
         InputText,
         InputJson,
         PredicateQuestion,
@@ -291,8 +475,7 @@ DecisionAnswer = Annotated[PredicateAnswer | DecisionChoiceAnswer | DecisionScor
 
 class InputTokensDetails(_Model):
     cached_tokens: int = Field(description="Head tokens served from the engine's prefix cache.")
-    # The engine has no explicit cache breakpoints, so nothing is written to a cache on request.
-    cache_write_tokens: int = 0
+    cache_write_tokens: int = Field(0, description="Head tokens prefilled by this request and kept in the cache.")
 
 
 class OutputTokensDetails(_Model):
@@ -352,7 +535,10 @@ def decision_response(request: DecisionRequest, response: DecideResponse) -> Dec
         answers=answers,
         usage=DecisionUsage(
             input_tokens=usage.input_tokens,
-            input_tokens_details=InputTokensDetails(cached_tokens=usage.cached_tokens),
+            input_tokens_details=InputTokensDetails(
+                cached_tokens=usage.cached_tokens,
+                cache_write_tokens=response.stats.cache_write_tokens if response.stats is not None else 0,
+            ),
             total_tokens=usage.input_tokens + usage.output_tokens,
         ),
         x_forward_passes=usage.forward_passes,
