@@ -37,7 +37,7 @@ from typing import Any, Literal, Protocol
 
 from pcd_core.hooks import listening
 from pcd_core.loading import EngineLoader
-from pcd_core.questions import DecideResponse
+from pcd_core.questions import DecideResponse, Usage
 
 from .guards import App, Message, Receive, Scope, Send, send_body, send_error
 from .metrics import INSTALL_HINT, Metrics
@@ -50,6 +50,7 @@ __all__ = [
     "observe_decided",
     "observe_reply",
     "stamp",
+    "trace_cost",
 ]
 
 logger = logging.getLogger(__name__)
@@ -287,8 +288,15 @@ def observe_decided(response: DecideResponse) -> None:
     metrics = request.operations.metrics
     if metrics is not None:
         metrics.decided(request.path, response)
-    if request.span is not None:
-        usage = response.usage
+    trace_cost(response.usage)
+
+
+def trace_cost(usage: Usage) -> None:
+    """An answer's cost onto its request's span, when the request is traced (``pcd-mcp``'s tools
+    report their metrics themselves, and their cost here).
+    """
+    request = _current.get()
+    if request is not None and request.span is not None:
         request.span.annotate(_cost(usage.forward_passes, usage.input_tokens, usage.output_tokens, usage.queue_ms))
 
 
