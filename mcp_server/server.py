@@ -465,7 +465,8 @@ def http_app(
     (``pcd_integrations/operations.py``), which need no key, as ``pcd serve``'s health routes need none,
     and ``backpressure`` and ``tracer`` for every ``POST /mcp``, as for ``pcd serve``'s model routes.
     A request over ``backpressure.timeout_s`` gets 504 only while its response has not started: an
-    SSE response (without ``json_response``) has started once the SDK sends its first event.
+    SSE response (without ``json_response``) has started once the SDK sends its first event. A
+    2026-07-28 request for anything but ``tools/call`` neither queues nor counts against the cap.
     """
     import logging
 
@@ -492,4 +493,14 @@ def http_app(
         backpressure=backpressure or Backpressure(),
         metrics=served.metrics,
         tracer=tracer,
+        light=_names_another_method,
     )
+
+
+def _names_another_method(scope: Any) -> bool:
+    """A 2026-07-28 request names its method in the ``Mcp-Method`` header (the SDK refuses one whose
+    body disagrees): anything but ``tools/call`` never waits for the model, so it never queues. An
+    earlier version's request carries no such header and counts as model work.
+    """
+    method = dict(scope.get("headers") or ()).get(b"mcp-method")
+    return method is not None and method != b"tools/call"

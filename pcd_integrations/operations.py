@@ -29,7 +29,7 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, suppress
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -150,6 +150,9 @@ class Operations:
     backpressure: Backpressure = field(default_factory=Backpressure)
     metrics: Metrics | None = None
     tracer: Tracer | None = None
+    #: requests to a model path that never reach the model (told from their headers, before any body
+    #: is read): they pass the queue and the timeout, as pcd-mcp's ``server/discover`` and ``tools/list``
+    light: Callable[[Scope], bool] | None = None
     admitted: int = 0
 
     @property
@@ -189,6 +192,7 @@ class Operations:
                     request.span = self.tracer.start(scope, f"{method} {path}")
                 stack.enter_context(listening(request.on_pass))
                 modelled = method == "POST" and path in self.model_paths
+                modelled = modelled and not (self.light is not None and self.light(scope))
                 if modelled and self.full():
                     status = 503
                     self._reject("queue_full")

@@ -137,9 +137,15 @@ def test_a_burst_past_max_queue_gets_503_with_retry_after(engine: Engine) -> Non
             _wait_for(lambda: engine.waiting == 1, "the first call waits for the model", 60.0)
             refused = call_noul(f"{base}/mcp", 2)
             ready = httpx.get(f"{base}/readyz", timeout=10)
+            # what never reaches the model is answered at once, past the full queue
+            listed = post(f"{base}/mcp", envelope("tools/list", request_id=3), modern_headers("tools/list"))
+            discovered = post(
+                f"{base}/mcp", envelope("server/discover", request_id=4), modern_headers("server/discover")
+            )
         first.join(timeout=120)
     assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
     assert "--max-queue" in refused.text and ready.status_code == 503
+    assert listed.status_code == discovered.status_code == 200 and len(listed.json()["result"]["tools"]) == len(TOOLS)
     assert answered[0].status_code == 200 and "structuredContent" in answered[0].json()["result"]
 
 
