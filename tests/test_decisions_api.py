@@ -149,6 +149,21 @@ def test_400_questions_come_back_in_order_over_passes_split_to_the_budget(client
     assert math.isclose(decision.answers[-1].probability, last.probability, abs_tol=1e-5)
 
 
+def test_400_questions_over_the_pass_memory_cap_are_a_400_before_any_pass(
+    client: Any, engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Memory stays bounded by ``max_pass_bytes`` however many questions come: a pass estimated over it
+    is refused before it runs, in OpenAI's error shape."""
+    questions = [{"type": "predicate", "instructions": f"Item {i}?"} for i in range(400)]
+    ask(client, questions[:1])  # the head cached, so that only the question rows would need a pass
+    monkeypatch.setattr(engine.backend, "max_pass_bytes", 1 << 20)
+    passes = engine.backend.forward_passes
+    with pytest.raises(openai.BadRequestError) as caught:
+        ask(client, questions)
+    assert caught.value.status_code == 400 and "max_pass_bytes" in caught.value.message
+    assert engine.backend.forward_passes == passes
+
+
 CONVERSATION: list[dict[str, Any]] = [
     {"role": "system", "content": "You triage support tickets for an online shop."},
     {"role": "developer", "content": [{"type": "input_text", "text": "Refunds are handled by the billing team."}]},
