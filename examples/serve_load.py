@@ -5,18 +5,20 @@ and the server's resident memory before and after.
 
 Starts ``pcd serve`` as a subprocess on a free loopback port (its RSS is read from /proc, so Linux
 only), waits for ``/readyz``, sends one request of each kind to warm the caches, reads the RSS, then
-runs the clients until the time is up: each picks the next of four requests in turn (System One with two
-questions, OpenAI Decisions with one predicate, a chat completion filling a two-field json_schema, a
-short generated chat reply). Prints per route the requests, errors, requests/s and p50/p99 latency, the
+runs the clients until the time is up: each picks the next of five requests in turn (System One with two
+questions, OpenAI Decisions with one predicate, the same over a conversation of input items, a chat
+completion filling a two-field json_schema, a short generated chat reply). Prints per route the requests, errors, requests/s and p50/p99 latency, the
 server's own counters from ``/metrics``, and its RSS: idle before the load, after ``--warmup`` seconds
 under load (the first concurrent requests allocate their buffers once), and at the end, with the change
-from the second to the third, which is what a leak would show.
+from the second to the third, which is what a leak would show. ``--output FILE`` also writes the
+figures as JSON (``docs/bench/serve_load.json``, which ``docs/operations-load.md`` reports).
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import os
 import shutil
 import socket
@@ -27,6 +29,7 @@ import threading
 import time
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -58,10 +61,24 @@ FILL = {
         },
     },
 }
+# the Decisions input items of openai 3.57: instructions, earlier turns (assistant, a function call and
+# its output), then the user's message; the turns are read anew each time (no prompt_cache_key)
+TURNS = {
+    "input": [
+        {"role": "developer", "content": "Safety problems outrank refunds."},
+        {"role": "user", "content": "My blender order #55120 arrived."},
+        {"role": "assistant", "content": [{"type": "output_text", "text": "Is anything wrong with it?"}]},
+        {"type": "function_call", "call_id": "c1", "name": "lookup_order", "arguments": '{"order": 55120}'},
+        {"type": "function_call_output", "call_id": "c1", "output": "Delivered yesterday; one blender."},
+        {"role": "user", "content": STATE},
+    ],
+    "questions": [{"type": "predicate", "instructions": "Is there a safety hazard?"}],
+}
 GENERATE = {"messages": [{"role": "user", "content": "Say hello in three words."}], "max_tokens": 8}
 MIX = (
     ("/v1/systemone", SYSTEMONE),
     ("/v1/decisions", DECISIONS),
+    ("/v1/decisions (turns)", TURNS),
     ("/v1/chat/completions (fill)", FILL),
     ("/v1/chat/completions (text)", GENERATE),
 )
@@ -140,6 +157,7 @@ def main() -> None:
         help="seconds under load before the RSS baseline (default: a tenth of the run)",
     )
     parser.add_argument("--model", default=os.environ.get("PCD_MODEL", "smollm2-135m"))
+    parser.add_argument("--output", metavar="FILE", help="also write the figures as JSON to FILE")
     args = parser.parse_args()
     port = free_port()
     base = f"http://127.0.0.1:{port}"
@@ -162,23 +180,57 @@ def main() -> None:
     finally:
         server.terminate()
         server.wait(timeout=60)
+    report = summarise(results, elapsed, metrics)
+    report.update(
+        command=" ".join(["python", "examples/serve_load.py", *sys.argv[1:]]),
+        model=args.model,
+        clients=args.clients,
+        seconds=round(elapsed, 1),
+        rss_mib={
+            "idle_before": round(before, 1),
+            "after_warmup": round(warm[0], 1) if warm else None,
+            "end": round(after, 1),
+        },
+        warmup_s=warmup_s,
+        rss_change_after_warmup_percent=round((after - warm[0]) / warm[0] * 100, 2) if warm else None,
+    )
     print(f"{args.clients} clients for {elapsed:.0f} s on {args.model}")
-    every = [latency for rows in results.values() for latency, _ in rows]
-    for name, rows in [*results.items(), ("all", [(s, 0) for s in every])]:
-        latencies = [s for s, _ in rows]
-        errors = sum(1 for _, status in rows if status >= 400)
+    for name, row in report["routes"].items():
         print(
-            f"{name:30s} {len(rows):5d} requests {errors:3d} errors {len(rows) / elapsed:6.2f} req/s "
-            f"p50 {statistics.median(latencies) * 1000:7.0f} ms p99 {percentile(latencies, 0.99) * 1000:7.0f} ms"
+            f"{name:30s} {row['requests']:5d} requests {row['errors']:3d} errors {row['requests_per_s']:6.2f} req/s "
+            f"p50 {row['p50_ms']:7.0f} ms p99 {row['p99_ms']:7.0f} ms"
         )
     print(f"RSS idle before the load {before:.1f} MiB, at the end {after:.1f} MiB")
     if warm:
-        change = (after - warm[0]) / warm[0] * 100
-        print(f"RSS after {warmup_s:.0f} s under load {warm[0]:.1f} MiB; from there to the end {change:+.1f}%")
+        print(
+            f"RSS after {warmup_s:.0f} s under load {warm[0]:.1f} MiB; from there to the end "
+            f"{report['rss_change_after_warmup_percent']:+.1f}%"
+        )
+    for sample, value in report["counters"].items():
+        print(f"  {sample} {value:g}")
+    if args.output:
+        Path(args.output).write_text(json.dumps(report, indent=2) + "\n")
+
+
+def summarise(results: dict[str, list[tuple[float, int]]], elapsed: float, metrics: str) -> dict[str, Any]:
+    """Per route (and for all) requests, errors, requests/s and p50/p99 latency; the server's counters."""
+    every = [row for rows in results.values() for row in rows]
+    routes = {}
+    for name, rows in [*results.items(), ("all", every)]:
+        latencies = [s for s, _ in rows]
+        routes[name] = {
+            "requests": len(rows),
+            "errors": sum(1 for _, status in rows if status >= 400),
+            "requests_per_s": round(len(rows) / elapsed, 3),
+            "p50_ms": round(statistics.median(latencies) * 1000, 1),
+            "p99_ms": round(percentile(latencies, 0.99) * 1000, 1),
+        }
+    counters = {}
     for family in text_string_to_metric_families(metrics):
         if family.name in {"pcd_forward_passes", "pcd_requests_rejected", "pcd_head_cache"}:
             for sample in family.samples:
-                print(f"  {sample.name}{sample.labels} {sample.value:g}")
+                counters[f"{sample.name}{json.dumps(sample.labels, sort_keys=True)}"] = sample.value
+    return {"routes": routes, "counters": counters}
 
 
 if __name__ == "__main__":

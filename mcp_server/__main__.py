@@ -1,6 +1,8 @@
 """`pcd-mcp`: check the arguments, then serve the MCP tools over stdio or streamable HTTP.
 
-Every flag has an environment variable, so that an agent host's config can set either. Arguments are
+Every flag has an environment variable, so that an agent host's config can set either. Over
+streamable HTTP, ``--max-queue``, ``--timeout`` and ``--otel`` are ``pcd serve``'s
+(``pcd_integrations/operations.py``, ``tracing.py``). Arguments are
 checked before the model loads or a transport opens, so a typo fails in a second with exit status 2.
 Logs go to stderr: on stdio, stdout is the wire. Run on the default model, it logs the docs'
 recommendation of a bigger local one at start (``pcd_core.models.recommendation``).
@@ -33,6 +35,16 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 0 or a positive integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected 0 or a positive integer, got {text!r}")
     return value
 
 
@@ -153,6 +165,28 @@ def build_parser() -> argparse.ArgumentParser:
             help=f"streamable-http only: {meaning} ({variable}; default {default_s:g})",
         )
     add(
+        "--max-queue",
+        type=_non_negative_int,
+        metavar="N",
+        default=env("PCD_MCP_MAX_QUEUE"),
+        help="streamable-http only: at most N requests wait for the model; one more gets 503 with Retry-After "
+        "(PCD_MCP_MAX_QUEUE; default: no bound)",
+    )
+    add(
+        "--timeout",
+        type=_seconds,
+        metavar="S",
+        default=env("PCD_MCP_TIMEOUT"),
+        help="streamable-http only: a request not answered within S seconds gets 504 and its work stops at its "
+        "next pass; an SSE answer that has begun runs on, so pair it with --json-response (PCD_MCP_TIMEOUT)",
+    )
+    switch(
+        "--otel",
+        "PCD_MCP_OTEL",
+        "streamable-http only: an OpenTelemetry span per request and per forward pass, to the tracer "
+        "provider the process configures (the otel extra)",
+    )
+    add(
         "--log-level",
         default=env("PCD_LOG_LEVEL", "INFO"),
         help=f"one of {', '.join(LOG_LEVELS)} (PCD_LOG_LEVEL; default INFO)",
@@ -171,8 +205,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args.log_level = args.log_level.upper()
     if args.transport not in TRANSPORTS:
         parser.error(f"--transport must be one of {', '.join(TRANSPORTS)}, got {args.transport!r}")
-    if args.transport != "streamable-http" and (args.stateless or args.json_response):
-        parser.error("--stateless and --json-response apply to --transport streamable-http only")
+    http_only = {
+        "--stateless": args.stateless,
+        "--json-response": args.json_response,
+        "--max-queue": args.max_queue is not None,
+        "--timeout": args.timeout is not None,
+        "--otel": args.otel,
+    }
+    given = [flag for flag, on in http_only.items() if on]
+    if args.transport != "streamable-http" and given:
+        parser.error(f"{' and '.join(given)} apply to --transport streamable-http only")
+    if args.otel and importlib.util.find_spec("opentelemetry") is None:
+        parser.error("--otel needs opentelemetry-api, which is not installed; run: pip install 'pcd-engine[otel]'")
     if args.backend not in BACKENDS:
         parser.error(f"--backend must be one of {', '.join(BACKENDS)}, got {args.backend!r}")
     if importlib.util.find_spec("mcp") is None:
@@ -226,6 +270,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     from pcd_core.limits import Limits
     from pcd_core.models import recommendation
     from pcd_integrations.commands.common import engine_options
+    from pcd_integrations.operations import Backpressure
 
     advice = recommendation(args.model)
     if advice is not None:
@@ -249,6 +294,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         api_key=args.api_key,
         limits=Limits(max_body_bytes=args.max_body_bytes),
         read_timeouts=ReadTimeouts(header_s=args.header_timeout, body_s=args.body_timeout),
+        backpressure=Backpressure(max_queue=args.max_queue, timeout_s=args.timeout),
+        tracing=args.otel,
     )
 
 

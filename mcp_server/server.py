@@ -50,7 +50,9 @@ from pcd_core.fairness import Cancellation, in_worker
 from pcd_core.generation import GeneratedField
 from pcd_core.limits import DEFAULT_LIMITS, Limits, check_decide, check_fill
 from pcd_core.questions import DecideResponse
+from pcd_core.questions import Usage as PcdUsage
 from pcd_core.result import Extraction, FieldResult
+from pcd_integrations.operations import Backpressure, Operations, build_metrics, trace_cost
 from pcd_integrations.read_timeouts import DEFAULT_READ_TIMEOUTS, ReadTimeouts, http_protocol
 
 from .loading import EngineFactory, EngineLoader, engine_for
@@ -71,6 +73,7 @@ from .results import (
 
 if TYPE_CHECKING:
     from pcd_integrations.metrics import Metrics
+    from pcd_integrations.operations import Tracer
 
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
 State = Annotated[
@@ -234,6 +237,7 @@ def build_server(
             raise _caller_error(exc) from exc
         if served.metrics is not None:
             served.metrics.decided(MCP_PATH, response)
+        trace_cost(response.usage)
         return response
 
     async def ask(ctx: Context, state: Any, question: Any) -> tuple[Any, str, Usage]:
@@ -377,6 +381,7 @@ def build_server(
             raise _caller_error(exc) from exc
         if served.metrics is not None:
             served.metrics.filled(MCP_PATH, ex)
+        trace_cost(PcdUsage.of(ex.stats))
         return FillResult(
             value=dict(ex.value),
             fields=_filled_fields(ex),
@@ -400,6 +405,8 @@ def serve(
     api_key: str | None = None,
     limits: Limits = DEFAULT_LIMITS,
     read_timeouts: ReadTimeouts = DEFAULT_READ_TIMEOUTS,
+    backpressure: Backpressure | None = None,
+    tracing: bool = False,
 ) -> None:
     """Serve the tools until the client goes away (stdio) or the process is stopped (HTTP, at /mcp).
 
@@ -408,6 +415,8 @@ def serve(
     HTTP, ``api_key`` requires ``Authorization: Bearer <key>`` on every request, bodies over
     ``limits.max_body_bytes`` get 413 before the SDK parses them, and a client gets 408 when its
     headers or its body take longer than ``read_timeouts`` allows (``pcd_integrations/read_timeouts.py``).
+    ``backpressure`` (``--max-queue``, ``--timeout``) and ``tracing`` (``--otel``) are ``pcd serve``'s
+    (``pcd_integrations/operations.py``, ``tracing.py``), applied to ``POST /mcp``.
     """
     server = build_server(engine_or_factory, log_level=log_level, limits=limits)
     if transport == "stdio":
@@ -415,10 +424,28 @@ def serve(
         return
     import uvicorn
 
+    from pcd_integrations.operations import log_config
+    from pcd_integrations.tracing import RequestTracer
+
     app = http_app(
-        server, host, api_key, limits, stateless=stateless, json_response=json_response, read_timeouts=read_timeouts
+        server,
+        host,
+        api_key,
+        limits,
+        stateless=stateless,
+        json_response=json_response,
+        read_timeouts=read_timeouts,
+        backpressure=backpressure,
+        tracer=RequestTracer() if tracing else None,
     )
-    uvicorn.run(app, host=host, port=port, log_level=log_level.lower(), http=http_protocol(read_timeouts.header_s))
+    uvicorn.run(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level.lower(),
+        log_config=log_config(uvicorn.config.LOGGING_CONFIG),
+        http=http_protocol(read_timeouts.header_s),
+    )
 
 
 def http_app(
@@ -430,15 +457,20 @@ def http_app(
     stateless: bool = False,
     json_response: bool = False,
     read_timeouts: ReadTimeouts = DEFAULT_READ_TIMEOUTS,
+    backpressure: Backpressure | None = None,
+    tracer: Tracer | None = None,
 ) -> Any:
     """The streamable-HTTP ASGI app at /mcp, behind the body-size and body-time bounds and, with a key,
     the bearer check; in front of them request ids, ``/livez``, ``/readyz`` and ``/metrics``
-    (``pcd_integrations/operations.py``), which need no key, as ``pcd serve``'s health routes need none.
+    (``pcd_integrations/operations.py``), which need no key, as ``pcd serve``'s health routes need none,
+    and ``backpressure`` and ``tracer`` for every ``POST /mcp``, as for ``pcd serve``'s model routes.
+    A request over ``backpressure.timeout_s`` gets 504 only while its response has not started: an
+    SSE response (without ``json_response``) has started once the SDK sends its first event. A
+    2026-07-28 request for anything but ``tools/call`` neither queues nor counts against the cap.
     """
     import logging
 
     from pcd_integrations.guards import BearerAuth, BodyLimit, warn_if_exposed
-    from pcd_integrations.operations import Operations, build_metrics
 
     app: Any = server.streamable_http_app(
         max_request_body_size=limits.max_body_bytes,
@@ -454,4 +486,21 @@ def http_app(
     if served is None:  # a server built elsewhere: no loader to report on
         return app
     served.metrics = build_metrics(served.loader, frozenset({MCP_PATH}))
-    return Operations(app, served.loader, frozenset({MCP_PATH}), metrics=served.metrics)
+    return Operations(
+        app,
+        served.loader,
+        frozenset({MCP_PATH}),
+        backpressure=backpressure or Backpressure(),
+        metrics=served.metrics,
+        tracer=tracer,
+        light=_names_another_method,
+    )
+
+
+def _names_another_method(scope: Any) -> bool:
+    """A 2026-07-28 request names its method in the ``Mcp-Method`` header (the SDK refuses one whose
+    body disagrees): anything but ``tools/call`` never waits for the model, so it never queues. An
+    earlier version's request carries no such header and counts as model work.
+    """
+    method = dict(scope.get("headers") or ()).get(b"mcp-method")
+    return method is not None and method != b"tools/call"

@@ -74,11 +74,16 @@ def plan_decide(
     request: DecideRequest,
     context_length: int,
     limits: Limits = DEFAULT_LIMITS,
+    cache_turns: bool = True,
 ) -> DecidePlan:
     """Render a validated request (``limits.check_decide``); a state too long or rows over
     ``limits.max_row_tokens`` raise here, before any pass.
+
+    The head the engine caches is the whole head when ``cache_turns`` is set, else the part that
+    requests with other earlier turns share (``PromptParts.shared_head``), so that one conversation
+    does not push the common head out of the cache; the rest is read as the request's own trunk.
     """
-    head_ids = tokenizer.encode_head(prompt.head)
+    head_ids = tokenizer.encode_head(prompt.head if cache_turns else prompt.shared_head or prompt.head)
     state_text = prompt.head + normalise_input(as_text(request.state))
     whole = tokenizer.encode_head(state_text)
     asked = tuple(ask(tokenizer, prompt, state_text, q, qid) for qid, q in request.questions.items())

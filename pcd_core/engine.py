@@ -33,6 +33,7 @@ from .backends.base import Backend, Prefix
 from .calibration import Calibration, adjuster
 from .chatting import Generation, Message, as_messages, render_chat, stream_tokens
 from .compiler import CompiledSchema, compile_schema
+from .conversation import Conversation, check_conversation
 from .debias import CONTENT_FREE, content_free_prior
 from .deciding import plan_decide
 from .decoding import DecisionTask, Decoded, DecodeOptions, RoundStats, decode
@@ -226,6 +227,8 @@ class Engine:
         else:
             head, hit = self._head(head_ids, use_cache)
             stats.head_cache, stats.cached_tokens = ("hit", len(head_ids)) if hit else ("miss", 0)
+            if not hit and use_cache and self._heads.size > 0:  # prefilled now and kept for the next request
+                stats.cache_write_tokens = len(head_ids)
             trunk = rest
         stats.head_ms = _ms(clock)
         clock = time.perf_counter()
@@ -477,20 +480,38 @@ class Engine:
 
     # -- questions ----------------------------------------------------------------------------
     def decide(
-        self, state: Any, questions: dict[str, Any], *, debias: bool | None = None, calibrate: bool = True
+        self,
+        state: Any,
+        questions: dict[str, Any],
+        *,
+        context: Conversation | None = None,
+        cache_key: str | None = None,
+        debias: bool | None = None,
+        calibrate: bool = True,
     ) -> DecideResponse:
         """Jev-style questions over one state (``pcd_core/deciding.py``): the state is the trunk of
         every question's row, one pass warm. ``usage.input_tokens`` counts every token read: head,
         state and all rows. ``debias`` and ``calibrate`` are as in ``fill``; a calibration covers a
         question whose id and answer names (``true``/``false``, the options, the level indices) it
         was fitted on.
+
+        ``context`` holds earlier turns and the caller's instructions (``conversation.py``). Its
+        turns are cached with the head only when a ``cache_key`` is given (OpenAI's
+        ``prompt_cache_key``): a caller that says it will come back with the same conversation.
         """
         started = time.perf_counter()
         # everything that needs no model runs before the lock, so concurrent requests overlap here
-        if self._decide_prompt is None:
-            self._decide_prompt = render_decide_prompt(self.tokenizer)
         request = check_decide(self.limits, state, questions)  # bounds and readable text first
-        plan = plan_decide(self.tokenizer, self._decide_prompt, request, self.context_length, self.limits)
+        if context:
+            check_conversation(self.limits, context, request.state)
+            prompt = render_decide_prompt(self.tokenizer, context)
+        else:
+            if self._decide_prompt is None:
+                self._decide_prompt = render_decide_prompt(self.tokenizer)
+            prompt = self._decide_prompt
+        plan = plan_decide(
+            self.tokenizer, prompt, request, self.context_length, self.limits, cache_turns=cache_key is not None
+        )
         adjust = adjuster(  # the priors are measured before this request's passes are counted
             self.calibration if calibrate else None,
             {qid: asked.names for qid, asked in zip(request.questions, plan.asked)},

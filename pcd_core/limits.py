@@ -2,7 +2,7 @@
 
 A request's cost grows with what it sends: the bytes of its body, the number of questions, options
 and fields, and the row tokens those become. Each has a setting in the frozen ``Limits``, with a
-default a 2-core machine survives and that admits what the OpenAI Decisions API admits (200 questions,
+default a 2-core machine survives and that admits what the OpenAI Decisions API admits (400 questions,
 255 choices). The checks are pure functions of the request and ``Limits``; the engine calls
 ``check_decide`` / ``check_fill`` first, and the servers call ``check_body_size`` before parsing.
 The questions' row tokens are counted once they are compiled, before any pass (``check_row_tokens``);
@@ -41,7 +41,7 @@ class Limits:
     """Per-request bounds; ``Engine(limits=Limits(max_questions=50))`` tightens them."""
 
     max_body_bytes: int = 1 << 20  # an HTTP or MCP-over-HTTP request body (413 above it)
-    max_questions: int = 200  # questions in one decide request
+    max_questions: int = 400  # questions in one decide request (OpenAI's Decisions take 1 to 400)
     max_options: int = 255  # options of one choice question, labels of one schema field
     max_fields: int = 128  # fields of one schema
     max_text_bytes: int = 256 << 10  # UTF-8 bytes of the input, of the state or of the questions, before tokenizing
@@ -85,6 +85,11 @@ def check_decide(limits: Limits, state: Any, questions: Any) -> DecideRequest:
         question_bytes += _question_bytes(question, ("questions", qid))
     _at_most(limits, "max_text_bytes", question_bytes, "the questions' bytes")
     return request
+
+
+def check_text_bytes(limits: Limits, n_bytes: int, what: str) -> None:
+    """Text read by one request, in UTF-8 bytes, against ``max_text_bytes``."""
+    _at_most(limits, "max_text_bytes", n_bytes, what)
 
 
 def check_row_tokens(limits: Limits, n_tokens: int) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -59,6 +60,7 @@ class PromptParts:
     head: str
     tail: str
     layout: str  # "chat", "chat-merged-system" or "plain"
+    shared_head: str = ""  # the head up to the first earlier turn's text (``render``); the head without turns
 
     def request_text(self, text: str) -> str:
         return fence("INPUT", normalise_input(text)) + self.tail
@@ -151,24 +153,42 @@ def system_text(schema: Schema, task: str = "") -> str:
     return "\n".join(lines)
 
 
-def render(tokenizer: ChatTemplater, system: str, user_prefix: str, opener: str) -> PromptParts:
-    """Render ``system`` and ``user_prefix + <input>`` through the template and split at the input.
+def render(
+    tokenizer: ChatTemplater,
+    system: str,
+    user_prefix: str,
+    opener: str,
+    turns: Sequence[tuple[str, str]] = (),
+) -> PromptParts:
+    """Render ``system``, the earlier ``turns`` and ``user_prefix + <input>`` through the template and
+    split at the input.
 
-    ``system`` may hold user text (the catalog), so it is put in after the control tokens are marked.
+    ``system`` may hold user text (the catalog), and each turn's text is user text, so they are put in
+    after the control tokens are marked. A turn is ``(role, text)``, rendered with the template's own
+    markup for that role (``assistant``, ``tool``, ``user``). ``shared_head`` ends where the first
+    turn's text starts: the part of the head that requests with other turns share.
     """
     user = user_prefix + MARKER
+    slots = [f"\u27e6pcd:turn{index}\u27e7" for index in range(len(turns))]
+    earlier = [{"role": role, "content": slot} for (role, _), slot in zip(turns, slots)]
     if not getattr(tokenizer, "chat_template", None):
-        text, layout = f"{SYSTEM_MARKER}\n\n{user}\n\nOutput:\n", "plain"
+        lines = "".join(f"{role.capitalize()}: {slot}\n\n" for (role, _), slot in zip(turns, slots))
+        text, layout = f"{SYSTEM_MARKER}\n\n{lines}{user}\n\nOutput:\n", "plain"
     else:
         try:
-            messages = [{"role": "system", "content": SYSTEM_MARKER}, {"role": "user", "content": user}]
+            messages = [{"role": "system", "content": SYSTEM_MARKER}, *earlier, {"role": "user", "content": user}]
             text, layout = _apply(tokenizer, messages), "chat"
         except Exception as error:  # templates signal a rejected system role by raising
             if "system" not in str(error).lower():
                 raise PromptError(f"the chat template failed: {error}") from error
+            if turns:
+                raise PromptError(
+                    "the model's chat template has no system turn, so earlier turns cannot be placed "
+                    "after the instructions; send the input as one user message"
+                ) from error
             text = _apply(tokenizer, [{"role": "user", "content": f"{SYSTEM_MARKER}\n\n{user}"}])
             layout = "chat-merged-system"
-    for marker, slot in ((MARKER, "input"), (SYSTEM_MARKER, "system")):
+    for marker, slot in ((MARKER, "input"), (SYSTEM_MARKER, "system"), *zip(slots, slots)):
         if text.count(marker) != 1:
             raise PromptError(f"the chat template kept {text.count(marker)} copies of the {slot} slot instead of one")
     if text.index(SYSTEM_MARKER) > text.index(MARKER):
@@ -176,8 +196,16 @@ def render(tokenizer: ChatTemplater, system: str, user_prefix: str, opener: str)
     mark = getattr(tokenizer, "mark_control_tokens", _keep)
     before_system, rest = text.split(SYSTEM_MARKER)
     between, tail = rest.split(MARKER)
-    head = mark(before_system) + system + mark(between)
-    return PromptParts(head=head, tail=mark(tail) + opener, layout=layout)
+    head = shared_head = mark(before_system) + system
+    for index, (slot, (_, turn_text)) in enumerate(zip(slots, turns)):
+        if slot not in between:
+            raise PromptError("the chat template put an earlier turn after the input")
+        before_turn, between = between.split(slot)
+        head += mark(before_turn)
+        shared_head = head if index == 0 else shared_head
+        head += turn_text
+    head += mark(between)
+    return PromptParts(head=head, tail=mark(tail) + opener, layout=layout, shared_head=shared_head if turns else head)
 
 
 def _apply(tokenizer: ChatTemplater, messages: list[dict[str, str]]) -> str:

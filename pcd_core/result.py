@@ -21,6 +21,7 @@ class Stats:
     input_tokens: int = 0  # every token read: the head (cached or not), the request and every row
     prompt_tokens: int = 0  # request and answer-line tokens read outside the head (all of it if bypassed)
     cached_tokens: int = 0  # head tokens served from the cache (0 on a miss or a bypass)
+    cache_write_tokens: int = 0  # head tokens prefilled on a miss and kept in the cache for later requests
     row_tokens: int = 0  # distinct row tokens read
     n_rows: int = 0
     rounds: int = 0

@@ -306,10 +306,13 @@ async def _decide(
     state_field: str,
     where: dict[str, str | int],
     request: "Request",
+    **context: Any,
 ) -> DecideResponse:
-    """The one engine call behind both decision routes."""
+    """The one engine call behind both decision routes; ``context`` is ``Engine.decide``'s
+    ``context`` and ``cache_key`` (OpenAI's earlier input items and ``prompt_cache_key``).
+    """
     engine = _engine(loader)
-    return await _in_engine(lambda: engine.decide(state, questions), where, state_field, request)
+    return await _in_engine(lambda: engine.decide(state, questions, **context), where, state_field, request)
 
 
 async def _server_sent(events: Iterator[ChatCompletionChunk]) -> AsyncIterator[str]:
@@ -499,7 +502,10 @@ def create_app(
         _check_model(request.model, loader, "model")
         questions = request.engine_questions()
         where: dict[str, str | int] = {qid: index for index, qid in enumerate(questions)}
-        response = await _decide(loader, request.state(), questions, "input", where, http)
+        state, context = request.state_and_context()
+        response = await _decide(
+            loader, state, questions, "input", where, http, context=context, cache_key=request.prompt_cache_key
+        )
         observe_decided(response)
         return JSONResponse(stamp(decision_response(request, response).model_dump(mode="json")))
 

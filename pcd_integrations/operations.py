@@ -29,14 +29,14 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, suppress
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from pcd_core.hooks import listening
-from pcd_core.questions import DecideResponse
+from pcd_core.questions import DecideResponse, Usage
 from pcd_integrations.loading import EngineLoader
 
 from .guards import App, Message, Receive, Scope, Send, send_body, send_error
@@ -50,6 +50,7 @@ __all__ = [
     "observe_decided",
     "observe_reply",
     "stamp",
+    "trace_cost",
 ]
 
 logger = logging.getLogger(__name__)
@@ -149,6 +150,9 @@ class Operations:
     backpressure: Backpressure = field(default_factory=Backpressure)
     metrics: Metrics | None = None
     tracer: Tracer | None = None
+    #: requests to a model path that never reach the model (told from their headers, before any body
+    #: is read): they pass the queue and the timeout, as pcd-mcp's ``server/discover`` and ``tools/list``
+    light: Callable[[Scope], bool] | None = None
     admitted: int = 0
 
     @property
@@ -188,6 +192,7 @@ class Operations:
                     request.span = self.tracer.start(scope, f"{method} {path}")
                 stack.enter_context(listening(request.on_pass))
                 modelled = method == "POST" and path in self.model_paths
+                modelled = modelled and not (self.light is not None and self.light(scope))
                 if modelled and self.full():
                     status = 503
                     self._reject("queue_full")
@@ -287,8 +292,15 @@ def observe_decided(response: DecideResponse) -> None:
     metrics = request.operations.metrics
     if metrics is not None:
         metrics.decided(request.path, response)
-    if request.span is not None:
-        usage = response.usage
+    trace_cost(response.usage)
+
+
+def trace_cost(usage: Usage) -> None:
+    """An answer's cost onto its request's span, when the request is traced (``pcd-mcp``'s tools
+    report their metrics themselves, and their cost here).
+    """
+    request = _current.get()
+    if request is not None and request.span is not None:
         request.span.annotate(_cost(usage.forward_passes, usage.input_tokens, usage.output_tokens, usage.queue_ms))
 
 

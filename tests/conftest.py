@@ -60,3 +60,19 @@ def gemma_engine():
     from pcd_core import Engine
 
     return Engine.load("gemma3-270m")
+
+
+@pytest.fixture
+def traced() -> tuple[object, object]:
+    """A ``RequestTracer`` whose spans go to the OpenTelemetry SDK's in-memory exporter, and that exporter."""
+    pytest.importorskip("opentelemetry.sdk", reason="tracing tests need the OpenTelemetry SDK (dev extra)")
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from pcd_integrations.tracing import RequestTracer
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return RequestTracer(provider), exporter

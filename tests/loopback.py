@@ -24,11 +24,13 @@ def assert_openai_bad_request(error: Any, param: str, words: str) -> None:
 
 
 @contextmanager
-def serving(app: Any) -> Iterator[str]:
-    """Serve ``app`` on 127.0.0.1 until the block ends; yields the base URL (``http://127.0.0.1:PORT``)."""
+def serving(app: Any, lifespan: str = "off") -> Iterator[str]:
+    """Serve ``app`` on 127.0.0.1 until the block ends; yields the base URL (``http://127.0.0.1:PORT``).
+    ``lifespan="on"`` runs the app's lifespan, which the MCP SDK's session manager needs.
+    """
     import uvicorn
 
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off"))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan=lifespan))
     thread = threading.Thread(target=server.run, name="loopback-uvicorn", daemon=True)
     thread.start()
     deadline = time.monotonic() + START_TIMEOUT_S

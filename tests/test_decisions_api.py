@@ -131,11 +131,101 @@ def test_64_questions_take_1_pass_and_match_each_asked_alone(client: Any, engine
 
 
 @pytest.mark.slow
-def test_200_questions_come_back_in_order(client: Any) -> None:
-    questions = [{"type": "predicate", "name": f"q{i}", "instructions": f"Item {i}?"} for i in range(200)]
-    decision = ask(client, questions)
+def test_400_questions_come_back_in_order_over_passes_split_to_the_budget(client: Any, engine: Engine) -> None:
+    """The SDK's upper bound; the rows do not fit one pass's token budget, so they are split into
+    several passes (memory stays bounded by the backend's budget, not by the question count)."""
+    questions = [{"type": "predicate", "name": f"q{i}", "instructions": f"Item {i}?"} for i in range(400)]
+    raw = client.decisions.with_raw_response.create(model="smollm2-135m", input=STATE, questions=questions)
+    decision = raw.parse()
     assert [a.name for a in decision.answers] == [q["name"] for q in questions]
     assert all(a.type == "predicate" and 0.0 <= a.probability <= 1.0 for a in decision.answers)
+    body = json.loads(raw.text)
+    assert body["x_forward_passes"] > 1
+    assert (
+        body["usage"]["input_tokens"] - decision.usage.input_tokens_details.cached_tokens
+        > engine.backend.max_tokens_per_pass
+    )
+    (last,) = ask(client, [questions[-1]]).answers  # the 400th question reads as it does alone
+    assert math.isclose(decision.answers[-1].probability, last.probability, abs_tol=1e-5)
+
+
+def test_400_questions_over_the_pass_memory_cap_are_a_400_before_any_pass(
+    client: Any, engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Memory stays bounded by ``max_pass_bytes`` however many questions come: a pass estimated over it
+    is refused before it runs, in OpenAI's error shape."""
+    questions = [{"type": "predicate", "instructions": f"Item {i}?"} for i in range(400)]
+    ask(client, questions[:1])  # the head cached, so that only the question rows would need a pass
+    monkeypatch.setattr(engine.backend, "max_pass_bytes", 1 << 20)
+    passes = engine.backend.forward_passes
+    with pytest.raises(openai.BadRequestError) as caught:
+        ask(client, questions)
+    assert caught.value.status_code == 400 and "max_pass_bytes" in caught.value.message
+    assert engine.backend.forward_passes == passes
+
+
+CONVERSATION: list[dict[str, Any]] = [
+    {"role": "system", "content": "You triage support tickets for an online shop."},
+    {"role": "developer", "content": [{"type": "input_text", "text": "Refunds are handled by the billing team."}]},
+    {"role": "user", "content": "Hi, I was charged twice for order 1182."},
+    {
+        "role": "assistant",
+        "content": [
+            {"type": "output_text", "text": "Sorry about that. Let me look the order up."},
+            {"type": "refusal", "refusal": "I cannot share other customers' orders."},
+        ],
+    },
+    {"type": "function_call", "call_id": "c1", "name": "lookup_order", "arguments": '{"order": 1182}'},
+    {"type": "function_call_output", "call_id": "c1", "output": "Order 1182: two identical card charges of $40."},
+    {"type": "custom_tool_call", "call_id": "c2", "name": "refund_policy", "input": "duplicate charge"},
+    {"type": "custom_tool_call_output", "call_id": "c2", "output": [{"type": "input_text", "text": "Refundable."}]},
+    {"role": "user", "content": STATE},
+]
+
+
+def test_every_input_item_type_is_read_as_a_turn_of_the_conversation(client: Any, engine: Engine) -> None:
+    """System and developer messages, assistant output text and refusals, function and custom tool
+    calls and their outputs are all read: each one added changes what the model reads, and so the
+    tokens it reads and its answers, while the questions are still answered about the last message."""
+    plain = ask(client, [PREDICATE, CHOICE])
+    read = [plain.usage.input_tokens]
+    answers = [answers_of(plain)]
+    for n_items in range(1, len(CONVERSATION)):
+        decision = ask(client, [PREDICATE, CHOICE], input=[*CONVERSATION[:n_items], CONVERSATION[-1]])
+        assert isinstance(decision, openai.types.Decision)
+        read.append(decision.usage.input_tokens)
+        answers.append(answers_of(decision))
+    assert all(after > before for before, after in zip(read, read[1:])), read
+    assert len({json.dumps(a, sort_keys=True) for a in answers}) == len(answers)  # every item moved a probability
+
+
+def test_a_conversation_ending_with_a_tool_output_decides_about_that_output(client: Any) -> None:
+    ended = ask(client, [PREDICATE], input=CONVERSATION[:-1])
+    alone = ask(client, [PREDICATE], input="Refundable.")
+    assert ended.usage.input_tokens > alone.usage.input_tokens
+    assert 0.0 <= ended.answers[0].probability <= 1.0
+
+
+def test_prompt_cache_key_keeps_the_turns_in_the_head_cache(client: Any, engine: Engine) -> None:
+    """Without a key the turns are read anew each time, after the shared system turn; with one the
+    first request writes the turns into the head cache and the next one reads them from it."""
+    turns = [
+        {"role": "user", "content": f"Ticket {engine.backend.forward_passes}: a double charge."},
+        *CONVERSATION[2:],
+    ]
+    first = ask(client, [PREDICATE], input=turns)
+    again = ask(client, [PREDICATE], input=turns)
+    shared = again.usage.input_tokens_details.cached_tokens
+    assert again.usage.input_tokens_details.cache_write_tokens == 0 and shared > 0
+    keyed = ask(client, [PREDICATE], input=turns, prompt_cache_key="ticket-1182")
+    written = keyed.usage.input_tokens_details.cache_write_tokens
+    assert written > shared and keyed.usage.input_tokens_details.cached_tokens == 0
+    reused = ask(client, [PREDICATE], input=turns, prompt_cache_key="ticket-1182")
+    assert reused.usage.input_tokens_details.cached_tokens == written
+    assert reused.usage.input_tokens_details.cache_write_tokens == 0
+    assert reused.usage.output_tokens_details.reasoning_tokens == 0
+    for decision in (first, again, keyed):  # the same text read either way: the same answer
+        assert math.isclose(decision.answers[0].probability, reused.answers[0].probability, abs_tol=1e-5)
 
 
 @pytest.mark.slow
@@ -213,9 +303,20 @@ BAD = {
         "questions[0].instructions[0]",
         "images",
     ),
-    "a system message": ({"input": [{"role": "system", "content": "x"}]}, "input[0]", "user messages"),
+    "only instructions": ({"input": [{"role": "developer", "content": "x"}]}, "input", "only instructions"),
+    "an unknown role": ({"input": [{"role": "critic", "content": "x"}]}, "input[0]", "input item"),
+    "an output without its call": (
+        {"input": [{"type": "function_call_output", "call_id": "c9", "output": "x"}]},
+        "input",
+        "no earlier call",
+    ),
+    "an image in a tool output": (
+        {"input": [CONVERSATION[4], {"type": "function_call_output", "call_id": "c1", "output": [IMAGE]}]},
+        "input[1].output[0]",
+        "images",
+    ),
     "no questions": ({"questions": []}, "questions", "at least 1"),
-    "201 questions": ({"questions": [PREDICATE] * 201}, "questions", "at most 200"),
+    "401 questions": ({"questions": [PREDICATE] * 401}, "questions", "at most 400"),
     "one choice": ({"questions": [{**CHOICE, "choices": CHOICE["choices"][:1]}]}, "questions[0].choices", "at least 2"),
     "256 choices": (
         {"questions": [{**CHOICE, "choices": [{"value": f"v{i}"} for i in range(256)]}]},

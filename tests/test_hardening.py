@@ -67,7 +67,7 @@ def test_too_many_questions_are_refused_before_tokenizing(oracle):
     questions = {f"q{i}": {"type": "noul", "instructions": f"Question {i}?"} for i in range(2000)}
     cached = len(oracle.tokenizer.cache)
     started = time.perf_counter()
-    with pytest.raises(LimitError, match=r"2000 is over the limit of 200 \(max_questions\)"):
+    with pytest.raises(LimitError, match=r"2000 is over the limit of 400 \(max_questions\)"):
         oracle.decide("state", questions)
     assert time.perf_counter() - started < 0.5
     assert len(oracle.tokenizer.cache) == cached

@@ -122,7 +122,7 @@ def test_bad_text_and_numbers_get_422_in_the_detail_shape(oracle, body, loc):
 def test_too_many_questions_get_422_naming_the_limit(oracle):
     questions = {f"q{i}": NOUL for i in range(2000)}
     detail = assert_detail_422(post(create_app(oracle), json.dumps({"state": "s", "questions": questions})))
-    assert "max_questions" in detail[0]["msg"] and "200" in detail[0]["msg"]
+    assert "max_questions" in detail[0]["msg"] and "400" in detail[0]["msg"]
 
 
 @pytest.mark.parametrize("chunked", [False, True])

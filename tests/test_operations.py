@@ -255,19 +255,10 @@ def test_livez_and_readyz_follow_the_load(engine: Engine) -> None:
     assert ready.json() == {"status": "ready", "model": engine.model_name}
 
 
-def test_a_span_per_request_and_per_pass_continues_the_callers_trace(engine: Engine) -> None:
-    pytest.importorskip("opentelemetry.sdk", reason="tracing tests need the OpenTelemetry SDK (dev extra)")
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-
-    from pcd_integrations.tracing import RequestTracer
-
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
+def test_a_span_per_request_and_per_pass_continues_the_callers_trace(engine: Engine, traced: Any) -> None:
+    tracer, exporter = traced
     trace_id, parent_id = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
-    app = create_app(engine, tracer=RequestTracer(provider))
+    app = create_app(engine, tracer=tracer)
     with serving(app) as url:
         answer = httpx.post(
             f"{url}/v1/systemone",

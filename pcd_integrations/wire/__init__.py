@@ -3,7 +3,8 @@
 - System One (``POST /v1/systemone``, MCP ``decide``): the question and answer models of
   ``pcd_core/questions.py`` are that wire themselves.
 - OpenAI Decisions (``POST /v1/decisions``): ``decisions.py`` declares its request and response and
-  translates them to and from the System One models, so both routes make the same engine call.
+  translates them to and from the System One models, so both routes make the same engine call;
+  ``decision_input.py`` declares its input items and splits them into state, turns and instructions.
 - OpenAI Chat Completions (``POST /v1/chat/completions``): ``chat.py`` declares its request, reply
   and stream chunks; ``errors.py`` the error body every OpenAI route answers with.
 - ``body.py`` reads a raw JSON body strictly (duplicate keys and non-finite numbers are errors, not

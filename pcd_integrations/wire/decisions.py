@@ -1,11 +1,13 @@
 """The OpenAI Decisions API (``POST /v1/decisions``) as pydantic models over the System One questions.
 
 The shapes are those of the ``openai`` package's ``client.decisions.create`` (``openai/types/
-decision_create_params.py`` and ``decision.py``, version 3.51): ``input`` is a string or a list of user
-messages whose content is a string or ``input_text`` / ``input_json`` parts; ``questions`` is a list of
-1 to 200 ``predicate``, ``choice`` (2 to 255 distinct ``{value, description}``, a value a string or a
-boolean) and ``score`` (2 to 10 ``{label, description}`` levels), each with an optional ``name``. Images
-are refused with a message that says so: the engine reads text only.
+decision_create_params.py`` and ``decision.py``, version 3.57). ``input`` (a string, or messages, tool
+calls and their outputs) is declared in ``decision_input.py``, which also splits it into the state,
+the earlier turns and the caller's instructions that ``Engine.decide`` reads. ``questions`` is a list
+of 1 to 400 ``predicate``, ``choice`` (2 to 255 distinct ``{value, description}``, a value a string or
+a boolean) and ``score`` (2 to 10 ``{label, description}`` levels), each with an optional ``name``;
+``prompt_cache_key`` asks the engine to keep the earlier turns in its head cache. Images, in the input
+or in instructions, are refused with a message that says so: the engine reads text only.
 
 Each question becomes a `pcd_core.questions` model when it is validated, so the System One rules and
 messages apply here unchanged, and both routes make the same ``engine.decide`` call. Answers come back
@@ -23,8 +25,6 @@ import json
 from typing import Annotated, Any, Literal
 
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     PrivateAttr,
     StrictBool,
@@ -35,6 +35,7 @@ from pydantic import (
 )
 
 from pcd_core import questions as systemone
+from pcd_core.conversation import Conversation
 from pcd_core.questions import (
     CALIBRATED,
     DEBIASED,
@@ -46,74 +47,14 @@ from pcd_core.questions import (
     check_options,
 )
 
+from .decision_input import INPUT_MODELS, InputItem, Part, WireModel, as_parts, as_text, check_items, split_input
+
 #: The most questions one request may ask, as the OpenAI API admits.
-MAX_QUESTIONS = 200
+MAX_QUESTIONS = 400
 ChoiceValue = StrictStr | StrictBool
 
 
-class _Model(BaseModel):
-    # Fields this server does not use (prompt_cache_key, safety_identifier, ...) are accepted and ignored.
-    model_config = ConfigDict(extra="ignore")
-
-
-class InputText(_Model):
-    type: Literal["input_text"]
-    text: StrictStr
-
-
-class InputJson(_Model):
-    type: Literal["input_json"]
-    data: dict[str, Any] | list[dict[str, Any]]
-
-
-class InputImage(_Model):
-    type: Literal["input_image"]
-
-    @model_validator(mode="after")
-    def _refuse(self) -> InputImage:
-        raise ValueError("images are not supported: pcd-engine reads text only; send input_text parts")
-
-
-Part = Annotated[InputText | InputJson | InputImage, Field(discriminator="type")]
-
-
-def _as_parts(value: Any) -> Any:
-    """A plain string is one text part; lists are checked part by part."""
-    return [{"type": "input_text", "text": value}] if isinstance(value, str) else value
-
-
-def _as_text(parts: list[InputText | InputJson | InputImage]) -> Text:
-    """One part is its own text or JSON; several are joined when all are text, else kept as a JSON array."""
-    values = [part.text if isinstance(part, InputText) else part.data for part in parts]  # type: ignore[union-attr]
-    if len(values) == 1:
-        return values[0]
-    texts = [value for value in values if isinstance(value, str)]
-    if len(texts) == len(values):
-        return "\n\n".join(texts)
-    return values
-
-
-class InputMessage(_Model):
-    role: Literal["user"]
-    content: list[Part] = Field(min_length=1)
-    type: Literal["message"] = "message"
-
-    @model_validator(mode="before")
-    @classmethod
-    def _only_user(cls, value: Any) -> Any:
-        if isinstance(value, dict) and value.get("role", "user") != "user":
-            raise ValueError(f"only user messages are supported, not role {value.get('role')!r}")
-        if isinstance(value, dict) and "role" not in value and value.get("type") not in (None, "message"):
-            raise ValueError(f"only user messages are supported, not {value.get('type')!r} items")
-        return value
-
-    @field_validator("content", mode="before")
-    @classmethod
-    def _content_parts(cls, value: Any) -> Any:
-        return _as_parts(value)
-
-
-class _Question(_Model):
+class _Question(WireModel):
     instructions: list[Part] = Field(min_length=1)
     name: StrictStr | None = None
     _question: NoulQuestion | ChoiceQuestion | ScoreQuestion = PrivateAttr()
@@ -121,12 +62,12 @@ class _Question(_Model):
     @field_validator("instructions", mode="before")
     @classmethod
     def _instruction_parts(cls, value: Any) -> Any:
-        return _as_parts(value)
+        return as_parts(value)
 
     def _build(self, kind: type[Any], **fields: Any) -> None:
         """The System One question, so that its rules (and messages) apply here too."""
         try:
-            self._question = kind(instructions=_as_text(self.instructions), **fields)
+            self._question = kind(instructions=as_text(self.instructions), **fields)
         except ValidationError as error:
             raise ValueError(error.errors()[0]["msg"].removeprefix("Value error, ")) from None
 
@@ -146,7 +87,7 @@ class PredicateQuestion(_Question):
         return self
 
 
-class ChoiceOption(_Model):
+class ChoiceOption(WireModel):
     value: ChoiceValue
     description: StrictStr = ""
 
@@ -172,7 +113,7 @@ class DecisionChoiceQuestion(_Question):
         return self
 
 
-class ScoreLevel(_Model):
+class ScoreLevel(WireModel):
     label: StrictStr
     description: StrictStr = ""
 
@@ -198,21 +139,33 @@ DecisionQuestion = Annotated[
 ]
 
 
-class DecisionRequest(_Model):
-    """The body of ``POST /v1/decisions``."""
+class DecisionRequest(WireModel):
+    """The body of ``POST /v1/decisions``.
+
+    The input is split into what the engine reads (``state_and_context``): system and developer
+    messages are the caller's instructions; the user messages that end the input are the state (their
+    parts joined, as one message's are); every item before them is an earlier turn. An input that
+    ends with another item (a tool's output, an assistant's reply) has that item as its state.
+    """
 
     model: StrictStr
-    input: list[InputMessage] = Field(min_length=1)
+    input: list[InputItem] = Field(min_length=1)
     questions: list[DecisionQuestion] = Field(min_length=1, max_length=MAX_QUESTIONS)
+    prompt_cache_key: StrictStr | None = None
 
     @field_validator("input", mode="before")
     @classmethod
     def _string_input(cls, value: Any) -> Any:
         return [{"role": "user", "content": value}] if isinstance(value, str) else value
 
-    def state(self) -> Text:
-        """The state the engine reads: the messages' parts, in order, as `_as_text` joins them."""
-        return _as_text([part for message in self.input for part in message.content])
+    @field_validator("input")
+    @classmethod
+    def _calls_answered_in_order(cls, items: list[Any]) -> list[Any]:
+        return check_items(items)
+
+    def state_and_context(self) -> tuple[Text, Conversation]:
+        """The state, and the conversation before it (``decision_input.split_input``)."""
+        return split_input(self.input)
 
     def engine_questions(self) -> dict[str, NoulQuestion | ChoiceQuestion | ScoreQuestion]:
         """The System One questions, keyed by position (ids never reach the model)."""
@@ -225,9 +178,7 @@ FIELD_NAMES = frozenset(
     name
     for model in (
         DecisionRequest,
-        InputMessage,
-        InputText,
-        InputJson,
+        *INPUT_MODELS,
         PredicateQuestion,
         DecisionChoiceQuestion,
         ChoiceOption,
@@ -247,7 +198,7 @@ def _flag(description: str) -> Any:
     return Field(default=False, description=description)
 
 
-class PredicateAnswer(_Model):
+class PredicateAnswer(WireModel):
     type: Literal["predicate"] = "predicate"
     name: str | None
     probability: float
@@ -255,12 +206,12 @@ class PredicateAnswer(_Model):
     x_calibrated: bool = _flag(CALIBRATED)
 
 
-class ChoiceProbability(_Model):
+class ChoiceProbability(WireModel):
     value: ChoiceValue
     probability: float
 
 
-class DecisionChoiceAnswer(_Model):
+class DecisionChoiceAnswer(WireModel):
     type: Literal["choice"] = "choice"
     name: str | None
     choice: ChoiceValue
@@ -270,13 +221,13 @@ class DecisionChoiceAnswer(_Model):
     x_calibrated: bool = _flag(CALIBRATED)
 
 
-class ScoreProbability(_Model):
+class ScoreProbability(WireModel):
     value: int = Field(description="The level's index, from 0.")
     label: str
     probability: float
 
 
-class DecisionScoreAnswer(_Model):
+class DecisionScoreAnswer(WireModel):
     type: Literal["score"] = "score"
     name: str | None
     score: float = Field(description="Expected level index, sum of i * p_i.")
@@ -289,17 +240,16 @@ class DecisionScoreAnswer(_Model):
 DecisionAnswer = Annotated[PredicateAnswer | DecisionChoiceAnswer | DecisionScoreAnswer, Field(discriminator="type")]
 
 
-class InputTokensDetails(_Model):
+class InputTokensDetails(WireModel):
     cached_tokens: int = Field(description="Head tokens served from the engine's prefix cache.")
-    # The engine has no explicit cache breakpoints, so nothing is written to a cache on request.
-    cache_write_tokens: int = 0
+    cache_write_tokens: int = Field(0, description="Head tokens prefilled by this request and kept in the cache.")
 
 
-class OutputTokensDetails(_Model):
+class OutputTokensDetails(WireModel):
     reasoning_tokens: int = 0
 
 
-class DecisionUsage(_Model):
+class DecisionUsage(WireModel):
     input_tokens: int
     input_tokens_details: InputTokensDetails
     output_tokens: int = 0
@@ -307,7 +257,7 @@ class DecisionUsage(_Model):
     total_tokens: int
 
 
-class DecisionResponse(_Model):
+class DecisionResponse(WireModel):
     """The answer of ``POST /v1/decisions``; the ``x_`` fields here and on the answers are this engine's
     extensions.
     """
@@ -352,7 +302,10 @@ def decision_response(request: DecisionRequest, response: DecideResponse) -> Dec
         answers=answers,
         usage=DecisionUsage(
             input_tokens=usage.input_tokens,
-            input_tokens_details=InputTokensDetails(cached_tokens=usage.cached_tokens),
+            input_tokens_details=InputTokensDetails(
+                cached_tokens=usage.cached_tokens,
+                cache_write_tokens=response.stats.cache_write_tokens if response.stats is not None else 0,
+            ),
             total_tokens=usage.input_tokens + usage.output_tokens,
         ),
         x_forward_passes=usage.forward_passes,
