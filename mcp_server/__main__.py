@@ -15,12 +15,14 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 
-from pcd_core.models import DTYPES, check_dtype
+from pcd_core.errors import PcdError
+from pcd_core.options import BACKEND_MODULES
+from pcd_integrations.commands.common import add_model_options, options_from_args
 from pcd_integrations.read_timeouts import DEFAULT_READ_TIMEOUTS, ReadTimeouts
 
 TRANSPORTS = ("stdio", "streamable-http")
-BACKENDS = {"torch": "torch", "mlx": "mlx", "vllm": "httpx"}  # backend name -> the module it needs
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 logger = logging.getLogger(__name__)
@@ -78,22 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=env("PCD_MCP_PORT", "8765"),
         help="HTTP port; the endpoint is /mcp (PCD_MCP_PORT; default 8765)",
     )
-    add(
-        "--model",
-        default=env("PCD_MODEL"),
-        help="embedded alias (smollm2-135m, gemma3-270m), .gguf path, local folder or cached Hugging Face "
-        "id (PCD_MODEL; default smollm2-135m)",
-    )
-    add("--backend", default=env("PCD_BACKEND", "torch"), help=f"one of {', '.join(BACKENDS)} (PCD_BACKEND)")
-    add("--device", default=env("PCD_DEVICE"), help="torch device, such as cpu or cuda (PCD_DEVICE)")
-    add("--base-url", default=env("PCD_VLLM_BASE_URL"), help="the vLLM server for --backend vllm (PCD_VLLM_BASE_URL)")
-    add("--dtype", default=env("PCD_DTYPE"), help=f"one of {', '.join(DTYPES)} (PCD_DTYPE; default float32)")
-    add(
-        "--max-tokens-per-pass",
-        type=_positive_int,
-        default=env("PCD_MAX_TOKENS_PER_PASS"),
-        help="KV budget: the most tokens one forward pass may hold (PCD_MAX_TOKENS_PER_PASS)",
-    )
+    # the model flags are LoadOptions' own, each defaulting to its environment variable
+    add_model_options(parser, environment=True)
     add(
         "--calibration",
         metavar="FILE",
@@ -173,21 +161,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error(f"--transport must be one of {', '.join(TRANSPORTS)}, got {args.transport!r}")
     if args.transport != "streamable-http" and (args.stateless or args.json_response):
         parser.error("--stateless and --json-response apply to --transport streamable-http only")
-    if args.backend not in BACKENDS:
-        parser.error(f"--backend must be one of {', '.join(BACKENDS)}, got {args.backend!r}")
     if importlib.util.find_spec("mcp") is None:
         parser.error("the MCP server needs the 'mcp' package; run: pip install 'pcd-engine[mcp]'")
-    if importlib.util.find_spec(BACKENDS[args.backend]) is None:
+    try:  # every model option, and whether the backend honours it (pcd_core/options.py)
+        args.load_options = options_from_args(args, calibration=args.calibration, debias=args.debias)
+    except PcdError as error:
+        parser.error(str(error))
+    module = BACKEND_MODULES[args.load_options.backend]
+    if importlib.util.find_spec(module) is None:
         parser.error(
-            f"the {args.backend!r} backend needs {BACKENDS[args.backend]!r}, which is not installed; "
+            f"the {args.backend!r} backend needs {module!r}, which is not installed; "
             f"run: pip install 'pcd-engine[{args.backend}]'"
         )
-    if args.backend == "vllm" and not args.base_url:
-        parser.error("--backend vllm needs --base-url (PCD_VLLM_BASE_URL), the vLLM server's address")
-    try:
-        check_dtype(args.dtype, args.backend)
-    except ValueError as error:
-        parser.error(f"--dtype: {error}")
     if args.log_level not in LOG_LEVELS:
         parser.error(f"--log-level must be one of {', '.join(LOG_LEVELS)}, got {args.log_level!r}")
     args.api_key = None
@@ -197,22 +182,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         args.api_key = os.environ.get(args.api_key_env)
         if not args.api_key:
             parser.error(f"--api-key-env {args.api_key_env}: that environment variable is unset or empty")
-    from pcd_core import PcdError
+    try:  # read now: a bad file fails here, not as a failed load behind an open transport
+        args.load_options = replace(args.load_options, calibration=args.load_options.fitted_calibration())
+    except PcdError as exc:
+        parser.error(f"--calibration: {exc}")
+    from pcd_core.models import resolve
 
-    if args.calibration is not None:
-        from pcd_core.calibration import Calibration
-
-        try:  # read now: a bad file fails here, not as a failed load behind an open transport
-            args.calibration = Calibration.load(args.calibration)
-        except PcdError as exc:
-            parser.error(f"--calibration: {exc}")
-    if args.model is not None:
-        from pcd_core.models import resolve
-
-        try:
-            resolve(args.model)  # finds embedded packages and .gguf files without loading weights
-        except PcdError as exc:
-            parser.error(f"--model {args.model!r}: {exc}")
+    try:
+        resolve(args.model)  # finds embedded packages and .gguf files without loading weights
+    except PcdError as exc:
+        parser.error(f"--model {args.model!r}: {exc}")
     return args
 
 
@@ -225,19 +204,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     from pcd_core import Engine
     from pcd_core.limits import Limits
     from pcd_core.models import recommendation
-    from pcd_integrations.commands.common import engine_options
 
     advice = recommendation(args.model)
     if advice is not None:
         logger.warning(advice)
 
-    load = functools.partial(
-        Engine.load,
-        debias=args.debias,
-        # the vLLM key comes from an environment variable only: no key in argv
-        **engine_options(args, os.environ.get("PCD_VLLM_API_KEY")),
-        **({"model": args.model} if args.model else {}),
-    )
+    load = functools.partial(Engine.load, args.load_options)
     serve(
         load,
         transport=args.transport,

@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import BackendError, BackendUnavailableError
-from .base import Backend, Prefix, Query, Rows, TokenTree, pack_tree
+from .base import Backend, Prefix, Query, RowLayout, Rows, TokenTree, pack_tree
 
 try:
     import torch
@@ -576,10 +576,11 @@ class TorchBackend(Backend):
         return arena
 
     # -- self-check ---------------------------------------------------------------------------
-    def _choose_layout(self, requested: str) -> str:
-        if requested not in ("auto", "packed", "copies"):
+    def _choose_layout(self, requested: str) -> RowLayout:
+        layouts: tuple[RowLayout, ...] = ("packed", "copies")
+        candidates = layouts if requested == "auto" else tuple(layout for layout in layouts if layout == requested)
+        if not candidates:
             raise ValueError(f"row_layout must be 'auto', 'packed' or 'copies', got {requested!r}")
-        candidates = ("packed", "copies") if requested == "auto" else (requested,)
         tolerance: float | None = None  # measured only when a layout misses the float32 bound
         for layout in candidates:
             self.row_layout = layout
