@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args
 
+from .backends.base import LayoutChoice
 from .calibration import Calibration
 from .errors import OptionError
 
@@ -39,8 +40,6 @@ BACKEND_MODULES: Mapping[BackendName, str] = {
 Dtype = Literal["float32", "float16", "bfloat16"]
 DTYPES: tuple[Dtype, ...] = get_args(Dtype)
 
-#: how rows share the prefix: "auto" lets the torch backend's load-time self-check choose
-LayoutChoice = Literal["auto", "packed", "copies"]
 LAYOUT_CHOICES: tuple[LayoutChoice, ...] = get_args(LayoutChoice)
 
 DEFAULT_MODEL = "smollm2-135m"

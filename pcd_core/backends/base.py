@@ -58,6 +58,8 @@ from ..hooks import notify_pass
 
 #: how a backend's rows share the prefix (``Stats.row_layout`` reports it)
 RowLayout = Literal["packed", "copies"]
+#: what a load may ask for: a layout, or "auto" for the torch backend's self-check to choose
+LayoutChoice = Literal["auto", "packed", "copies"]
 
 
 @dataclass(frozen=True)

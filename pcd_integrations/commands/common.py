@@ -2,7 +2,9 @@
 
 The subcommands (``main.py``'s fill, decide, models and serve; ``bench.py``; ``evaluate.py``) import
 this module and never the dispatcher, so each can be read and tested on its own. Commands call
-``common.load_engine`` through the module, so that a test can replace the load in one place.
+``common.load_engine`` through the module, so that a test can replace the load in one place. The model
+flags are generated from ``pcd_core.options.LoadOptions`` (``add_model_options``, used by ``pcd-mcp`` too)
+and read back into one (``options_from_args``); ``tests/test_options.py`` checks both.
 """
 
 from __future__ import annotations
