@@ -20,6 +20,7 @@ from .errors import (
     TokenizationError,
     UpstreamError,
 )
+from .options import LoadOptions
 from .questions import (
     Answer,
     ChoiceAnswer,
@@ -58,6 +59,7 @@ __all__ = [
     "BackendUnavailableError",
     "Cancelled",
     "DecodeOptions",
+    "LoadOptions",
     "Engine",
     "Extraction",
     "Field",

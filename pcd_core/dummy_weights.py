@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from .errors import BackendUnavailableError, OptionError, PcdError
-from .models import cache_dir, check_dtype, converted_dir, resolve
+from .models import cache_dir, converted_dir, resolve
+from .options import LoadOptions
 from .tokenizer import TextTokenizer
 
 logger = logging.getLogger(__name__)
@@ -210,18 +211,12 @@ def _free_bytes(device: Any) -> int | None:
     return None
 
 
-def load_dummy_backend(
-    spec: str,
-    backend: str = "torch",
-    device: str | None = None,
-    dtype: str | None = None,
-    max_tokens_per_pass: int | None = None,
-    row_layout: str = "auto",
-) -> tuple[Any, TextTokenizer, str]:
-    """``Engine.load(dummy_weights=spec)``: a torch backend over a random model of that shape."""
-    if backend != "torch":
-        raise OptionError(f"dummy weights run on the torch backend only, not {backend!r}")
-    check_dtype(dtype, backend)
+def load_dummy_backend(options: LoadOptions) -> tuple[Any, TextTokenizer, str]:
+    """``Engine.load(dummy_weights=spec)``: a torch backend over a random model of that shape. The
+    options were checked when built (torch only, no model beside the shape; ``pcd_core/options.py``).
+    """
+    assert options.dummy_weights is not None
+    spec, device, dtype = options.dummy_weights, options.device, options.dtype
     arch, alias = check_architecture(spec)
     try:
         import torch
@@ -237,5 +232,5 @@ def load_dummy_backend(
     torch_dtype = getattr(torch, dtype) if dtype else default_dtype(place)
     config = model_config(arch, len(tokenizer.hf), special_ids(tokenizer.hf))
     model = build_model(config, place, torch_dtype)
-    loaded = TorchBackend(model, max_tokens_per_pass=max_tokens_per_pass, row_layout=row_layout)
+    loaded = TorchBackend(model, max_tokens_per_pass=options.max_tokens_per_pass, row_layout=options.row_layout)
     return loaded, tokenizer, f"dummy:{arch.name}"

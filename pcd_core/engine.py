@@ -25,7 +25,6 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 from .asking import render_decide_prompt
@@ -37,12 +36,13 @@ from .conversation import Conversation, check_conversation
 from .debias import CONTENT_FREE, content_free_prior
 from .deciding import plan_decide
 from .decoding import DecisionTask, Decoded, DecodeOptions, RoundStats, decode
-from .errors import OptionError, PromptError, ReplyTooLongError
+from .errors import PromptError, ReplyTooLongError
 from .fairness import ModelLock, no_pause
 from .generation import MAX_ROOM, GeneratedField, GenerationStats, check_caps, generate_open_fields
 from .grammar import GrammarTokenizer
 from .limits import DEFAULT_LIMITS, Limits, check_decide, check_fill
-from .models import DEFAULT_MODEL, load_backend
+from .models import load_backend
+from .options import LoadOptions, load_options
 from .prompt import PromptParts
 from .questions import DecideResponse, distribution
 from .result import Extraction, FieldResult, Stats, gather_memberships, mass_warnings
@@ -114,49 +114,18 @@ class Engine:
         self._grammar_tokenizer: GrammarTokenizer | None = None
 
     @classmethod
-    def load(
-        cls,
-        model: str = DEFAULT_MODEL,
-        backend: str = "torch",
-        device: str | None = None,
-        dtype: str | None = None,
-        max_tokens_per_pass: int | None = None,
-        row_layout: str = "auto",
-        head_cache_size: int = 8,
-        max_pass_bytes: int | None = None,
-        base_url: str | None = None,
-        api_key: str | None = None,
-        calibration: str | Path | Calibration | None = None,
-        debias: bool = False,
-        dummy_weights: str | None = None,
-    ) -> Engine:
-        """Load a model. ``max_tokens_per_pass`` (default 4096 row tokens) and ``max_pass_bytes``
-        (default 2 GiB of estimated KV and masks per pass) bound memory; see ``backends/base.py``.
-        ``backend="vllm"`` reads on a running vLLM server at ``base_url`` (``docs/vllm.md``).
-        ``calibration`` is a file written by ``pcd calibrate`` (or a ``Calibration``), applied to the
-        fields it was fitted on; it is read before the model loads, so a bad file costs no load.
-        ``debias`` is the default of ``fill`` and ``decide`` (``pcd serve --debias``). ``dtype`` is the
-        torch backend's (``models.DTYPES``; float32 when unset, bfloat16 on CUDA); the other backends
-        refuse one. ``dummy_weights`` (a shipped shape such as ``"llama3-8b"``, or a config file) builds
-        that architecture with random weights instead of loading ``model``: for timing only, its
-        answers mean nothing (``pcd_core/dummy_weights.py``).
+    def load(cls, options: LoadOptions | str | None = None, /, **keywords: Any) -> Engine:
+        """Load a model as a ``LoadOptions`` says (``pcd_core/options.py``: each option's meaning, which
+        backend honours which). ``Engine.load("smollm2-135m", backend="llamacpp")`` builds one from a model
+        name and keywords, ``Engine.load(options, dtype="bfloat16")`` overrides the given one's fields.
+        Every option is checked, and a calibration file read, before anything loads.
         """
-        fitted = Calibration.load(calibration) if isinstance(calibration, str | Path) else calibration
-        if dummy_weights is not None:
-            if model != DEFAULT_MODEL:
-                raise OptionError(f"give a model ({model!r}) or dummy_weights ({dummy_weights!r}), not both")
-            from .dummy_weights import load_dummy_backend
-
-            loaded, tokenizer, name = load_dummy_backend(
-                dummy_weights, backend, device, dtype, max_tokens_per_pass, row_layout
-            )
-        else:
-            loaded, tokenizer, name = load_backend(
-                model, backend, device, dtype, max_tokens_per_pass, row_layout, base_url=base_url, api_key=api_key
-            )
-        if max_pass_bytes is not None:
-            loaded.max_pass_bytes = max_pass_bytes
-        return cls(loaded, tokenizer, name, head_cache_size=head_cache_size, calibration=fitted, debias=debias)
+        chosen = load_options(options, **keywords)
+        fitted = chosen.fitted_calibration()
+        loaded, tokenizer, name = load_backend(chosen)
+        return cls(
+            loaded, tokenizer, name, head_cache_size=chosen.head_cache_size, calibration=fitted, debias=chosen.debias
+        )
 
     @property
     def waiting(self) -> int:

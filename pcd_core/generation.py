@@ -24,7 +24,7 @@ import json
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -73,7 +73,7 @@ class GeneratedField:
     mean_probability: float  # mean of exp(logp) over the model-chosen tokens
     wave: int
     token_ids: list[int] = field(default_factory=list)  # the written tokens, after the key's colon
-    method: str = "generated"
+    method: Literal["generated"] = "generated"
 
     def to_dict(self) -> dict[str, Any]:
         return {

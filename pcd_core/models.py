@@ -25,15 +25,14 @@ from typing import TYPE_CHECKING, Any
 
 from tqdm.auto import tqdm
 
-from .errors import BackendError, BackendUnavailableError, OptionError, PcdError
+from .errors import BackendError, BackendUnavailableError, PcdError
+from .options import DEFAULT_MODEL, LoadOptions
+from .tokenizer import TextTokenizer
 
 if TYPE_CHECKING:
     from .backends.base import Backend
-from .tokenizer import TextTokenizer
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_MODEL = "smollm2-135m"
 
 
 @dataclass(frozen=True)
@@ -290,45 +289,27 @@ def load_tokenizer_and_weights_dir(source: ModelSource, progress: tqdm) -> str:
     return str(target)
 
 
-#: the torch dtypes a model may be loaded in; the default is float32 on CPU (every CPU figure here) and
-#: bfloat16 on CUDA (``backends.torch_backend.default_dtype``)
-DTYPES = ("float32", "float16", "bfloat16")
-
-
-def check_dtype(dtype: str | None, backend: str) -> None:
-    """Refuse, before anything loads, a dtype that is not offered or that the backend would not use."""
-    if dtype is None:
-        return
-    if dtype not in DTYPES:
-        raise OptionError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    if backend == "vllm":
-        raise OptionError("the vLLM server computes in its own dtype (vllm serve --dtype); leave dtype unset")
-    if backend == "llamacpp":
-        raise OptionError("llama.cpp computes in the GGUF's own types; leave dtype unset")
-    if backend == "mlx" and dtype != "float32":
-        raise OptionError("the MLX backend sets its own compute dtype (float32 for a GGUF); leave dtype unset")
-
-
-def load_backend(
-    model: str = DEFAULT_MODEL,
-    backend: str = "torch",
-    device: str | None = None,
-    dtype: str | None = None,
-    max_tokens_per_pass: int | None = None,
-    row_layout: str = "auto",
-    base_url: str | None = None,
-    api_key: str | None = None,
-) -> tuple[Any, TextTokenizer, str]:
-    """Load weights and tokenizer, with a progress bar on stderr. For ``backend="vllm"`` only the
-    tokenizer loads here, from the same files as the server's model; ``base_url`` names the server.
+def load_backend(options: LoadOptions) -> tuple[Any, TextTokenizer, str]:
+    """Load weights and tokenizer as ``options`` say (checked when they were built, so nothing here
+    refuses an option), with a progress bar on stderr. For ``backend="vllm"`` only the tokenizer loads
+    here, from the same files as the server's model.
     """
-    if backend == "vllm" and not base_url:  # before the tokenizer loads: a missing address costs nothing
-        raise PcdError("the vllm backend needs base_url: the vLLM server's address, e.g. http://127.0.0.1:8000")
-    check_dtype(dtype, backend)
-    if backend == "llamacpp":  # reads the GGUF itself: no dequantized folder, no torch
+    loaded, tokenizer, name = _load(options)
+    if options.max_pass_bytes is not None:
+        loaded.max_pass_bytes = options.max_pass_bytes
+    return loaded, tokenizer, name
+
+
+def _load(options: LoadOptions) -> tuple[Any, TextTokenizer, str]:
+    if options.dummy_weights is not None:
+        from .dummy_weights import load_dummy_backend
+
+        return load_dummy_backend(options)
+    if options.backend == "llamacpp":  # reads the GGUF itself: no dequantized folder, no torch
         from .backends.llamacpp_loading import load_llamacpp
 
-        return load_llamacpp(resolve(model), max_tokens_per_pass, cache_dir())
+        return load_llamacpp(resolve(options.model), options.max_tokens_per_pass, cache_dir(), options.threads)
+    model = options.model
     with tqdm(total=3, desc=f"loading {model}", disable=None, leave=False) as progress, _library_bars_off():
         source = resolve(model)
         progress.update()
@@ -337,14 +318,12 @@ def load_backend(
 
         tokenizer = TextTokenizer(AutoTokenizer.from_pretrained(folder, local_files_only=True))
         progress.update()
-        if backend == "torch":
-            loaded = _torch_backend(folder, device, dtype, max_tokens_per_pass, row_layout)
-        elif backend == "mlx":
-            loaded = _mlx_backend(source, folder, max_tokens_per_pass)
-        elif backend == "vllm":
-            loaded = _vllm_backend(folder, tokenizer, base_url or "", api_key, max_tokens_per_pass)
+        if options.backend == "torch":
+            loaded = _torch_backend(folder, options)
+        elif options.backend == "mlx":
+            loaded = _mlx_backend(source, folder, options.max_tokens_per_pass)
         else:
-            raise PcdError(f"unknown backend {backend!r}; choose 'torch', 'mlx', 'vllm' or 'llamacpp'")
+            loaded = _vllm_backend(folder, tokenizer, options)
         progress.update()
     return loaded, tokenizer, source.name
 
@@ -380,7 +359,7 @@ def _no_bar(factory: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str
     return factory(*args, **{**kwargs, "disable": True})
 
 
-def _torch_backend(folder: str, device: str | None, dtype: str | None, max_tokens: int | None, layout: str) -> Backend:
+def _torch_backend(folder: str, options: LoadOptions) -> Backend:
     try:
         import torch
         from transformers import AutoModelForCausalLM
@@ -388,13 +367,13 @@ def _torch_backend(folder: str, device: str | None, dtype: str | None, max_token
         raise BackendUnavailableError("torch", error.name or "torch") from error
     from .backends.torch_backend import TorchBackend, default_dtype
 
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    torch_dtype = getattr(torch, dtype) if dtype else default_dtype(torch.device(device))
+    device = options.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    torch_dtype = getattr(torch, options.dtype) if options.dtype else default_dtype(torch.device(device))
     model = AutoModelForCausalLM.from_pretrained(
         folder, dtype=torch_dtype, attn_implementation="sdpa", local_files_only=True
     )
     model = model.to(device)  # type: ignore[arg-type]
-    return TorchBackend(model, max_tokens_per_pass=max_tokens, row_layout=layout)
+    return TorchBackend(model, max_tokens_per_pass=options.max_tokens_per_pass, row_layout=options.row_layout)
 
 
 def _mlx_backend(source: ModelSource, folder: str, max_tokens: int | None) -> Backend:
@@ -408,13 +387,17 @@ def _mlx_backend(source: ModelSource, folder: str, max_tokens: int | None) -> Ba
     return MlxBackend.from_hf_dir(folder, max_tokens_per_pass=max_tokens)
 
 
-def _vllm_backend(
-    folder: str, tokenizer: TextTokenizer, base_url: str, api_key: str | None, max_tokens: int | None
-) -> Any:
+def _vllm_backend(folder: str, tokenizer: TextTokenizer, options: LoadOptions) -> Any:
     from transformers import AutoConfig
 
     from .backends.vllm_backend import VllmBackend
 
     # the output head's size, which a tokenizer's length can undercount (padded vocabularies)
     vocab = getattr(AutoConfig.from_pretrained(folder).get_text_config(), "vocab_size", None)
-    return VllmBackend(base_url, tokenizer, api_key=api_key, vocab_size=vocab, max_tokens_per_pass=max_tokens)
+    return VllmBackend(
+        options.base_url or "",
+        tokenizer,
+        api_key=options.api_key,
+        vocab_size=vocab,
+        max_tokens_per_pass=options.max_tokens_per_pass,
+    )

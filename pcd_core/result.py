@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Literal
 
+from .backends.base import RowLayout
 from .readout import Readout
 from .schema import Field, JsonValue, Schema
+from .trie import Strategy
+
+#: where a request's head came from: the cache, a fresh prefill, or neither when the input merged
+#: with the head's last token and the whole prompt was read anew
+HeadCache = Literal["hit", "miss", "bypassed"]
 
 #: below this candidate mass a field carries a warning: the model wanted to write something else
 LOW_MASS = 0.5
@@ -36,8 +42,8 @@ class Stats:
     open_steps: int = 0  # forward passes that extended the open rows, one token each
     output_tokens: int = 0  # tokens generated for open fields (0 for a closed-only schema)
     total_ms: float = 0.0
-    row_layout: str = "packed"
-    head_cache: str = "miss"  # "hit", "miss", or "bypassed" when the input merged with the head
+    row_layout: RowLayout = "packed"
+    head_cache: HeadCache = "miss"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -52,14 +58,20 @@ class FieldResult:
     candidate_mass: float
     confidence: float
     top: list[tuple[JsonValue, float]]
-    method: str
+    method: Strategy  # the decode strategy that read it (pcd_core/decoding.py)
     wave: int
     debiased: bool = False  # the content-free prior was divided out (pcd_core/debias.py)
     calibrated: bool = False  # a fitted calibration was applied (pcd_core/calibration.py)
 
     @classmethod
     def from_readout(
-        cls, spec: Field, readout: Readout, method: str, wave: int, debiased: bool = False, calibrated: bool = False
+        cls,
+        spec: Field,
+        readout: Readout,
+        method: Strategy,
+        wave: int,
+        debiased: bool = False,
+        calibrated: bool = False,
     ) -> FieldResult:
         ranked = readout.ranked()
         return cls(
@@ -126,7 +138,7 @@ class MembershipResult:
     candidate_mass: float  # the lowest of the per-label decisions
     wave: int
     members: dict[str, FieldResult]
-    method: str = "multi-label"
+    method: Literal["multi-label"] = "multi-label"
 
     def to_dict(self) -> dict[str, Any]:
         return {

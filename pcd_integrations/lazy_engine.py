@@ -4,8 +4,8 @@ LangChain objects are pydantic models that users build at import time, in config
 long before (or without ever) running them; loading weights in the constructor would make that cost a
 model load. ``LazyEngine`` holds the model name and loads it once, on the first call that needs it, even
 with concurrent callers. It imports no framework, so every adapter whose objects are pydantic models can
-mix it in. ``calibration=`` (a ``pcd calibrate`` file) and ``debias=`` go to ``Engine.load``; the file is
-read at construction. ``tests/test_langchain.py`` and ``tests/test_langchain_decisions.py`` check that
+mix it in. ``model``, ``backend``, ``calibration=`` (a ``pcd calibrate`` file) and ``debias=`` build the
+``LoadOptions`` it loads with; the file is read at construction. ``tests/test_langchain.py`` and ``tests/test_langchain_decisions.py`` check that
 construction loads nothing and that a shared engine names the model.
 """
 
@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from pcd_core import Engine
 from pcd_core.calibration import Calibration
-from pcd_core.models import DEFAULT_MODEL
+from pcd_core.options import DEFAULT_MODEL, BackendName, LoadOptions
 
 __all__ = ["LazyEngine"]
 
@@ -28,7 +28,8 @@ class LazyEngine(BaseModel):
 
     model: str = DEFAULT_MODEL
     """A model alias, Hugging Face id or local path, as ``pcd_core.Engine.load`` takes it."""
-    backend: str = "torch"
+    backend: BackendName = "torch"
+    """The backend that runs it (``pcd_core/options.py``)."""
     calibration: str | None = None
     """A calibration file written by ``pcd calibrate``, applied to the decisions it was fitted on; read
     when the engine loads (``Engine.load(calibration=...)``)."""
@@ -59,16 +60,20 @@ class LazyEngine(BaseModel):
         elif self.calibration is not None:
             # read now (it is small), so that a bad file fails at construction, not at the first call
             self._calibration = Calibration.load(self.calibration)
+        if self.engine is None:
+            self.load_options()  # an option the backend refuses fails at construction, not at the first call
         return self
+
+    def load_options(self) -> LoadOptions:
+        """What ``load_engine`` loads, checked (an ``OptionError`` for an option the backend refuses)."""
+        return LoadOptions(model=self.model, backend=self.backend, calibration=self._calibration, debias=self.debias)
 
     def load_engine(self) -> Engine:
         """The engine, loading the weights on first use (once, even with concurrent callers)."""
         if self.engine is None:
             with self._load_lock:
                 if self.engine is None:
-                    self.engine = Engine.load(
-                        model=self.model, backend=self.backend, calibration=self._calibration, debias=self.debias
-                    )
+                    self.engine = Engine.load(self.load_options())
         return self.engine
 
     async def aload_engine(self) -> Engine:

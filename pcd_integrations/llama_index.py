@@ -63,6 +63,7 @@ except ImportError as error:  # pragma: no cover - exercised by a subprocess tes
 
 from pcd_core import Engine, Extraction, PromptError, SchemaError, parse_schema
 from pcd_core.chatting import Generation, transcript
+from pcd_core.options import load_options
 from pcd_core.tools import (
     NO_TOOL,
     ToolChoice,
@@ -239,7 +240,7 @@ class PCDProgram(BasePydanticProgram[Model]):
         elif engine is not None:
             source = engine
         else:
-            source = Engine.load(model, **load_kwargs) if model else Engine.load(**load_kwargs)
+            source = Engine.load(load_options(model or None, **load_kwargs))
         system_prompt = llm.system_prompt if llm is not None else None
         return cls(checked_cls, prompt or PromptTemplate(str(prompt_template_str)), source, system_prompt=system_prompt)
 
@@ -357,7 +358,7 @@ class PCDLLM(FunctionCallingLLM, LazyEngine):
     @classmethod
     def from_model(cls, model: str | None = None, **load_kwargs: Any) -> PCDLLM:
         """Load an engine now (the embedded default without ``model``) and wrap it."""
-        engine = Engine.load(model, **load_kwargs) if model else Engine.load(**load_kwargs)
+        engine = Engine.load(load_options(model or None, **load_kwargs))
         return cls(engine=engine)
 
     @classmethod

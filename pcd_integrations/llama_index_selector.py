@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from pcd_core import BackendUnavailableError, ChoiceAnswer, DecideResponse, Engine, NoulAnswer, PromptError
+from pcd_core.options import load_options
 
 try:
     from llama_index.core.base.base_selector import BaseSelector, SelectorResult, SingleSelection
@@ -102,7 +103,7 @@ class PCDSelector(BaseSelector):
                 raise ValueError(f"llm= takes a PCDLLM (and no engine=); got {type(llm).__name__}")
             engine = llm.engine
         if engine is None:
-            engine = Engine.load(model, **load_kwargs) if model else Engine.load(**load_kwargs)
+            engine = Engine.load(load_options(model or None, **load_kwargs))
         return cls(engine, multi=multi, max_outputs=max_outputs, instructions=instructions)
 
     @property

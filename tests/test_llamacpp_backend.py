@@ -17,7 +17,7 @@ pytest.importorskip("llama_cpp")
 import numpy as np
 from conftest import load_case, schema_cases
 
-from pcd_core import Engine
+from pcd_core import Engine, LoadOptions
 from pcd_core.backends import llamacpp_backend
 from pcd_core.backends.base import Query
 from pcd_core.errors import BackendError, OptionError, PcdError
@@ -143,6 +143,14 @@ def test_load_time_checks(llama_engine, tmp_path):
         from pcd_core.models import ModelSource
 
         load_llamacpp(ModelSource("some/folder", pretrained="some/folder"), None, tmp_path)
+
+
+def test_the_threads_option_sets_the_context_threads_over_the_environment(monkeypatch):
+    """``LoadOptions.threads`` (``pcd --threads``) wins over ``PCD_LLAMACPP_THREADS``, its default."""
+    monkeypatch.setenv("PCD_LLAMACPP_THREADS", "2")
+    engine = Engine.load(LoadOptions(backend="llamacpp", threads=1))
+    assert engine.backend.threads == 1
+    assert Engine.load("smollm2-135m", backend="llamacpp").backend.threads == 2
 
 
 class _Shifted:

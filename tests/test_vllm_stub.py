@@ -362,11 +362,11 @@ def test_the_vllm_backend_needs_a_base_url_in_every_entry_point(capsys):
     with pytest.raises(PcdError, match="base_url"):
         Engine.load("smollm2-135m", backend="vllm")
     assert main(["fill", "--schema", str(DATA_DIR / "support_ticket.json"), "--backend", "vllm"]) == 2
-    assert "--backend vllm needs --base-url" in capsys.readouterr().err
+    assert "backend 'vllm' needs base_url (--base-url)" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_info:
         parse_args(["--backend", "vllm"])
     assert exit_info.value.code == 2
-    assert "--backend vllm needs --base-url" in capsys.readouterr().err
+    assert "backend 'vllm' needs base_url (--base-url)" in capsys.readouterr().err
 
 
 def test_a_model_server_that_stays_busy_is_a_502_on_every_route_never_a_500(stub):

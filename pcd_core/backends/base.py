@@ -49,12 +49,17 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
 from ..errors import BackendError, PromptError
 from ..hooks import notify_pass
+
+#: how a backend's rows share the prefix (``Stats.row_layout`` reports it)
+RowLayout = Literal["packed", "copies"]
+#: what a load may ask for: a layout, or "auto" for the torch backend's self-check to choose
+LayoutChoice = Literal["auto", "packed", "copies"]
 
 
 @dataclass(frozen=True)
@@ -249,7 +254,7 @@ class Backend(ABC):
     #: short name used in stats and errors ("torch", "mlx", "oracle")
     name: str = "backend"
     #: how rows share the prefix: "packed" (one sequence, tree mask) or "copies" (a KV copy per row)
-    row_layout: str = "packed"
+    row_layout: RowLayout = "packed"
     #: whether model access must be serialised: true for an in-process model; a remote server that
     #: batches concurrent requests itself (vLLM) sets it false, so the engine takes no lock around it
     serialises: bool = True

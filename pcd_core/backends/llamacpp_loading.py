@@ -9,7 +9,8 @@ written anywhere. The tokenizer must agree with llama.cpp's own vocabulary, toke
 the engine would score ids the model reads as other text: ``LlamaCppBackend.check_vocabulary``
 refuses a mismatch at load.
 
-The context's thread count is ``PCD_LLAMACPP_THREADS`` when set, else every core of the machine.
+The context's thread count is the ``threads`` load option (``pcd_core/options.py``), else
+``PCD_LLAMACPP_THREADS`` when set, else every core of the machine.
 """
 
 from __future__ import annotations
@@ -71,7 +72,9 @@ def threads_from_environment() -> int | None:
     return int(given)
 
 
-def load_llamacpp(source: Any, max_tokens_per_pass: int | None, cache: Path) -> tuple[Any, TextTokenizer, str]:
+def load_llamacpp(
+    source: Any, max_tokens_per_pass: int | None, cache: Path, threads: int | None = None
+) -> tuple[Any, TextTokenizer, str]:
     """``models.load_backend`` for ``backend="llamacpp"``: (backend, tokenizer, model name). ``cache`` is
     the weights cache folder (``models.cache_dir``), passed in so that a backend never imports the loader.
     """
@@ -86,7 +89,7 @@ def load_llamacpp(source: Any, max_tokens_per_pass: int | None, cache: Path) -> 
         hf_tokenizer = gguf_tokenizer(source.gguf, cache)
         progress.update()
         backend = LlamaCppBackend(
-            source.gguf, threads=threads_from_environment(), max_tokens_per_pass=max_tokens_per_pass
+            source.gguf, threads=threads or threads_from_environment(), max_tokens_per_pass=max_tokens_per_pass
         )
         backend.check_vocabulary(hf_tokenizer, VOCABULARY_SAMPLES)
         progress.update()

@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import BackendError, BackendUnavailableError
-from .base import Backend, Prefix, Query, Rows, TokenTree, pack_tree
+from .base import Backend, LayoutChoice, Prefix, Query, RowLayout, Rows, TokenTree, pack_tree
 
 try:
     import torch
@@ -251,7 +251,9 @@ class _CheckCase:
 class TorchBackend(Backend):
     name = "torch"
 
-    def __init__(self, model: Any, *, max_tokens_per_pass: int | None = None, row_layout: str = "auto") -> None:
+    def __init__(
+        self, model: Any, *, max_tokens_per_pass: int | None = None, row_layout: LayoutChoice = "auto"
+    ) -> None:
         config = model.config
         context = getattr(config, "max_position_embeddings", None) or 2048
         super().__init__(context_length=int(context), max_tokens_per_pass=max_tokens_per_pass)
@@ -576,10 +578,11 @@ class TorchBackend(Backend):
         return arena
 
     # -- self-check ---------------------------------------------------------------------------
-    def _choose_layout(self, requested: str) -> str:
-        if requested not in ("auto", "packed", "copies"):
+    def _choose_layout(self, requested: str) -> RowLayout:
+        layouts: tuple[RowLayout, ...] = ("packed", "copies")
+        candidates = layouts if requested == "auto" else tuple(layout for layout in layouts if layout == requested)
+        if not candidates:
             raise ValueError(f"row_layout must be 'auto', 'packed' or 'copies', got {requested!r}")
-        candidates = ("packed", "copies") if requested == "auto" else (requested,)
         tolerance: float | None = None  # measured only when a layout misses the float32 bound
         for layout in candidates:
             self.row_layout = layout

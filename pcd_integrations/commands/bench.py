@@ -18,12 +18,16 @@ from typing import Any
 from pcd_core.bench.choices import bench_choices
 from pcd_core.bench.report import write_json, write_plot, write_table
 from pcd_core.bench.runner import BASELINES, BenchCase, bench_case, bench_throughput
-from pcd_core.dummy_weights import check_architecture, shipped_architectures
+from pcd_core.dummy_weights import check_architecture
 from pcd_core.errors import PcdError
 from pcd_core.limits import DEFAULT_LIMITS
-from pcd_core.models import DEFAULT_MODEL, DTYPES
+from pcd_core.options import BACKENDS, LoadOptions
 from pcd_core.schema import parse_schema
 
+from . import common
+
+#: what ``--backend all`` runs, in turn
+LOCAL_BACKENDS = tuple(name for name in BACKENDS if name != "vllm")
 DATA_DIR = Path(str(resources.files("pcd_core") / "benchdata"))  # the bundled cases, in an installed package too
 
 
@@ -40,22 +44,10 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
         "bundled case; repeatable (default: every bundled case with a json_schema)",
     )
     bench.add_argument("--input", metavar="FILE", help="the text for a --schema file that carries none")
-    bench.add_argument("--backend", default="torch", choices=("torch", "mlx", "llamacpp", "all", "vllm"))
     bench.add_argument(
         "--versus",
-        choices=("torch", "mlx", "llamacpp"),
+        choices=LOCAL_BACKENDS,
         help="also time PCD on this backend (same model) in the same repeats: a cross-backend ratio",
-    )
-    bench.add_argument("--base-url", help="the vLLM server for --backend vllm (PCD against vLLM's own JSON)")
-    bench.add_argument("--model", default=DEFAULT_MODEL, help="embedded alias, HF id, local folder or .gguf path")
-    bench.add_argument(
-        "--dummy-weights",
-        metavar="CONFIG",
-        help="instead of --model, that architecture with random weights, for timing only: a shipped shape "
-        f"({', '.join(shipped_architectures())}) or a config JSON file",
-    )
-    bench.add_argument(
-        "--dtype", choices=DTYPES, default=None, help="the torch backend's dtype (default float32); both sides use it"
     )
     bench.add_argument("--repeat", type=int, default=3, help="timed repeats per method; medians are reported")
     bench.add_argument(
@@ -70,13 +62,6 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     bench.add_argument("--ar-cap", type=int, default=None, help="cap on AR's new tokens (default: 16 x fields + 32)")
     bench.add_argument(
-        "--max-tokens-per-pass",
-        type=int,
-        default=None,
-        metavar="N",
-        help="the engine's memory knob: row tokens per forward pass (default: the engine's, 4096)",
-    )
-    bench.add_argument(
         "--throughput",
         type=int,
         default=0,
@@ -90,6 +75,8 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     bench.add_argument("--json", metavar="OUT.json", help="write the records here")
     bench.add_argument("--plot", metavar="OUT.png", help="plot ms per request against fields here")
+    # --backend all: every local backend in turn; vllm: PCD against vLLM's own JSON (--base-url)
+    common.add_model_options(bench, opt_in=("dummy_weights",), more_backends=("all",))
     bench.set_defaults(run=run_bench)
     return bench
 
@@ -147,8 +134,6 @@ def _check(args: argparse.Namespace) -> tuple[list[BenchCase], tuple[str, ...]]:
         raise PcdError(f"--repeat {args.repeat}: at least 1")
     if args.ar_cap is not None and args.ar_cap < 1:
         raise PcdError(f"--ar-cap {args.ar_cap}: at least 1")
-    if args.max_tokens_per_pass is not None and args.max_tokens_per_pass < 1:
-        raise PcdError(f"--max-tokens-per-pass {args.max_tokens_per_pass}: at least 1")
     baselines = tuple(b.strip() for b in args.baselines.split(",") if b.strip())
     unknown = set(baselines) - set(BASELINES)
     if unknown:
@@ -180,15 +165,12 @@ DUMMY_NOTE = (
 )
 
 
-def _check_dummy(args: argparse.Namespace) -> None:
-    """Refuse, before anything loads, dummy weights with another backend or a model, or a shape
-    without a tokenizer of its family here.
-    """
-    if args.backend != "torch":
-        raise PcdError(f"--dummy-weights runs on the torch backend only, not {args.backend!r}")
-    if args.model != DEFAULT_MODEL:
-        raise PcdError("give --model or --dummy-weights, not both")
-    check_architecture(args.dummy_weights)
+def _options(args: argparse.Namespace) -> tuple[LoadOptions, ...]:
+    """The options of each backend to run, all checked before any model loads."""
+    backends = LOCAL_BACKENDS if args.backend == "all" else (args.backend,)
+    if args.dummy_weights:
+        check_architecture(args.dummy_weights)  # a shape without a tokenizer here fails now, not after a load
+    return tuple(common.options_from_args(args, backend=backend) for backend in backends)
 
 
 def run_bench(args: argparse.Namespace) -> int:
@@ -198,11 +180,9 @@ def run_bench(args: argparse.Namespace) -> int:
 
     cases, baselines = _check(args)
     choices = choice_counts(args)
-    if args.dummy_weights:
-        _check_dummy(args)
+    chosen = _options(args)
     if args.backend == "vllm":
-        return run_vllm_bench(args, cases)
-    backends = ("torch", "mlx", "llamacpp") if args.backend == "all" else (args.backend,)
+        return run_vllm_bench(args, chosen[0], cases)
     rival = None
     if args.versus:
         if args.versus == args.backend or args.backend == "all":
@@ -210,7 +190,7 @@ def run_bench(args: argparse.Namespace) -> int:
         rival = Engine.load(args.model, backend=args.versus, max_tokens_per_pass=args.max_tokens_per_pass)
     steps = 2 + args.repeat * (2 + len(baselines))  # warm-up, repeats, the memory runs
     per_backend = 1 if args.throughput else len(choices) if choices else len(cases) * steps
-    total = len(backends) * per_backend
+    total = len(chosen) * per_backend
     records: list[dict[str, Any]] = []
     meta = {
         "command": "pcd " + " ".join(getattr(args, "argv", None) or sys.argv[1:]),
@@ -225,15 +205,10 @@ def run_bench(args: argparse.Namespace) -> int:
         meta.update(model=f"dummy:{args.dummy_weights}", note=DUMMY_NOTE)
         print(f"pcd bench: {DUMMY_NOTE}", file=sys.stderr)
     with tqdm(total=total, desc="pcd bench", unit="run", file=sys.stderr, disable=None) as progress:
-        for backend in backends:
+        for options in chosen:
+            backend = options.backend
             try:
-                engine = Engine.load(
-                    args.model,
-                    backend=backend,
-                    dtype=args.dtype,
-                    max_tokens_per_pass=args.max_tokens_per_pass,
-                    dummy_weights=args.dummy_weights,
-                )
+                engine = Engine.load(options)
                 meta.update(getattr(engine.backend, "placement", {}))  # the torch device and dtype used
             except (PcdError, ImportError) as error:
                 print(f"pcd bench: skipping backend {backend!r}: {error}", file=sys.stderr)
@@ -283,17 +258,13 @@ def run_bench(args: argparse.Namespace) -> int:
     return 0 if records else 1
 
 
-def run_vllm_bench(args: argparse.Namespace, cases: list[BenchCase]) -> int:
+def run_vllm_bench(args: argparse.Namespace, options: LoadOptions, cases: list[BenchCase]) -> int:
     """The ``--backend vllm`` branch of ``pcd bench``: one record per case, a table, ``--json``."""
     # here, not at the top: the vLLM client needs httpx, which a plain install of the torch extra lacks
     from pcd_core.bench.vllm_baselines import bench_vllm_case, write_vllm_table
     from pcd_core.engine import Engine
 
-    if not args.base_url:
-        raise PcdError("--backend vllm needs --base-url, the vLLM server's address")
-    engine = Engine.load(
-        args.model, backend="vllm", base_url=args.base_url, max_tokens_per_pass=args.max_tokens_per_pass
-    )
+    engine = Engine.load(options)
     records = [bench_vllm_case(engine, case, repeat=args.repeat, cap=args.ar_cap) for case in cases]
     write_vllm_table(records, sys.stdout)
     if args.json:

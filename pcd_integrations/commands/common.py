@@ -2,21 +2,26 @@
 
 The subcommands (``main.py``'s fill, decide, models and serve; ``bench.py``; ``evaluate.py``) import
 this module and never the dispatcher, so each can be read and tested on its own. Commands call
-``common.load_engine`` through the module, so that a test can replace the load in one place.
+``common.load_engine`` through the module, so that a test can replace the load in one place. The model
+flags are generated from ``pcd_core.options.LoadOptions`` (``add_model_options``, used by ``pcd-mcp`` too)
+and read back into one (``options_from_args``); ``tests/test_options.py`` checks both.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
+import typing
+from collections.abc import Collection, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pcd_core.engine import Engine  # light: torch and transformers load with the model, not with the engine
 from pcd_core.errors import PcdError
-from pcd_core.models import DEFAULT_MODEL, DTYPES
+from pcd_core.options import LoadOptions
 
 
 def read_json(path: str, what: str) -> Any:
@@ -59,7 +64,7 @@ def read_jsonl(path: str) -> list[tuple[dict[str, Any], str]]:
 def positive(text: str) -> int:
     value = int(text)
     if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is not a positive number of tokens")
+        raise argparse.ArgumentTypeError(f"{value} is not a positive whole number")
     return value
 
 
@@ -77,50 +82,94 @@ def positive_seconds(text: str) -> float:
     return value
 
 
-def add_model_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default=DEFAULT_MODEL, help="embedded alias, HF id, local folder or .gguf path")
-    parser.add_argument("--backend", default="torch", choices=("torch", "mlx", "vllm"))
-    parser.add_argument("--base-url", default=None, help="the vLLM server for --backend vllm, e.g. http://host:8000")
-    parser.add_argument(
-        "--vllm-api-key-env", metavar="VAR", default=None, help="send the key in environment variable VAR to vLLM"
-    )
-    parser.add_argument("--device", default=None, help="torch device, e.g. cpu or cuda")
-    parser.add_argument(
-        "--dtype",
-        choices=DTYPES,
-        default=None,
-        help="the torch backend's weights and arithmetic (default float32, what every figure here uses)",
-    )
-    parser.add_argument(
-        "--max-tokens-per-pass",
-        type=positive,
-        default=None,
-        help="row tokens per forward pass; bounds memory, never changes a result",
-    )
+def add_model_options(
+    parser: argparse.ArgumentParser,
+    *,
+    environment: bool = False,
+    opt_in: Collection[str] = (),
+    more_backends: Sequence[str] = (),
+) -> None:
+    """The model flags, one per ``LoadOptions`` field that has one, from the field's metadata (help,
+    metavar, the values of a ``Literal``): ``pcd``'s subcommands, ``pcd bench`` and ``pcd-mcp`` all call
+    this, so none declares a model flag of its own. ``environment`` defaults each flag to its variable
+    (``pcd-mcp``); then no ``choices`` are given, since argparse does not check defaults against them,
+    and ``options_from_args`` checks every value instead. ``opt_in`` names the fields offered only where
+    asked for (``dummy_weights``: ``pcd bench``); ``more_backends`` are extra ``--backend`` values the
+    command handles itself (``pcd bench --backend all``).
+    """
+    hints = typing.get_type_hints(LoadOptions)
+    for spec in dataclasses.fields(LoadOptions):
+        meta = spec.metadata
+        if not meta.get("flag") or (meta.get("opt_in") and spec.name not in opt_in):
+            continue
+        env, default = meta.get("env"), spec.default
+        flag, dest = _flag(spec)
+        if meta.get("secret"):  # a key never travels in argv: the flag names the variable that holds it
+            default = env if environment else None
+            help_text = meta["help"] + (f" (default {env})" if environment else "")
+        else:
+            if environment and env:
+                default = os.environ.get(env, default)
+            help_text = meta["help"] + (f" ({env})" if environment and env else "")
+        kwargs: dict[str, Any] = {"dest": dest, "default": default, "help": help_text}
+        if meta.get("metavar"):
+            kwargs["metavar"] = meta["metavar"]
+        if _int_typed(hints[spec.name]) and not meta.get("secret"):
+            kwargs["type"] = positive
+        allowed = _literal_values(hints[spec.name])
+        if allowed:
+            values = (*allowed, *more_backends) if spec.name == "backend" else allowed
+            if environment:
+                kwargs["help"] += f"; one of {', '.join(values)}"
+            else:
+                kwargs["choices"] = values
+        parser.add_argument(flag, **kwargs)
+
+
+def _flag(spec: dataclasses.Field) -> tuple[str, str]:
+    """A field's flag (the one its metadata names, else ``--`` and its name) and the flag's own dest,
+    which keeps ``--vllm-api-key-env`` apart from ``pcd serve``'s ``--api-key-env``.
+    """
+    named = spec.metadata["flag"]
+    flag = named if isinstance(named, str) else f"--{spec.name.replace('_', '-')}"
+    return flag, flag.removeprefix("--").replace("-", "_")
+
+
+def _literal_values(hint: Any) -> tuple[str, ...]:
+    """The values of a ``Literal`` field (``X | None`` too), else none."""
+    if typing.get_origin(hint) is Literal:
+        return typing.get_args(hint)
+    return tuple(value for arg in typing.get_args(hint) for value in _literal_values(arg))
+
+
+def _int_typed(hint: Any) -> bool:
+    return hint is int or int in typing.get_args(hint)
+
+
+def options_from_args(args: argparse.Namespace, **overrides: Any) -> LoadOptions:
+    """The ``LoadOptions`` the model flags name (``add_model_options``), checked: a bad value or a
+    combination the backend cannot honour is an ``OptionError`` here, before anything loads.
+    """
+    given: dict[str, Any] = {}
+    for spec in dataclasses.fields(LoadOptions):
+        if not spec.metadata.get("flag"):
+            continue
+        _, dest = _flag(spec)
+        if not hasattr(args, dest):
+            continue
+        if spec.metadata.get("secret"):
+            variable = getattr(args, dest)
+            given[spec.name] = os.environ.get(variable) if variable else None
+        else:
+            given[spec.name] = getattr(args, dest)
+    return LoadOptions(**{**given, **overrides})
 
 
 def load_engine(args: argparse.Namespace, *, debias: bool = False) -> Engine:
-    """The engine ``args`` name; ``debias`` is its default for every call (``pcd serve --debias``)."""
-    if args.backend == "vllm" and not args.base_url:
-        raise PcdError("--backend vllm needs --base-url, the vLLM server's address")
-    api_key = os.environ.get(args.vllm_api_key_env) if args.vllm_api_key_env else None
-    return Engine.load(args.model, debias=debias, **engine_options(args, api_key))
-
-
-def engine_options(args: argparse.Namespace, api_key: str | None) -> dict[str, Any]:
-    """``Engine.load``'s keywords from the model options ``pcd`` and ``pcd-mcp`` share by name
-    (``--backend``, ``--device``, ``--dtype``, ``--max-tokens-per-pass``, ``--base-url``,
-    ``--calibration``), with the vLLM key each reads its own way.
+    """The engine ``args`` name; ``debias`` is its default for every call (``pcd serve --debias``), and a
+    ``--calibration`` file, where the command has one, is applied to every answer it was fitted on.
     """
-    return {
-        "backend": args.backend,
-        "device": args.device,
-        "dtype": args.dtype,
-        "max_tokens_per_pass": args.max_tokens_per_pass,
-        "base_url": args.base_url,
-        "api_key": api_key,
-        "calibration": getattr(args, "calibration", None),  # --calibration (pcd_core/calibration.py)
-    }
+    return Engine.load(options_from_args(args, calibration=getattr(args, "calibration", None), debias=debias))
 
 
 def print_json(record: Any) -> None:
