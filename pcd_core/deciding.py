@@ -11,6 +11,7 @@ typed answers.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from .asking import AskedQuestion, as_text, ask
 from .backends.base import pack_tree
@@ -50,12 +51,12 @@ class DecidePlan:
         readouts: list[Readout],
         stats: Stats,
         warnings: list[str],
-        flags: list[dict[str, bool]] | None = None,
+        flags: list[dict[str, Any]] | None = None,
     ) -> DecideResponse:
-        """The typed answers; ``flags`` are each answer's ``debiased`` / ``calibrated`` (default: raw)."""
+        """The typed answers; ``flags`` are each answer's ``debiased`` / ``calibrated`` (default: raw) and, where a calibration fitted them, ``abstained`` / ``answer_set``."""
         flags = flags if flags is not None else [{} for _ in readouts]
         answers = {
-            qid: a.answer(r).model_copy(update=f)
+            qid: a.answer(r).model_copy(update=_named(f, a.names))
             for qid, a, r, f in zip(self.request.questions, self.asked, readouts, flags)
         }
         masses = {qid: r.candidate_mass for qid, r in zip(self.request.questions, readouts)}
@@ -66,6 +67,13 @@ class DecidePlan:
             stats=stats,
             warnings=warnings + low_mass_warnings(masses, "question"),
         )
+
+
+def _named(flags: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
+    """An answer's flags with its answer set's label indices (``calibration.decision_flags``) as names."""
+    if flags.get("answer_set") is None:
+        return flags
+    return {**flags, "answer_set": [names[i] for i in flags["answer_set"]]}
 
 
 def plan_decide(

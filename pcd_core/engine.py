@@ -292,7 +292,7 @@ class Engine:
         def record(wave_index: int, decoded: Decoded) -> None:
             names = compiled.waves[wave_index] if compiled.waves else ()  # no closed fields: no readouts
             for name, readout in zip(names, decoded.readouts):
-                flags: dict[str, bool] = {}
+                flags: dict[str, Any] = {}
                 if adjust is not None:  # debiased / calibrated before the choice feeds a later wave
                     readout, flags = adjust(name, readout)
                 chosen[name] = readout.best
@@ -506,7 +506,7 @@ class Engine:
         stats.queue_ms = turn.queue_ms
         stats.total_ms = _ms(started)
         readouts = list(decoded.readouts)
-        flags: list[dict[str, bool]] = [{} for _ in readouts]
+        flags: list[dict[str, Any]] = [{} for _ in readouts]
         if adjust is not None:  # candidate mass stays raw
             adjusted = [adjust(qid, r) for qid, r in zip(request.questions, readouts)]
             readouts, flags = [r for r, _ in adjusted], [f for _, f in adjusted]

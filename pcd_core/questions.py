@@ -168,6 +168,16 @@ CALIBRATED = (
 )
 
 
+ABSTAINED = (
+    "Whether the answer's probability is below the threshold a calibration fitted for its target risk "
+    "(pcd calibrate --abstain-risk); the answer and probabilities are still the model's reading."
+)
+ANSWER_SET = (
+    "The answers whose probability reaches the threshold a calibration fitted for its target coverage "
+    "(pcd calibrate --coverage), most probable first: for a noul true/false, for a score level indices."
+)
+
+
 class _Answer(BaseModel):
     """Answers are the System One wire: engine extras serialise as ``x_`` fields, every number a float."""
 
@@ -180,6 +190,8 @@ class _Answer(BaseModel):
     )
     debiased: bool = _extension("debiased", DEBIASED, default=False)
     calibrated: bool = _extension("calibrated", CALIBRATED, default=False)
+    abstained: bool = _extension("abstained", ABSTAINED, default=False)
+    answer_set: list[str] | None = _extension("answer_set", ANSWER_SET, default=None)
 
 
 class NoulAnswer(_Answer):

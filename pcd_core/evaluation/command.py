@@ -22,6 +22,7 @@ from ..errors import PcdError
 from ..schema import parse_schema
 from . import datasets
 from .cache import AnswerCache
+from .decisions import choose_calibration, decision_report, too_few, with_decisions, write_risk_plot
 from .metrics import reliability
 from .runner import Answers, build_report, fit_calibration, read_answers, read_question_answers, variants
 
@@ -96,6 +97,7 @@ def add_eval_parsers(subparsers: Any) -> None:
     _add_data_options(evaluate, "test")
     evaluate.add_argument("--limit", type=int, default=500, help="examples to read (default 500)")
     evaluate.add_argument("--calibration", metavar="FILE", help="also report with this calibration applied")
+    evaluate.add_argument("--risk-plot", metavar="PNG", help="write the risk-coverage curve")
     evaluate.add_argument("--fetch", action="store_true", help="only build the bundled --data set and exit")
     evaluate.set_defaults(run=run_eval)
 
@@ -106,9 +108,29 @@ def add_eval_parsers(subparsers: Any) -> None:
     calibrate.add_argument("--out", required=True, metavar="FILE", help="where the calibration JSON goes")
     calibrate.add_argument("--train-limit", type=int, default=300, help="train examples to fit on (default 300)")
     calibrate.add_argument("--limit", type=int, default=500, help="held-out test examples to report on")
-    calibrate.add_argument("--debias", action="store_true", help="fit on debiased probabilities")
     calibrate.add_argument(
-        "--bias", action="store_true", help="also fit a bias per label, jointly with the temperature"
+        "--debias",
+        action="store_true",
+        help="fit on debiased probabilities (with --bias or alone: a fixed fit instead of the default, "
+        "which chooses per field by cross-validation on the train split)",
+    )
+    calibrate.add_argument(
+        "--bias",
+        action="store_true",
+        help="also fit a bias per label, jointly with the temperature (a fixed fit, as --debias)",
+    )
+    calibrate.add_argument(
+        "--abstain-risk",
+        type=float,
+        metavar="R",
+        help="per field, fit the probability below which an answer is abstained from, so that the answered "
+        "train examples' error stays at or below R (a Clopper-Pearson bound at 90%% confidence)",
+    )
+    calibrate.add_argument(
+        "--coverage",
+        type=float,
+        metavar="C",
+        help="per field, fit split-conformal answer sets that hold the right label at rate C",
     )
     calibrate.add_argument(
         "--bias-sd",
@@ -121,8 +143,10 @@ def add_eval_parsers(subparsers: Any) -> None:
         "--no-top-label",
         dest="top_label",
         action="store_false",
-        help="leave out the step that scales the fit so the confidence matches how often the top label is right",
+        help="leave out the step that scales the fit so the confidence matches how often the top label is right "
+        "(a fixed fit, as --debias)",
     )
+    calibrate.add_argument("--risk-plot", metavar="PNG", help="write the held-out risk-coverage curve")
     calibrate.set_defaults(run=run_calibrate)
 
 
@@ -200,12 +224,30 @@ def _meta(args: argparse.Namespace, engine: Any, split: str, n: int) -> dict[str
 
 
 def _finish(args: argparse.Namespace, report: dict[str, Any], answers: Any, calibration: Calibration | None) -> None:
+    if calibration is not None and (calibration.abstain_risk is not None or calibration.coverage is not None):
+        report["decisions"] = decision_report(answers, calibration)
     write_table(report, sys.stdout)
+    if "decisions" in report:
+        write_decisions(report["decisions"], sys.stdout)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    title = f"{report['meta']['model']} on {args.data}"
     if args.plot:
-        write_plot(answers, calibration, args.plot, f"{report['meta']['model']} on {args.data}")
+        write_plot(answers, calibration, args.plot, title)
+    if args.risk_plot:
+        write_risk_plot(answers, calibration, args.risk_plot, title)
+
+
+def write_decisions(decisions: dict[str, Any], out: TextIO) -> None:
+    """The held-out abstention and answer-set table: a row per field and pooled."""
+    columns = ("n", "abstain_below", "coverage", "risk", "set_threshold", "set_coverage", "mean_set_size")
+    out.write(
+        f"\ndecisions (target risk {decisions['target_risk']}, target coverage {decisions['target_coverage']})\n"
+        f"| field | {' | '.join(columns)} |\n|{'---|' * (len(columns) + 1)}\n"
+    )
+    for title, entry in [*decisions["fields"].items(), ("pooled", decisions["overall"])]:
+        out.write(f"| {title} | {' | '.join(_cell(entry.get(c)) for c in columns)} |\n")
 
 
 def run_eval(args: argparse.Namespace) -> int:
@@ -230,6 +272,9 @@ def run_eval(args: argparse.Namespace) -> int:
 def run_calibrate(args: argparse.Namespace) -> int:
     if not args.bias_sd > 0:
         raise PcdError(f"--bias-sd {args.bias_sd} must be > 0")
+    for flag, value in (("--abstain-risk", args.abstain_risk), ("--coverage", args.coverage)):
+        if value is not None and not 0 < value < 1:
+            raise PcdError(f"{flag} {value} must lie strictly between 0 and 1")
     schema, records = _load_data(args)
     train = _selected(args, records, "train", args.train_limit)
     test = _selected(args, records, "test", args.limit)
@@ -251,26 +296,55 @@ def run_calibrate(args: argparse.Namespace) -> int:
             fitted_on=fitted_on,
         )
 
-    calibration = fitted(args.debias, args.bias)
+    fixed = args.debias or args.bias or not args.top_label
+    if fixed:
+        calibration = fitted(args.debias, args.bias)
+    else:
+        calibration = choose_calibration(train_answers, engine.model_name, fitted_on, args.seed)
+    calibration = with_decisions(calibration, train_answers, args.abstain_risk, args.coverage)
     calibration.save(args.out)
     for name, found in calibration.fields.items():
-        biases = f", biases {', '.join(f'{b:+.2f}' for b in found.bias)}" if args.bias else ""
-        print(f"{name}: temperature {found.temperature:.3f}{biases} (fitted on {len(train)} examples)", file=sys.stderr)
+        biases = f", biases {', '.join(f'{b:+.2f}' for b in found.bias)}" if any(found.bias) else ""
+        how = found.fit or ("debiased" if calibration.debias else "raw")
+        print(
+            f"{name}: {how}: temperature {found.temperature:.3f}{biases} (fitted on {len(train)} examples)",
+            file=sys.stderr,
+        )
+    warning = too_few(len(train), args.abstain_risk)
+    if warning:
+        print(warning, file=sys.stderr)
     answers = _read(args, engine, schema, test, args.constrained_limit, cache)
     report = {"meta": _meta(args, engine, "test", len(test)), **build_report(answers, calibration)}
     report["meta"]["calibration"] = calibration.to_dict()
     # the other choices, fitted on the same train answers and reported on the same held-out ones:
     # whether debiasing first helps calibration, and whether the per-label biases do
+    debias, bias = args.debias, args.bias
     others = {
-        "calibrated_debiased" if not args.debias else "calibrated_raw": fitted(not args.debias, args.bias),
-        "calibrated_temperature_only" if args.bias else "calibrated_with_bias": fitted(args.debias, not args.bias),
+        "calibrated_debiased" if not debias else "calibrated_raw": fitted(not debias, bias),
+        "calibrated_temperature_only" if bias else "calibrated_with_bias": fitted(debias, not bias),
     }
     for variant, other in others.items():
         report["overall"][variant] = build_report(answers, other)["overall"]["calibrated"]
     report["meta"]["train_seconds"] = round(train_answers.seconds, 1)
     report["meta"]["train_reused_answers"] = train_answers.reused
+    if warning:
+        report["meta"]["warning"] = warning
     _finish(args, report, answers, calibration)
+    print(held_out_summary(report["overall"]), file=sys.stderr)
     return 0
+
+
+def held_out_summary(overall: dict[str, Any]) -> str:
+    """One line: the saved calibration's held-out ECE beside the ECE its confidences would show by
+    chance alone if they were exact (``metrics.ece_if_calibrated``, the yardstick), and the accuracy
+    beside the raw and debiased readings'.
+    """
+    calibrated, raw, debiased = overall["calibrated"], overall["raw"], overall["debiased"]
+    return (
+        f"held-out (n {calibrated['n']:.0f}): ECE {calibrated['ece']:.3f} (yardstick: "
+        f"{calibrated['ece_if_calibrated']:.3f} if every confidence were exact), accuracy {calibrated['accuracy']:.3f} "
+        f"(raw {raw['accuracy']:.3f}, debiased {debiased['accuracy']:.3f})"
+    )
 
 
 #: the report's rows, in the printed order: ``pcd calibrate`` adds the fits it did not save as

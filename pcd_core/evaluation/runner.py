@@ -193,7 +193,7 @@ def variants(answers: Answers, name: str, calibration: Calibration | None) -> di
     rows = {"raw": raw, "debiased": debias_rows(raw, answers.priors[name])}
     found = calibration.for_field(name, out.labels) if calibration is not None else None
     if calibration is not None and found is not None:
-        rows["calibrated"] = calibrate_rows(rows["debiased" if calibration.debias else "raw"], found)
+        rows["calibrated"] = calibrate_rows(rows["debiased" if calibration.debiases(found) else "raw"], found)
     return rows
 
 
