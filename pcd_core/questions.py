@@ -177,6 +177,11 @@ ANSWER_SET = (
     "(pcd calibrate --coverage), most probable first: for a noul true/false, for a score level indices."
 )
 
+ORDER_SPREAD = (
+    "With order_samples > 1: how far the top answer's probability moved across the rotations of the "
+    "option list that were averaged (max - min); null when the options were read in one order."
+)
+
 
 class _Answer(BaseModel):
     """Answers are the System One wire: engine extras serialise as ``x_`` fields, every number a float."""
@@ -192,6 +197,7 @@ class _Answer(BaseModel):
     calibrated: bool = _extension("calibrated", CALIBRATED, default=False)
     abstained: bool = _extension("abstained", ABSTAINED, default=False)
     answer_set: list[str] | None = _extension("answer_set", ANSWER_SET, default=None)
+    order_spread: float | None = _extension("order_spread", ORDER_SPREAD, default=None)
 
 
 class NoulAnswer(_Answer):

@@ -203,6 +203,32 @@ def test_a_calibration_fitted_on_question_answers_is_what_decide_then_serves(tmp
         assert list(served.probabilities.values()) == pytest.approx(list(row), abs=1e-9)
 
 
+def test_eval_reads_questions_in_k_rotations_and_keeps_them_apart_from_one_order(tmp_path, monkeypatch):
+    engine = oracle_engine(window=400)  # sees the option list, so a rotation reads differently
+    monkeypatch.setattr("pcd_core.cli._load_engine", lambda args: engine)
+    data, questions, answers = tmp_path / "d.jsonl", tmp_path / "q.json", tmp_path / "a.jsonl"
+    data.write_text("".join(json.dumps({**r, "split": "test"}) + "\n" for r in QUESTION_RECORDS))
+    questions.write_text(json.dumps({"questions": QUESTIONS}))
+    reports = {}
+    for k in (1, 2):
+        path = tmp_path / f"r{k}.json"
+        argv = ["eval", "--data", str(data), "--questions", str(questions), "--answers", str(answers)]
+        assert main([*argv, "--order-samples", str(k), "--json", str(path)]) == 0
+        reports[k] = json.loads(path.read_text())
+    assert reports[2]["meta"]["order_samples"] == 2 and reports[2]["reused_answers"] == 0  # not the K = 1 answers
+    expected = read_question_answers(engine, QUESTIONS, QUESTION_RECORDS, progress=False, order_samples=2)
+    assert reports[2]["fields"]["size"]["raw"]["nll"] == pytest.approx(
+        build_report(expected)["fields"]["size"]["raw"]["nll"]
+    )
+    assert reports[2]["fields"]["size"]["raw"]["nll"] != pytest.approx(reports[1]["fields"]["size"]["raw"]["nll"])
+
+
+def test_order_samples_without_questions_fails_before_the_model_loads(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr("pcd_core.cli._load_engine", lambda args: pytest.fail("the model was loaded"))
+    assert main(["eval", "--data", "polarity", "--order-samples", "3"]) != 0
+    assert "--order-samples needs --questions" in capsys.readouterr().err
+
+
 def test_questions_take_a_jsonl_file_and_no_schema(tmp_path, capsys):
     questions = tmp_path / "q.json"
     questions.write_text(json.dumps({"questions": QUESTIONS}))

@@ -57,6 +57,14 @@ def _add_data_options(parser: argparse.ArgumentParser, split: str) -> None:
         "keyed by question id, and the answers are read as /v1/systemone reads them",
     )
     parser.add_argument("--split", default=split, choices=("train", "test"))
+    parser.add_argument(
+        "--order-samples",
+        type=int,
+        default=1,
+        metavar="K",
+        help="with --questions: read each choice and score in K rotations of its options, in the same pass, "
+        "and average them (default 1)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="shuffles the examples and splits sets without one")
     parser.add_argument("--json", metavar="PATH", help="write the report as JSON")
     parser.add_argument("--plot", metavar="PNG", help="write a reliability diagram")
@@ -152,6 +160,11 @@ def add_eval_parsers(subparsers: Any) -> None:
 
 def _load_data(args: argparse.Namespace) -> tuple[Any, list[dict[str, Any]]]:
     """The schema (or, with ``--questions``, the questions) and the labelled records, all checked."""
+    if args.order_samples != 1 and args.questions is None:
+        # a fill's options sit in the cached head: rotating them is K heads, not K rows (docs/trust.md)
+        raise PcdError("--order-samples needs --questions: a schema's options are read in the one order it gives")
+    if not 1 <= args.order_samples <= 8:
+        raise PcdError(f"--order-samples {args.order_samples} must be 1 to 8")
     if args.questions is not None:
         from ..cli import _check_questions, _read_questions
 
@@ -199,7 +212,7 @@ def _read(
 ) -> Answers:
     """Fill (a schema) or decide (``--questions``) every record raw; AR-constrained only for schemas."""
     if args.questions is not None:
-        answers = read_question_answers(engine, source, records, cache=cache)
+        answers = read_question_answers(engine, source, records, cache=cache, order_samples=args.order_samples)
     else:
         answers = read_answers(engine, source, records, constrained=constrained, cache=cache)
     if cache is not None:
@@ -215,6 +228,7 @@ def _meta(args: argparse.Namespace, engine: Any, split: str, n: int) -> dict[str
         "split": split,
         "seed": args.seed,
         "n": n,
+        "order_samples": args.order_samples,
         "command": "pcd " + " ".join(sys.argv[1:]),
         "machine": f"{platform.machine()} {platform.system()}",
     }

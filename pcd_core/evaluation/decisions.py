@@ -69,7 +69,7 @@ def with_decisions(
 
 def _scores(rows: np.ndarray, gold: np.ndarray, found: FieldCalibration) -> dict[str, float]:
     """What one field's thresholds do on these answers."""
-    scores: dict[str, float] = {}
+    scores: dict[str, float] = {"n": float(len(gold))}
     if found.abstain_below is not None:
         answered = rows.max(axis=1) >= found.abstain_below
         wrong = metrics.predictions(rows) != gold
@@ -100,7 +100,7 @@ def decision_report(answers: Answers, calibration: Calibration) -> dict[str, Any
             continue
         rows, gold = _calibrated(answers, name, calibration), np.asarray(out.gold)
         entry = _scores(rows, gold, found)
-        if not entry:
+        if len(entry) == 1:  # neither a threshold nor a set fitted
             continue
         report["fields"][name] = entry
         pooled["n"].append(len(gold))
