@@ -10,7 +10,6 @@ mean size, per field and pooled. ``tests/test_eval_decisions.py`` runs them on s
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
@@ -67,9 +66,9 @@ def with_decisions(
     return replace(calibration, fields=fields, abstain_risk=abstain_risk, coverage=coverage)
 
 
-def _scores(rows: np.ndarray, gold: np.ndarray, found: FieldCalibration) -> dict[str, float]:
+def _scores(rows: np.ndarray, gold: np.ndarray, found: FieldCalibration) -> dict[str, float | None]:
     """What one field's thresholds do on these answers."""
-    scores: dict[str, float] = {"n": float(len(gold))}
+    scores: dict[str, float | None] = {"n": float(len(gold))}
     if found.abstain_below is not None:
         answered = rows.max(axis=1) >= found.abstain_below
         wrong = metrics.predictions(rows) != gold
@@ -77,7 +76,7 @@ def _scores(rows: np.ndarray, gold: np.ndarray, found: FieldCalibration) -> dict
             abstain_below=found.abstain_below,
             answered=float(answered.sum()),
             coverage=float(answered.mean()),
-            risk=float(wrong[answered].mean()) if answered.any() else math.nan,
+            risk=float(wrong[answered].mean()) if answered.any() else None,  # None, not NaN: JSON stays JSON
         )
     if found.set_threshold is not None:
         sets = [answer_set(list(row), found.set_threshold) for row in rows]
@@ -105,18 +104,17 @@ def decision_report(answers: Answers, calibration: Calibration) -> dict[str, Any
         report["fields"][name] = entry
         pooled["n"].append(len(gold))
         if "answered" in entry:
-            pooled["answered"].append(entry["answered"])
-            pooled["wrong_answered"].append(entry["answered"] * (0.0 if math.isnan(entry["risk"]) else entry["risk"]))
+            answered = entry["answered"] or 0.0
+            pooled["answered"].append(answered)
+            pooled["wrong_answered"].append(answered * (entry["risk"] or 0.0))
         if "set_coverage" in entry:
-            pooled["in_set"].append(entry["set_coverage"] * len(gold))
-            pooled["set_size"].append(entry["mean_set_size"] * len(gold))
+            pooled["in_set"].append((entry["set_coverage"] or 0.0) * len(gold))
+            pooled["set_size"].append((entry["mean_set_size"] or 0.0) * len(gold))
     total = sum(pooled["n"])
-    overall: dict[str, float] = {"n": float(total)}
+    overall: dict[str, float | None] = {"n": float(total)}
     if pooled["answered"]:
         answered = sum(pooled["answered"])
-        overall.update(
-            coverage=answered / total, risk=sum(pooled["wrong_answered"]) / answered if answered else math.nan
-        )
+        overall.update(coverage=answered / total, risk=sum(pooled["wrong_answered"]) / answered if answered else None)
     if pooled["in_set"]:
         overall.update(set_coverage=sum(pooled["in_set"]) / total, mean_set_size=sum(pooled["set_size"]) / total)
     report["overall"] = overall
@@ -158,7 +156,7 @@ def write_risk_plot(answers: Answers, calibration: Calibration | None, path: str
     if calibration is not None and calibration.abstain_risk is not None:
         overall = decision_report(answers, calibration)["overall"]
         axes.axhline(calibration.abstain_risk, color="grey", linestyle=":", label="target risk")
-        if not math.isnan(overall.get("risk", math.nan)):
+        if overall.get("risk") is not None:
             axes.plot([overall["coverage"]], [overall["risk"]], "ko", label="fitted threshold, held-out")
     axes.set(xlabel="coverage (share answered)", ylabel="risk (error among answered)", title=title, xlim=(0, 1))
     axes.legend(loc="upper left")
