@@ -1,9 +1,12 @@
 """``pcd eval`` and ``pcd calibrate``: arguments, data selection, the printed table, JSON and plot.
 
 Arguments, the data file and the schema are checked before the model loads. ``pcd calibrate`` reads
-the train split, fits per field, saves the file, then reports on the test split with it applied, so
-one command gives raw, debiased and calibrated numbers on held-out data; beside them it reports the
-fits it did not save, from the same train answers (debiased or not, with per-label biases or not).
+the train split, fits per field (by default the cross-validated choice of pcd_core/calibration_choice.py;
+``--debias`` / ``--bias`` / ``--no-top-label`` a fixed fit), adds the ``--abstain-risk`` and
+``--coverage`` thresholds (pcd_core/evaluation/decisions.py), saves the file, then reports on the test
+split with it applied, so one command gives raw, debiased and calibrated numbers on held-out data,
+ending with the held-out ECE beside its yardstick; beside them it reports the fixed fits it did not
+save, from the same train answers (debiased or not, with per-label biases or not).
 Both commands say on stderr how many examples each split gave, of how many it has.
 """
 
