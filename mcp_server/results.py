@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, JsonValue
 
-from pcd_core.questions import ABSTAINED, ANSWER_SET, CALIBRATED, DEBIASED, Answer, Usage
+from pcd_core.questions import ABSTAINED, ANSWER_SET, CALIBRATED, DEBIASED, ORDER_SPREAD, Answer, Usage
 
 __all__ = [
     "NO_AT",
@@ -56,6 +56,7 @@ class Trust(BaseModel):
     calibrated: bool = Field(default=False, description=CALIBRATED)
     abstained: bool = Field(default=False, description=ABSTAINED)
     answer_set: list[JsonValue] | None = Field(default=None, description=ANSWER_SET)
+    order_spread: float | None = Field(default=None, description=ORDER_SPREAD)
 
 
 class NoulResult(Trust):

@@ -131,11 +131,12 @@ def _checked(build: Callable[[], Any], names: dict[str, str] | None = None) -> A
 
 
 def _trust(answer: Any) -> dict[str, Any]:
-    """An answer's or a field's ``debiased`` / ``calibrated`` / ``abstained`` flags and answer set, for its
-    tool result.
+    """An answer's or a field's ``debiased`` / ``calibrated`` / ``abstained`` flags, answer set and order
+    spread, for its tool result.
     """
     flags = ("debiased", "calibrated", "abstained", "answer_set")
-    return {flag: getattr(answer, flag) for flag in flags}
+    # a fill's field is read in one order: only a question's answer has an order spread
+    return {flag: getattr(answer, flag) for flag in flags} | {"order_spread": getattr(answer, "order_spread", None)}
 
 
 def _reported(answer: Any, model: str, usage: Usage) -> dict[str, Any]:
