@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, JsonValue
 
-from pcd_core.questions import CALIBRATED, DEBIASED, Answer, Usage
+from pcd_core.questions import ABSTAINED, ANSWER_SET, CALIBRATED, DEBIASED, ORDER_SPREAD, Answer, Usage
 
 __all__ = [
     "NO_AT",
@@ -48,11 +48,15 @@ def verdict_of(noul: float) -> Literal["yes", "no", "uncertain"]:
 
 class Trust(BaseModel):
     """Whether the probabilities were debiased and calibrated (``x_debiased`` / ``x_calibrated`` on
-    the System One wire), so that an agent knows whether a 0.8 was measured to mean 80%.
+    the System One wire), so that an agent knows whether a 0.8 was measured to mean 80%; and, where
+    the calibration fitted them, whether the engine abstained and which answers its set holds.
     """
 
     debiased: bool = Field(default=False, description=DEBIASED)
     calibrated: bool = Field(default=False, description=CALIBRATED)
+    abstained: bool = Field(default=False, description=ABSTAINED)
+    answer_set: list[JsonValue] | None = Field(default=None, description=ANSWER_SET)
+    order_spread: float | None = Field(default=None, description=ORDER_SPREAD)
 
 
 class NoulResult(Trust):

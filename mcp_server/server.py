@@ -133,9 +133,13 @@ def _checked(build: Callable[[], Any], names: dict[str, str] | None = None) -> A
         raise _caller_error(exc, names) from exc
 
 
-def _trust(answer: Any) -> dict[str, bool]:
-    """An answer's or a field's ``debiased`` / ``calibrated`` flags, for its tool result."""
-    return {"debiased": answer.debiased, "calibrated": answer.calibrated}
+def _trust(answer: Any) -> dict[str, Any]:
+    """An answer's or a field's ``debiased`` / ``calibrated`` / ``abstained`` flags, answer set and order
+    spread, for its tool result.
+    """
+    flags = ("debiased", "calibrated", "abstained", "answer_set")
+    # a fill's field is read in one order: only a question's answer has an order spread
+    return {flag: getattr(answer, flag) for flag in flags} | {"order_spread": getattr(answer, "order_spread", None)}
 
 
 def _reported(answer: Any, model: str, usage: Usage) -> dict[str, Any]:
@@ -161,8 +165,7 @@ def _filled_fields(extraction: Extraction) -> dict[str, FieldDecision | FieldMem
                 probability=f.probability,
                 candidate_mass=f.candidate_mass,
                 confidence=f.confidence,
-                debiased=f.debiased,
-                calibrated=f.calibrated,
+                **_trust(f),
             )
         elif isinstance(f, GeneratedField):
             fields[name] = FieldGenerated(

@@ -119,6 +119,21 @@ class AskedQuestion:
     names: tuple[str, ...]  # the answer keys, in label order
     trie: LabelTrie
     branch_norm: bool
+    # a rotated choice's readout index -> the option's index as given (``restore``); None: as given
+    order: tuple[int, ...] | None = None
+
+    def restore(self, readout: Readout) -> Readout:
+        """A rotated question's readout with its labels back in the order the question gave them."""
+        order = self.order
+        if order is None:
+            return readout
+        back = sorted(range(len(order)), key=lambda j: order[j])  # given index -> readout index
+        return Readout(
+            tuple(readout.logmass[j] for j in back),
+            tuple(readout.probabilities[j] for j in back),
+            readout.candidate_mass,
+            order[readout.best],
+        )
 
     def answer(self, readout: Readout) -> Answer:
         probabilities = dict(zip(self.names, readout.probabilities))
@@ -171,20 +186,31 @@ def inline_text(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
-def question_block(question: NoulQuestion | ChoiceQuestion | ScoreQuestion, codes: list[str]) -> str:
+def rotation(n: int, shift: int) -> tuple[int, ...]:
+    """The option indices listed when the list of ``n`` is rotated left by ``shift``."""
+    return tuple((i + shift) % n for i in range(n))
+
+
+def question_block(question: NoulQuestion | ChoiceQuestion | ScoreQuestion, codes: list[str], shift: int = 0) -> str:
+    """The question's text; ``shift`` rotates a choice's options (the codes stay in listed order, so
+    the first listed is always ``A``) or a score's levels (each keeps its own number).
+    """
     # said again after the state, where a small model reads it last: injections sit at the state's end
     lines = [DATA_REMINDER]
     if question.instructions is not None:  # a noul may be asked by its criteria alone
         lines.append(f"Question: {inline_text(question.instructions)}")
     if isinstance(question, ChoiceQuestion):
         lines.append("Options:")
-        for (name, description), code in zip(question.criteria.items(), codes):
+        options = list(question.criteria.items())
+        for index, code in zip(rotation(len(options), shift), codes):
+            name, description = options[index]
             meaning = name if is_blank(description) else f"{name}: {inline_text(description)}"
             lines.append(f'- {meaning} -> answer "{code}"')
         lines.append('Reply with {"answer": "<code>"} for the best option.')
     elif isinstance(question, ScoreQuestion):
         lines.append("Levels, lowest first:")
-        lines += [f"- {inline_text(level)} -> answer {i}" for i, level in enumerate(question.criteria)]
+        levels = question.criteria
+        lines += [f"- {inline_text(levels[i])} -> answer {i}" for i in rotation(len(levels), shift)]
         lines.append('Reply with {"answer": <number>} for the level that fits.')
     else:
         criteria = question.criteria or {}
@@ -201,8 +227,11 @@ def ask(
     before_row: str,
     question: NoulQuestion | ChoiceQuestion | ScoreQuestion,
     question_id: str,
+    shift: int = 0,
 ) -> AskedQuestion:
-    """Compile one question into its row and verbalizers after ``before_row`` (head + state)."""
+    """Compile one question into its row and verbalizers after ``before_row`` (head + state);
+    ``shift`` rotates its options (``question_block``), and ``AskedQuestion.restore`` maps back.
+    """
     if isinstance(question, ChoiceQuestion):
         opener = '{"answer": "'
         codes = choice_codes(len(question.criteria), letter_capacity(tokenizer, prompt.tail, opener))
@@ -220,7 +249,7 @@ def ask(
         branch_norm = False
     # the row runs to the end of the tail; the opener and label are tokenized together after it,
     # so the row ends where the tokenizer parts the labels (" true" keeps its space)
-    row = tokenizer.continuation(before_row, question_block(question, codes) + prompt.tail)
+    row = tokenizer.continuation(before_row, question_block(question, codes, shift) + prompt.tail)
     if row is None:
         raise TokenizationError("the question's text merges with the end of the state", field=question_id)
     variants = []
@@ -233,4 +262,5 @@ def ask(
     trie = LabelTrie(tuple(variants), question_id)
     if isinstance(question, ChoiceQuestion) and len(codes[0]) == 1 and len(trie.root.children) != len(codes):
         raise TokenizationError("the option letters do not start with distinct tokens", field=question_id)
-    return AskedQuestion(question, names, trie, branch_norm)
+    order = rotation(len(names), shift) if isinstance(question, ChoiceQuestion) and shift else None
+    return AskedQuestion(question, names, trie, branch_norm, order)

@@ -34,11 +34,15 @@ import numpy as np
 from .debias import debiased, log_probabilities, with_probabilities
 from .errors import PcdError
 from .readout import Readout
+from .selective import answer_set
 
 #: the version written. Version 1 (temperatures, biases with the first label's fixed at 0, no
-#: ``bias_sd``) reads the same way: both apply ``softmax(log p / T + b)``.
-CALIBRATION_VERSION = 2
-READABLE_VERSIONS = (1, 2)
+#: ``bias_sd``) and version 2 read the same way: both apply ``softmax(log p / T + b)``. Version 3 adds,
+#: per field, whether it is debiased (the cross-validated choice, pcd_core/calibration_choice.py), the
+#: abstention threshold and the answer-set threshold (pcd_core/selective.py); a file without them
+#: debiases every field or none, as its top-level ``debias`` says, and never abstains.
+CALIBRATION_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
 
 #: log-probabilities below this are clipped: a zero probability would make the fit infinite
 LOG_FLOOR = -30.0
@@ -57,6 +61,12 @@ class FieldCalibration:
     labels: tuple[str, ...]
     temperature: float
     bias: tuple[float, ...]  # per label; summing to 0 when fitted (version 1: the first fixed at 0)
+    debias: bool | None = None  # fitted on debiased answers; None: as the whole calibration says
+    fit: str = ""  # which candidate fit this is (pcd_core/calibration_choice.py); provenance only
+    # answer only at a top probability >= this (pcd_core/selective.py); None: never abstain
+    abstain_below: float | None = None
+    # the answer set holds every label of probability >= this, and the top one; None: no set
+    set_threshold: float | None = None
 
     def scores(self, logp: np.ndarray) -> np.ndarray:
         """Calibrated log-scores (unnormalised) of log-probabilities, one row per answer or one answer."""
@@ -73,10 +83,16 @@ class Calibration:
     fields: Mapping[str, FieldCalibration]
     fitted_on: Mapping[str, Any] = field(default_factory=dict)  # data set, split, n, seed: provenance only
     bias_sd: float | None = None  # the biases' prior, when they were fitted; None: temperatures only
+    abstain_risk: float | None = None  # the target error among answered examples (--abstain-risk)
+    coverage: float | None = None  # the answer sets' target coverage (--coverage)
 
     def for_field(self, name: str, labels: Sequence[str]) -> FieldCalibration | None:
         found = self.fields.get(name)
         return found if found is not None and found.labels == tuple(labels) else None
+
+    def debiases(self, found: FieldCalibration) -> bool:
+        """Whether ``found`` (one of this calibration's fields) applies to debiased answers."""
+        return self.debias if found.debias is None else found.debias
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -84,8 +100,18 @@ class Calibration:
             "model": self.model,
             "debias": self.debias,
             "bias_sd": self.bias_sd,
+            "abstain_risk": self.abstain_risk,
+            "coverage": self.coverage,
             "fields": {
-                name: {"labels": list(f.labels), "temperature": f.temperature, "bias": list(f.bias)}
+                name: {
+                    "labels": list(f.labels),
+                    "temperature": f.temperature,
+                    "bias": list(f.bias),
+                    "debias": f.debias,
+                    "fit": f.fit,
+                    "abstain_below": f.abstain_below,
+                    "set_threshold": f.set_threshold,
+                }
                 for name, f in self.fields.items()
             },
             "fitted_on": dict(self.fitted_on),
@@ -108,19 +134,36 @@ class Calibration:
                     tuple(str(label) for label in spec["labels"]),
                     float(spec["temperature"]),
                     tuple(float(b) for b in spec["bias"]),
+                    None if spec.get("debias") is None else bool(spec["debias"]),
+                    str(spec.get("fit", "")),
+                    _optional_float(spec.get("abstain_below")),
+                    _optional_float(spec.get("set_threshold")),
                 )
                 for name, spec in data["fields"].items()
             }
-            bias_sd = None if data.get("bias_sd") is None else float(data["bias_sd"])
+            bias_sd = _optional_float(data.get("bias_sd"))
+            abstain_risk, coverage = _optional_float(data.get("abstain_risk")), _optional_float(data.get("coverage"))
         except (KeyError, TypeError, ValueError, AttributeError) as error:
             raise PcdError(f"a calibration file's fields are malformed: {error!r}") from error
         for name, f in fields.items():
             if not f.temperature > 0 or len(f.bias) != len(f.labels) or not all(map(math.isfinite, f.bias)):
                 raise PcdError(f"calibration of field {name!r}: temperature must be > 0, one finite bias per label")
+            for threshold in (f.abstain_below, f.set_threshold):
+                if threshold is not None and not 0 <= threshold <= 2:
+                    raise PcdError(f"calibration of field {name!r}: a threshold must lie in [0, 2], not {threshold!r}")
         if bias_sd is not None and not bias_sd > 0:
             raise PcdError(f"a calibration file's bias_sd must be > 0, not {bias_sd!r}")
+        for target in (abstain_risk, coverage):
+            if target is not None and not 0 < target < 1:
+                raise PcdError(f"a calibration file's abstain_risk and coverage lie in (0, 1), not {target!r}")
         return cls(
-            str(data.get("model", "")), bool(data.get("debias", False)), fields, data.get("fitted_on", {}), bias_sd
+            str(data.get("model", "")),
+            bool(data.get("debias", False)),
+            fields,
+            data.get("fitted_on", {}),
+            bias_sd,
+            abstain_risk,
+            coverage,
         )
 
     @classmethod
@@ -132,11 +175,16 @@ class Calibration:
         return cls.from_dict(data)
 
 
+def _optional_float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
 def _loss_grad_hess(
-    theta: np.ndarray, logp: np.ndarray, onehot: np.ndarray, ridge: float
+    theta: np.ndarray, logp: np.ndarray, onehot: np.ndarray, ridge: float, anchor: float = 0.0
 ) -> tuple[float, np.ndarray, np.ndarray]:
     """The mean NLL of ``softmax(a * logp + b)`` with ``theta = (a, b...)`` (no ``b`` when ``theta``
-    has one entry), plus ``ridge / 2 * sum(b**2)``; its gradient and Hessian in ``theta``.
+    has one entry), plus ``ridge / 2 * sum(b**2)`` and ``anchor / 2 * (a - 1)**2``; its gradient and
+    Hessian in ``theta``.
     """
     n, k = logp.shape
     use_bias = len(theta) > 1
@@ -156,6 +204,9 @@ def _loss_grad_hess(
         loss += 0.5 * ridge * float(theta[1:] @ theta[1:])
         grad[1:] += ridge * theta[1:]
         hess[1:, 1:] += ridge * np.eye(k)
+    loss += 0.5 * anchor * float(theta[0] - 1.0) ** 2
+    grad[0] += anchor * (theta[0] - 1.0)
+    hess[0, 0] += anchor
     return loss, grad, hess
 
 
@@ -192,11 +243,12 @@ def confidence_scale(scores: np.ndarray, gold: np.ndarray) -> float:
 
 def fit(
     log_probabilities_rows: Sequence[Sequence[float]] | np.ndarray,
-    gold: Sequence[int],
+    gold: Sequence[int] | np.ndarray,
     *,
     bias: bool = False,
     bias_sd: float = BIAS_SD,
     top_label: bool = True,
+    temperature_sd: float | None = None,
     iterations: int = 100,
 ) -> tuple[float, tuple[float, ...]]:
     """The temperature (and with ``bias``, a bias per label) that fit the gold labels by the NLL of
@@ -207,6 +259,8 @@ def fit(
     ``sum(b**2) / (2 * bias_sd**2)`` on the summed NLL: a label seen rarely, or never, in the train
     split keeps a finite bias instead of one that runs off to minus infinity. Softmax ignores a common
     shift, so the ridge also makes the biases sum to zero. Without ``bias`` they are all 0.
+    ``temperature_sd`` puts a ``N(1, temperature_sd**2)`` prior on ``1/T`` the same way, so that a
+    few examples leave the reading near the raw one (the default choice, pcd_core/calibration_choice.py).
     """
     logp = np.maximum(np.asarray(log_probabilities_rows, dtype=np.float64), LOG_FLOOR)
     g = np.asarray(gold, dtype=np.int64)
@@ -218,16 +272,17 @@ def fit(
     onehot = np.zeros_like(logp)
     onehot[np.arange(n), g] = 1.0
     ridge = 1.0 / (n * bias_sd**2)  # the prior's weight per example, as the loss is a mean
+    anchor = 0.0 if temperature_sd is None else 1.0 / (n * temperature_sd**2)
     theta = np.zeros(1 + k if bias else 1)
     theta[0] = 1.0
-    loss, grad, hess = _loss_grad_hess(theta, logp, onehot, ridge)
+    loss, grad, hess = _loss_grad_hess(theta, logp, onehot, ridge, anchor)
     for _ in range(iterations):
         step = np.linalg.solve(hess + 1e-9 * np.eye(len(theta)), grad)
         scale = 1.0
         while scale > 1e-6:  # halve the step until the loss does not rise and the temperature stays positive
             trial = theta - scale * step
             if trial[0] > 1e-3:
-                trial_loss, trial_grad, trial_hess = _loss_grad_hess(trial, logp, onehot, ridge)
+                trial_loss, trial_grad, trial_hess = _loss_grad_hess(trial, logp, onehot, ridge, anchor)
                 if trial_loss <= loss:
                     break
             scale /= 2
@@ -245,7 +300,19 @@ def fit(
     return temperature, tuple(map(float, theta[1:])) if bias else tuple(0.0 for _ in range(k))
 
 
-Adjust = Callable[[str, Readout], tuple[Readout, dict[str, bool]]]
+Adjust = Callable[[str, Readout], tuple[Readout, dict[str, Any]]]
+
+
+def decision_flags(found: FieldCalibration | None, readout: Readout) -> dict[str, Any]:
+    """What a fitted field adds to its answer: ``abstained`` (its top probability is below the field's
+    threshold) and ``answer_set`` (the label indices of its conformal set), each only where fitted.
+    """
+    flags: dict[str, Any] = {}
+    if found is not None and found.abstain_below is not None:
+        flags["abstained"] = readout.probabilities[readout.best] < found.abstain_below
+    if found is not None and found.set_threshold is not None:
+        flags["answer_set"] = answer_set(readout.probabilities, found.set_threshold)
+    return flags
 
 
 def adjuster(
@@ -258,27 +325,29 @@ def adjuster(
 
     ``labels`` names each decision (a field, a question id) with its labels in readout order. A
     decision the calibration covers is debiased exactly when the calibration was fitted on debiased
-    answers, whatever ``debias`` says; the others are debiased when ``debias`` is set. ``priors`` (the
-    content-free priors, pcd_core/debias.py) is called only when some decision needs them. The
-    transform returns the readout and the ``debiased`` / ``calibrated`` flags every answer reports.
+    answers of it, whatever ``debias`` says; the others are debiased when ``debias`` is set. ``priors``
+    (the content-free priors, pcd_core/debias.py) is called only when some decision needs them. The
+    transform returns the readout and the ``debiased`` / ``calibrated`` flags every answer reports,
+    plus ``decision_flags`` where the calibration fitted them.
     """
     covered = {
         name: calibration.for_field(name, names) if calibration is not None else None for name, names in labels.items()
     }
     use_prior = {
-        name: calibration.debias if calibration is not None and found is not None else debias
+        name: calibration.debiases(found) if calibration is not None and found is not None else debias
         for name, found in covered.items()
     }
     if not any(use_prior.values()) and all(found is None for found in covered.values()):
         return None
     measured = priors() if any(use_prior.values()) else {}
 
-    def adjust(name: str, readout: Readout) -> tuple[Readout, dict[str, bool]]:
+    def adjust(name: str, readout: Readout) -> tuple[Readout, dict[str, Any]]:
         if use_prior[name]:
             readout = debiased(readout, measured[name])
         found = covered[name]
         if found is not None:
             readout = found.apply(readout)
-        return readout, {"debiased": use_prior[name], "calibrated": found is not None}
+        flags = {"debiased": use_prior[name], "calibrated": found is not None}
+        return readout, {**flags, **decision_flags(found, readout)}
 
     return adjust

@@ -11,6 +11,7 @@ typed answers.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from .asking import AskedQuestion, as_text, ask
 from .backends.base import pack_tree
@@ -18,7 +19,7 @@ from .decoding import DecisionTask, plan_rows
 from .errors import PromptError
 from .limits import DEFAULT_LIMITS, Limits, check_row_tokens
 from .prompt import PromptParts, normalise_input
-from .questions import DecideRequest, DecideResponse, Usage
+from .questions import DecideRequest, DecideResponse, NoulQuestion, Usage
 from .readout import Readout
 from .result import Stats, low_mass_warnings
 from .tokenizer import TextTokenizer
@@ -32,9 +33,32 @@ class DecidePlan:
     head_ids: tuple[int, ...]
     whole: tuple[int, ...]
     asked: tuple[AskedQuestion, ...]
+    # per question, its other rotations (``order_samples``): more rows in the same pass, none for a noul
+    siblings: tuple[tuple[AskedQuestion, ...], ...] = ()
 
     def tasks(self) -> list[DecisionTask]:
-        return [DecisionTask(a.trie, "trie", branch_norm=a.branch_norm) for a in self.asked]
+        every = [*self.asked, *(a for rotated in self.siblings for a in rotated)]
+        return [DecisionTask(a.trie, "trie", branch_norm=a.branch_norm) for a in every]
+
+    def merged(self, readouts: list[Readout]) -> tuple[list[Readout], list[float | None]]:
+        """Each question's readout, its rotations' probabilities (mapped back) averaged in, and its
+        ``order_spread``: how far the top option's probability moved across the rotations (None: one).
+        """
+        primary, rest = readouts[: len(self.asked)], iter(readouts[len(self.asked) :])
+        out: list[Readout] = []
+        spreads: list[float | None] = []
+        for first, rotated in zip(primary, self.siblings or [() for _ in self.asked]):
+            if not rotated:
+                out.append(first)
+                spreads.append(None)
+                continue
+            samples = [first, *(a.restore(next(rest)) for a in rotated)]
+            mean = [sum(r.probabilities[i] for r in samples) / len(samples) for i in range(len(first.probabilities))]
+            top = max(range(len(mean)), key=lambda i: (mean[i], -i))
+            candidate_mass = sum(r.candidate_mass for r in samples) / len(samples)
+            out.append(Readout(first.logmass, tuple(mean), candidate_mass, top))
+            spreads.append(max(r.probabilities[top] for r in samples) - min(r.probabilities[top] for r in samples))
+        return out, spreads
 
     def row_tokens(self) -> int:
         """The distinct tokens of every row the pass reads, as it packs them: a question's text once,
@@ -50,12 +74,15 @@ class DecidePlan:
         readouts: list[Readout],
         stats: Stats,
         warnings: list[str],
-        flags: list[dict[str, bool]] | None = None,
+        flags: list[dict[str, Any]] | None = None,
+        spreads: list[float | None] | None = None,
     ) -> DecideResponse:
-        """The typed answers; ``flags`` are each answer's ``debiased`` / ``calibrated`` (default: raw)."""
+        """The typed answers; ``flags`` are each answer's ``debiased`` / ``calibrated`` (default: raw) and, where a calibration fitted them, ``abstained`` / ``answer_set``."""
         flags = flags if flags is not None else [{} for _ in readouts]
+        if spreads is not None:
+            flags = [f if spread is None else {**f, "order_spread": spread} for f, spread in zip(flags, spreads)]
         answers = {
-            qid: a.answer(r).model_copy(update=f)
+            qid: a.answer(r).model_copy(update=_named(f, a.names))
             for qid, a, r, f in zip(self.request.questions, self.asked, readouts, flags)
         }
         masses = {qid: r.candidate_mass for qid, r in zip(self.request.questions, readouts)}
@@ -68,6 +95,23 @@ class DecidePlan:
         )
 
 
+def rotation_shifts(question: Any, order_samples: int) -> list[int]:
+    """The shifts of a choice's or a score's other rotations: ``order_samples`` spread evenly round its
+    list, the one at 0 (the question as given) left out, duplicates once; a noul has no list to rotate.
+    """
+    if isinstance(question, NoulQuestion):
+        return []
+    n = len(question.criteria)
+    return sorted({k * n // order_samples for k in range(1, order_samples)} - {0})
+
+
+def _named(flags: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
+    """An answer's flags with its answer set's label indices (``calibration.decision_flags``) as names."""
+    if flags.get("answer_set") is None:
+        return flags
+    return {**flags, "answer_set": [names[i] for i in flags["answer_set"]]}
+
+
 def plan_decide(
     tokenizer: TextTokenizer,
     prompt: PromptParts,
@@ -75,6 +119,7 @@ def plan_decide(
     context_length: int,
     limits: Limits = DEFAULT_LIMITS,
     cache_turns: bool = True,
+    order_samples: int = 1,
 ) -> DecidePlan:
     """Render a validated request (``limits.check_decide``); a state too long or rows over
     ``limits.max_row_tokens`` raise here, before any pass.
@@ -87,12 +132,16 @@ def plan_decide(
     state_text = prompt.head + normalise_input(as_text(request.state))
     whole = tokenizer.encode_head(state_text)
     asked = tuple(ask(tokenizer, prompt, state_text, q, qid) for qid, q in request.questions.items())
+    siblings = tuple(
+        tuple(ask(tokenizer, prompt, state_text, q, qid, shift) for shift in rotation_shifts(q, order_samples))
+        for qid, q in request.questions.items()
+    )
     longest = max(max(len(v.ids) for v in a.trie.variants) for a in asked)
     if len(whole) + longest > context_length:
         raise PromptError(
             f"the state and its longest question need {len(whole) + longest} tokens, over the "
             f"model's context of {context_length}; shorten the state"
         )
-    plan = DecidePlan(request, head_ids, whole, asked)
+    plan = DecidePlan(request, head_ids, whole, asked, siblings)
     check_row_tokens(limits, plan.row_tokens())
     return plan

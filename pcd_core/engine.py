@@ -36,7 +36,7 @@ from .conversation import Conversation, check_conversation
 from .debias import CONTENT_FREE, content_free_prior
 from .deciding import plan_decide
 from .decoding import DecisionTask, Decoded, DecodeOptions, RoundStats, decode
-from .errors import PromptError, ReplyTooLongError
+from .errors import OptionError, PromptError, ReplyTooLongError
 from .fairness import ModelLock, no_pause
 from .generation import MAX_ROOM, GeneratedField, GenerationStats, check_caps, generate_open_fields
 from .grammar import GrammarTokenizer
@@ -50,6 +50,8 @@ from .schema import open_waves, parse_schema
 from .tokenizer import TextTokenizer
 
 #: the warning of a request whose input merged with the head's last token
+#: the most rotations of an option list one decide reads (each is one more row per question, same pass)
+MAX_ORDER_SAMPLES = 8
 BYPASSED = "the input merged with the cached head's last token; the whole prompt was read anew"
 
 
@@ -264,7 +266,7 @@ class Engine:
         def record(wave_index: int, decoded: Decoded) -> None:
             names = compiled.waves[wave_index] if compiled.waves else ()  # no closed fields: no readouts
             for name, readout in zip(names, decoded.readouts):
-                flags: dict[str, bool] = {}
+                flags: dict[str, Any] = {}
                 if adjust is not None:  # debiased / calibrated before the choice feeds a later wave
                     readout, flags = adjust(name, readout)
                 chosen[name] = readout.best
@@ -457,18 +459,22 @@ class Engine:
         cache_key: str | None = None,
         debias: bool | None = None,
         calibrate: bool = True,
+        order_samples: int = 1,
     ) -> DecideResponse:
         """Jev-style questions over one state (``pcd_core/deciding.py``): the state is the trunk of
         every question's row, one pass warm. ``usage.input_tokens`` counts every token read: head,
         state and all rows. ``debias`` and ``calibrate`` are as in ``fill``; a calibration covers a
         question whose id and answer names (``true``/``false``, the options, the level indices) it
-        was fitted on.
+        was fitted on. ``order_samples`` K > 1 also reads K - 1 rotations of each choice's and score's
+        options as more rows of the same pass and averages them (``DecidePlan.merged``).
 
         ``context`` holds earlier turns and the caller's instructions (``conversation.py``). Its
         turns are cached with the head only when a ``cache_key`` is given (OpenAI's
         ``prompt_cache_key``): a caller that says it will come back with the same conversation.
         """
         started = time.perf_counter()
+        if not 1 <= order_samples <= MAX_ORDER_SAMPLES:
+            raise OptionError(f"order_samples must be 1 to {MAX_ORDER_SAMPLES}, not {order_samples!r}")
         # everything that needs no model runs before the lock, so concurrent requests overlap here
         request = check_decide(self.limits, state, questions)  # bounds and readable text first
         if context:
@@ -479,7 +485,13 @@ class Engine:
                 self._decide_prompt = render_decide_prompt(self.tokenizer)
             prompt = self._decide_prompt
         plan = plan_decide(
-            self.tokenizer, prompt, request, self.context_length, self.limits, cache_turns=cache_key is not None
+            self.tokenizer,
+            prompt,
+            request,
+            self.context_length,
+            self.limits,
+            cache_turns=cache_key is not None,
+            order_samples=order_samples,
         )
         adjust = adjuster(  # the priors are measured before this request's passes are counted
             self.calibration if calibrate else None,
@@ -495,12 +507,12 @@ class Engine:
             self._count(stats, rounds, passes_before, len(plan.head_ids))
         stats.queue_ms = turn.queue_ms
         stats.total_ms = _ms(started)
-        readouts = list(decoded.readouts)
-        flags: list[dict[str, bool]] = [{} for _ in readouts]
+        readouts, spreads = plan.merged(list(decoded.readouts))
+        flags: list[dict[str, Any]] = [{} for _ in readouts]
         if adjust is not None:  # candidate mass stays raw
             adjusted = [adjust(qid, r) for qid, r in zip(request.questions, readouts)]
             readouts, flags = [r for r, _ in adjusted], [f for _, f in adjusted]
-        return plan.respond(self.model_name, readouts, stats, warnings, flags)
+        return plan.respond(self.model_name, readouts, stats, warnings, flags, spreads)
 
     async def adecide(self, state: Any, questions: dict[str, Any], **options: Any) -> DecideResponse:
         """``decide`` in a worker thread; ``options`` are its ``debias`` and ``calibrate``."""

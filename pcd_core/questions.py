@@ -168,6 +168,21 @@ CALIBRATED = (
 )
 
 
+ABSTAINED = (
+    "Whether the answer's probability is below the threshold a calibration fitted for its target risk "
+    "(pcd calibrate --abstain-risk); the answer and probabilities are still the model's reading."
+)
+ANSWER_SET = (
+    "The answers whose probability reaches the threshold a calibration fitted for its target coverage "
+    "(pcd calibrate --coverage), most probable first: for a noul true/false, for a score level indices."
+)
+
+ORDER_SPREAD = (
+    "With order_samples > 1: how far the top answer's probability moved across the rotations of the "
+    "option list that were averaged (max - min); null when the options were read in one order."
+)
+
+
 class _Answer(BaseModel):
     """Answers are the System One wire: engine extras serialise as ``x_`` fields, every number a float."""
 
@@ -180,6 +195,9 @@ class _Answer(BaseModel):
     )
     debiased: bool = _extension("debiased", DEBIASED, default=False)
     calibrated: bool = _extension("calibrated", CALIBRATED, default=False)
+    abstained: bool = _extension("abstained", ABSTAINED, default=False)
+    answer_set: list[str] | None = _extension("answer_set", ANSWER_SET, default=None)
+    order_spread: float | None = _extension("order_spread", ORDER_SPREAD, default=None)
 
 
 class NoulAnswer(_Answer):

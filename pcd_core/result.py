@@ -62,6 +62,10 @@ class FieldResult:
     wave: int
     debiased: bool = False  # the content-free prior was divided out (pcd_core/debias.py)
     calibrated: bool = False  # a fitted calibration was applied (pcd_core/calibration.py)
+    # the probability is below the calibration's threshold for its target risk (pcd_core/selective.py);
+    # the value and probabilities are still the model's reading
+    abstained: bool = False
+    answer_set: list[JsonValue] | None = None  # the conformal set's values, most probable first; None: not fitted
 
     @classmethod
     def from_readout(
@@ -72,7 +76,10 @@ class FieldResult:
         wave: int,
         debiased: bool = False,
         calibrated: bool = False,
+        abstained: bool = False,
+        answer_set: list[int] | None = None,
     ) -> FieldResult:
+        """``answer_set`` holds label indices (``calibration.decision_flags``); the result holds their values."""
         ranked = readout.ranked()
         return cls(
             name=spec.name,
@@ -86,6 +93,8 @@ class FieldResult:
             wave=wave,
             debiased=debiased,
             calibrated=calibrated,
+            abstained=abstained,
+            answer_set=None if answer_set is None else [spec.labels[i].value for i in answer_set],
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -14,7 +14,9 @@ Translation only, one way each:
 - questions are LangChain's models, dumped into the engine's question shape (their field names are
   the same); ``Box`` questions and media blocks raise typed errors that name what is not supported;
 - answers keep the engine's candidate mass (``answer.candidate_mass``) and say whether they were
-  debiased and calibrated (``answer.debiased``, ``answer.calibrated``), and usage counts every token
+  debiased and calibrated (``answer.debiased``, ``answer.calibrated``), whether the engine abstained
+  (``answer.abstained``: LangChain 1.8 has no refusal answer, so the flag is the mapping) and the
+  answer set where a calibration fitted one (``answer.answer_set``), and usage counts every token
   the engine read, with 0 output tokens.
 
 ``tests/test_langchain_decisions.py`` checks each of these on the embedded model, against
@@ -79,10 +81,16 @@ class UnsupportedQuestionError(SchemaError):
 
 
 class _Trust(BaseModel):
-    """Whether the engine debiased and calibrated the answer (``x_debiased`` / ``x_calibrated`` on its wire)."""
+    """Whether the engine debiased and calibrated the answer (``x_debiased`` / ``x_calibrated`` on its wire),
+    and whether it abstained (``x_abstained``) and which answers its set holds (``x_answer_set``). LangChain
+    1.8's decision answers have no refusal of their own, so an abstained answer keeps its type and its
+    probabilities and says ``abstained=True``: a router reads the flag and takes its fallback.
+    """
 
     debiased: bool = False
     calibrated: bool = False
+    abstained: bool = False
+    answer_set: list[str] | list[int] | None = None  # a score's are level indices, as its probabilities' keys
 
 
 class PCDNoulAnswer(decisions.NoulAnswer, _Trust):
@@ -172,7 +180,14 @@ def classifier_response(response: DecideResponse, asked: Mapping[str, Mapping[st
     """The engine's answers as LangChain's, in the order of the questions."""
     answers: dict[str, decisions.Answer] = {}
     for qid, answer in response.answers.items():
-        trust = {"debiased": answer.debiased, "calibrated": answer.calibrated}
+        trust: dict[str, Any] = {
+            "debiased": answer.debiased,
+            "calibrated": answer.calibrated,
+            "abstained": answer.abstained,
+            "answer_set": answer.answer_set,
+        }
+        if isinstance(answer, ScoreAnswer) and answer.answer_set is not None:
+            trust["answer_set"] = [int(level) for level in answer.answer_set]
         if isinstance(answer, NoulAnswer):
             # renormalised in float64, P(yes) can overshoot 1 by an ulp; LangChain's model checks <= 1
             noul = min(1.0, max(0.0, answer.noul))

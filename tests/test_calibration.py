@@ -85,7 +85,45 @@ def test_a_calibration_file_round_trips(tmp_path):
     path = tmp_path / "cal.json"
     original.save(path)
     assert Calibration.load(path) == original
-    assert json.loads(path.read_text())["version"] == CALIBRATION_VERSION == 2
+    assert json.loads(path.read_text())["version"] == CALIBRATION_VERSION == 3
+
+
+def test_a_version_3_file_keeps_each_fields_choice_and_thresholds(tmp_path):
+    original = Calibration(
+        model="smollm2-135m",
+        debias=False,
+        fields={
+            "sentiment": FieldCalibration(("positive", "negative"), 1.2, (0.3, -0.3), True, "debiased", 0.8, 0.15),
+            "topic": FieldCalibration(("a", "b", "c"), 1.0, (0.0, 0.0, 0.0), False, "raw"),
+        },
+        abstain_risk=0.05,
+        coverage=0.9,
+    )
+    path = tmp_path / "cal.json"
+    original.save(path)
+    loaded = Calibration.load(path)
+    assert loaded == original
+    assert loaded.debiases(loaded.fields["sentiment"]) and not loaded.debiases(loaded.fields["topic"])
+
+
+#: a file as the second release's ``pcd calibrate --debias --bias`` wrote it: no per-field choice or thresholds
+VERSION_2_FILE = {
+    "version": 2,
+    "model": "smollm2-135m",
+    "debias": True,
+    "bias_sd": 2.0,
+    "fields": {"sentiment": {"labels": ["positive", "negative"], "temperature": 0.9998, "bias": [0.29, -0.29]}},
+    "fitted_on": {"data": "polarity", "split": "train", "seed": 0, "n": 1000, "top_label": True},
+}
+
+
+def test_a_version_2_file_debiases_every_field_as_it_says_and_never_abstains(tmp_path):
+    path = tmp_path / "v2.calibration.json"
+    path.write_text(json.dumps(VERSION_2_FILE))
+    loaded = Calibration.load(path)
+    found = loaded.fields["sentiment"]
+    assert loaded.debiases(found) and found.abstain_below is None and found.set_threshold is None
+    assert loaded.abstain_risk is None and loaded.coverage is None
 
 
 #: a file as the first release's ``pcd calibrate --debias`` wrote it (temperature only, no bias prior)
@@ -117,6 +155,8 @@ def test_a_version_1_file_still_loads_and_applies_as_it_did(tmp_path):
         '{"version": 1, "fields": {"a": {"labels": ["x"], "temperature": 0, "bias": [0]}}}',
         '{"version": 2, "fields": {"a": {"labels": ["x", "y"], "temperature": 1, "bias": [0, NaN]}}}',
         '{"version": 2, "bias_sd": -1, "fields": {}}',
+        '{"version": 3, "abstain_risk": 1.5, "fields": {}}',
+        '{"version": 3, "fields": {"a": {"labels": ["x", "y"], "temperature": 1, "bias": [0, 0], "abstain_below": -1}}}',
         "not json",
     ],
 )
@@ -167,6 +207,49 @@ def test_decide_applies_a_calibration_to_the_questions_it_covers_and_flags_each_
     wire = tempered.to_wire()["answers"]
     assert wire["refund"]["x_calibrated"] is True and wire["team"]["x_calibrated"] is False
     assert wire["refund"]["x_debiased"] is False
+
+
+def test_fill_and_decide_abstain_below_the_fields_threshold_and_still_report_the_reading():
+    schema = {"colour": ["red", "green", "blue"], "size": ["small", "large"]}
+    engine = oracle_engine()
+    raw = engine.fill(schema, "a small red ball").fields
+    top = {name: max(raw[name].probabilities.values()) for name in schema}
+    engine.calibration = Calibration(
+        "oracle",
+        False,
+        {  # a temperature of 1 leaves the reading as it was: the thresholds sit either side of it
+            "colour": FieldCalibration(
+                ("red", "green", "blue"), 1.0, (0.0, 0.0, 0.0), abstain_below=top["colour"] + 1e-6
+            ),
+            "size": FieldCalibration(
+                ("small", "large"), 1.0, (0.0, 0.0), abstain_below=top["size"] - 1e-6, set_threshold=0.0
+            ),
+        },
+        abstain_risk=0.1,
+        coverage=0.9,
+    )
+    fields = engine.fill(schema, "a small red ball").fields
+    assert fields["colour"].abstained and not fields["size"].abstained
+    assert fields["colour"].value == raw["colour"].value
+    assert fields["colour"].probabilities == pytest.approx(raw["colour"].probabilities)
+    assert fields["colour"].answer_set is None  # no set fitted for it
+    assert fields["size"].answer_set == sorted(schema["size"], key=lambda v: -raw["size"].probabilities[v])
+    assert fields["size"].to_dict()["abstained"] is False
+
+    questions = {
+        "team": {"type": "choice", "instructions": "Who owns it?", "criteria": {"billing": None, "shipping": None}}
+    }
+    reading = engine.decide("Refund me.", questions).answers["team"]
+    engine.calibration = Calibration(
+        "oracle",
+        False,
+        {"team": FieldCalibration(("billing", "shipping"), 1.0, (0.0, 0.0), abstain_below=1.5, set_threshold=0.0)},
+    )
+    answer = engine.decide("Refund me.", questions).answers["team"]
+    assert answer.abstained and answer.choice == reading.choice
+    wire = engine.decide("Refund me.", questions).to_wire()["answers"]["team"]
+    assert wire["x_abstained"] is True and wire["x_answer_set"][0] == reading.choice
+    assert sorted(wire["x_answer_set"]) == ["billing", "shipping"]
 
 
 def test_an_engine_that_debiases_by_default_flags_every_answer_and_a_call_can_turn_it_off():

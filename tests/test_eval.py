@@ -11,6 +11,7 @@ from pcd_core.calibration import Calibration, fit
 from pcd_core.evaluation import datasets
 from pcd_core.evaluation.cache import AnswerCache
 from pcd_core.evaluation.runner import build_report, fit_calibration, read_answers, read_question_answers, variants
+from pcd_core.selective import NEVER
 from pcd_core.testing import oracle_engine
 from pcd_integrations.commands.main import main
 
@@ -103,7 +104,7 @@ def test_the_eval_command_writes_a_report_and_a_reliability_plot(engine, tmp_pat
     assert "| raw |" in capsys.readouterr().out
 
 
-def test_calibrate_with_bias_saves_a_version_2_file_and_reports_the_fits_it_did_not_save(tmp_path, monkeypatch, capsys):
+def test_calibrate_with_bias_saves_a_fixed_fit_and_reports_the_fits_it_did_not_save(tmp_path, monkeypatch, capsys):
     engine = oracle_engine(window=6)
     monkeypatch.setattr("pcd_integrations.commands.common.load_engine", lambda args: engine)
     data, schema = tmp_path / "d.jsonl", tmp_path / "s.json"
@@ -116,13 +117,59 @@ def test_calibrate_with_bias_saves_a_version_2_file_and_reports_the_fits_it_did_
         == 0
     )
     saved = json.loads(out.read_text())
-    assert saved["version"] == 2 and saved["bias_sd"] == 0.5
+    assert saved["version"] == 3 and saved["bias_sd"] == 0.5
+    assert all(spec["fit"] == "" and spec["debias"] is None for spec in saved["fields"].values())
     assert all(sum(spec["bias"]) == pytest.approx(0.0, abs=1e-6) for spec in saved["fields"].values())
     report = json.loads(report_path.read_text())
     assert report["meta"]["n"] == len(RECORDS)  # --limit 500 reads the whole test split, and says how many
     assert {"calibrated", "calibrated_debiased", "calibrated_temperature_only"} <= set(report["overall"])
     err = capsys.readouterr().err
     assert "train: 4 of the 6 examples" in err and f"test: {len(RECORDS)} of the {len(RECORDS)} examples" in err
+
+
+def test_calibrate_by_default_chooses_per_field_and_fits_thresholds_that_eval_then_reports(
+    tmp_path, monkeypatch, capsys
+):
+    engine = oracle_engine(window=6)
+    monkeypatch.setattr("pcd_integrations.commands.common.load_engine", lambda args: engine)
+    data, schema = tmp_path / "d.jsonl", tmp_path / "s.json"
+    data.write_text("".join(json.dumps({**r, "split": split}) + "\n" for r in RECORDS for split in ("train", "test")))
+    schema.write_text(json.dumps(SCHEMA))
+    out, report_path, risk_plot = tmp_path / "cal.json", tmp_path / "r.json", tmp_path / "risk.png"
+    argv = ["calibrate", "--data", str(data), "--schema", str(schema), "--out", str(out), "--json", str(report_path)]
+    trust = ["--abstain-risk", "0.2", "--coverage", "0.8", "--risk-plot", str(risk_plot), "--constrained-limit", "0"]
+    assert main([*argv, *trust]) == 0
+    calibration = Calibration.load(out)
+    assert calibration.abstain_risk == 0.2 and calibration.coverage == 0.8
+    assert calibration.fitted_on["choice"] == "cross-validated"
+    for name, found in calibration.fields.items():
+        assert found.fit == calibration.fitted_on["chosen"][name]["fit"]
+        # six train examples are too few to promise 0.2 (the scan starts at 18 answered): always abstain
+        assert found.abstain_below == NEVER
+        assert found.set_threshold is not None
+    report = json.loads(report_path.read_text())
+    pooled = report["decisions"]["overall"]
+    assert pooled["coverage"] == 0.0 and pooled["n"] == 2 * len(RECORDS)
+    assert 0 < pooled["set_coverage"] <= 1 and pooled["mean_set_size"] >= 1
+    assert risk_plot.read_bytes()[:4] == b"\x89PNG"
+    captured = capsys.readouterr()
+    assert "cannot promise risk 0.2" in captured.err and "yardstick" in captured.err
+    assert "| pooled |" in captured.out
+    # pcd eval with the file reports the same held-out decisions
+    eval_path = tmp_path / "e.json"
+    argv = ["eval", "--data", str(data), "--schema", str(schema), "--calibration", str(out), "--json", str(eval_path)]
+    assert main([*argv, "--constrained-limit", "0"]) == 0
+    assert json.loads(eval_path.read_text())["decisions"] == report["decisions"]
+
+
+@pytest.mark.parametrize("flag", ["--abstain-risk", "--coverage"])
+def test_a_target_outside_zero_one_fails_before_the_model_loads(flag, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(
+        "pcd_integrations.commands.common.load_engine", lambda args: pytest.fail("the model was loaded")
+    )
+    argv = ["calibrate", "--data", "polarity", "--out", str(tmp_path / "c.json"), flag, "1.5"]
+    assert main(argv) != 0
+    assert "strictly between 0 and 1" in capsys.readouterr().err
 
 
 QUESTIONS = {
@@ -156,6 +203,34 @@ def test_a_calibration_fitted_on_question_answers_is_what_decide_then_serves(tmp
         served = engine.decide(record["text"], QUESTIONS).answers["size"]
         assert served.calibrated and served.debiased
         assert list(served.probabilities.values()) == pytest.approx(list(row), abs=1e-9)
+
+
+def test_eval_reads_questions_in_k_rotations_and_keeps_them_apart_from_one_order(tmp_path, monkeypatch):
+    engine = oracle_engine(window=400)  # sees the option list, so a rotation reads differently
+    monkeypatch.setattr("pcd_integrations.commands.common.load_engine", lambda args: engine)
+    data, questions, answers = tmp_path / "d.jsonl", tmp_path / "q.json", tmp_path / "a.jsonl"
+    data.write_text("".join(json.dumps({**r, "split": "test"}) + "\n" for r in QUESTION_RECORDS))
+    questions.write_text(json.dumps({"questions": QUESTIONS}))
+    reports = {}
+    for k in (1, 2):
+        path = tmp_path / f"r{k}.json"
+        argv = ["eval", "--data", str(data), "--questions", str(questions), "--answers", str(answers)]
+        assert main([*argv, "--order-samples", str(k), "--json", str(path)]) == 0
+        reports[k] = json.loads(path.read_text())
+    assert reports[2]["meta"]["order_samples"] == 2 and reports[2]["reused_answers"] == 0  # not the K = 1 answers
+    expected = read_question_answers(engine, QUESTIONS, QUESTION_RECORDS, progress=False, order_samples=2)
+    assert reports[2]["fields"]["size"]["raw"]["nll"] == pytest.approx(
+        build_report(expected)["fields"]["size"]["raw"]["nll"]
+    )
+    assert reports[2]["fields"]["size"]["raw"]["nll"] != pytest.approx(reports[1]["fields"]["size"]["raw"]["nll"])
+
+
+def test_order_samples_without_questions_fails_before_the_model_loads(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(
+        "pcd_integrations.commands.common.load_engine", lambda args: pytest.fail("the model was loaded")
+    )
+    assert main(["eval", "--data", "polarity", "--order-samples", "3"]) != 0
+    assert "--order-samples needs --questions" in capsys.readouterr().err
 
 
 def test_questions_take_a_jsonl_file_and_no_schema(tmp_path, capsys):

@@ -145,6 +145,8 @@ def test_noul_choice_and_score_equal_engine_decide(dm: PCDDecisionModel, engine:
         "candidate_mass": refund.candidate_mass,  # type: ignore[attr-defined]
         "debiased": False,  # what the engine did to the probabilities: nothing here
         "calibrated": False,
+        "abstained": False,  # no calibration, so no threshold and no set
+        "answer_set": None,
     }
 
 

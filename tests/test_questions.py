@@ -115,7 +115,9 @@ def test_system_one_wire_has_floats_x_extensions_and_usage_without_engine_fields
     wire = resp.to_wire()
     assert wire["usage"] == {"input_tokens": 40, "output_tokens": 0} and wire["x_forward_passes"] == 2
     assert wire["x_queue_ms"] == 12.5  # time spent waiting for the model, an engine extension
-    raw = {"x_debiased": False, "x_calibrated": False}  # an answer says it is raw, not by leaving it out
+    # an answer says it is raw, and that no threshold or set was fitted, not by leaving it out
+    raw = {"x_debiased": False, "x_calibrated": False, "x_abstained": False, "x_answer_set": None}
+    raw["x_order_spread"] = None  # read in one order
     assert wire["answers"]["n"] == {"x_candidate_mass": 0.5, "type": "noul", "noul": 1.0, **raw}
     assert set(wire["answers"]["c"]) == {
         "type",

@@ -5,6 +5,13 @@ A calibration file written by the code ``pcd calibrate`` saves with, loaded by t
 a loopback server) and behind ``pcd-mcp`` (in process), changes the served probabilities exactly as
 the file says, and every answer says whether it was calibrated and debiased. The start-up commands
 read the file before any model loads, and log the docs' model recommendation on the default.
+
+A file with fitted thresholds (the shape ``pcd calibrate --abstain-risk --coverage`` saves): the real
+``openai`` client (>= 3.57) parses a ``/v1/decisions`` response where one question is a refusal (the
+declined reading kept in ``x_answer``) and the other is answered; ``/v1/systemone`` carries
+``x_abstained`` and ``x_answer_set``; chat completions' ``x_pcd`` fields, the MCP tools and LangChain's
+decision model carry ``abstained`` and ``answer_set``. The thresholds sit either side of what any
+reading can reach (``NEVER`` and 0), so which answer abstains does not depend on the model's numbers.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from mcp_server.__main__ import parse_args  # noqa: E402
 from pcd_core import Engine  # noqa: E402
 from pcd_core.calibration import Calibration, FieldCalibration  # noqa: E402
 from pcd_core.models import RECOMMENDED_MODEL, recommendation  # noqa: E402
+from pcd_core.selective import NEVER  # noqa: E402
 from pcd_integrations.commands.main import main  # noqa: E402
 from pcd_integrations.http import create_app  # noqa: E402
 from pcd_integrations.langchain_decisions import PCDDecisionModel  # noqa: E402
@@ -182,3 +190,102 @@ def test_the_langchain_decision_model_reports_the_engines_flags(calibrated: Engi
     # the solo call packs one question, the adapter's call two: fp32 sums in another order move the fifth decimal
     solo = calibrated.decide(STATE, {"refund": REFUND}).answers["refund"].noul
     assert answers["refund"].noul == pytest.approx(solo, abs=1e-5)
+
+
+#: always abstains: above every probability
+ABSTAIN = FieldCalibration(("true", "false"), 1.0, (0.0, 0.0), abstain_below=NEVER)
+#: never abstains, and its set holds every label
+ANSWER_ALL = FieldCalibration(("billing", "shipping"), 1.0, (0.0, 0.0), abstain_below=0.0, set_threshold=0.0)
+
+
+@pytest.fixture(scope="module")
+def abstaining(engine: Engine) -> Engine:
+    fields = {
+        "refund": ABSTAIN,
+        "team": ANSWER_ALL,
+        "questions[0]": ABSTAIN,
+        "questions[1]": ANSWER_ALL,
+        "wants_refund": ABSTAIN,
+        "angry": FieldCalibration(("true", "false"), 1.0, (0.0, 0.0), abstain_below=0.0, set_threshold=0.0),
+    }
+    calibration = Calibration("smollm2-135m", False, fields, {"data": "hand-written"}, abstain_risk=0.05, coverage=0.9)
+    return Engine(engine.backend, engine.tokenizer, engine.model_name, calibration=calibration)
+
+
+@pytest.fixture(scope="module")
+def abstaining_url(abstaining: Engine) -> Any:
+    with serving(create_app(abstaining)) as url:
+        yield url
+
+
+def test_the_openai_client_parses_one_refusal_beside_an_answered_question(
+    abstaining: Engine, abstaining_url: str
+) -> None:
+    client = openai.OpenAI(base_url=f"{abstaining_url}/v1", api_key="unused", max_retries=0)
+    predicate = {"type": "predicate", "name": "refund", "instructions": REFUND["instructions"]}
+    choice = {
+        "type": "choice",
+        "name": "team",
+        "instructions": TEAM["instructions"],
+        "choices": [{"value": "billing"}, {"value": "shipping"}],
+    }
+    decision = client.decisions.create(model="smollm2-135m", input=STATE, questions=[predicate, choice])
+    refused, answered = decision.answers
+    assert refused.type == "refusal" and refused.name == "refund"
+    assert type(refused).__name__ == "AnswerAnswerResourceRefusal"  # the SDK's own refusal type
+    read = abstaining.decide(STATE, {"questions[0]": REFUND}).answers["questions[0]"]
+    assert refused.x_abstained is True  # the declined reading stays in the extension
+    # read alone, not packed beside the choice: float32 sums differ in the last digits
+    assert refused.x_answer["probability"] == pytest.approx(read.noul, abs=1e-4)
+    assert answered.type == "choice" and answered.choice in ("billing", "shipping")
+    assert type(answered).__name__ == "AnswerAnswerResourceChoice"
+
+
+def test_systemone_carries_x_abstained_and_x_answer_set(abstaining_url: str) -> None:
+    questions = {"refund": REFUND, "team": TEAM}
+    body = httpx.post(
+        f"{abstaining_url}/v1/systemone", json={"state": STATE, "questions": questions}, timeout=300
+    ).json()
+    refund, team = body["answers"]["refund"], body["answers"]["team"]
+    assert refund["x_abstained"] is True and refund["x_answer_set"] is None and 0 <= refund["noul"] <= 1
+    assert team["x_abstained"] is False
+    assert team["x_answer_set"][0] == team["choice"] and sorted(team["x_answer_set"]) == ["billing", "shipping"]
+
+
+def test_chat_completions_fields_carry_abstained_and_answer_set(abstaining_url: str) -> None:
+    client = openai.OpenAI(base_url=f"{abstaining_url}/v1", api_key="unused", max_retries=0)
+    response_format = {"type": "json_schema", "json_schema": {"name": "ticket", "schema": SCHEMA}}
+    reply = client.chat.completions.create(
+        model="smollm2-135m", messages=[{"role": "user", "content": STATE}], response_format=response_format
+    )
+    fields = reply.x_pcd["fields"]
+    assert fields["wants_refund"]["abstained"] is True and fields["angry"]["abstained"] is False
+    assert sorted(fields["angry"]["answer_set"]) == [False, True] and fields["wants_refund"]["answer_set"] is None
+
+
+@pytest.mark.asyncio
+async def test_mcp_results_carry_abstained_and_answer_set(abstaining: Engine) -> None:
+    async with Client(build_server(abstaining), raise_exceptions=True) as client:
+        decided = await client.call_tool("decide", {"state": STATE, "questions": {"refund": REFUND, "team": TEAM}})
+        filled = (await client.call_tool("fill", {"state": STATE, "schema": SCHEMA})).structured_content
+    answers = decided.structured_content["answers"]
+    assert answers["refund"]["x_abstained"] is True and answers["team"]["x_abstained"] is False
+    assert len(answers["team"]["x_answer_set"]) == 2
+    assert filled["fields"]["wants_refund"]["abstained"] is True and filled["fields"]["angry"]["abstained"] is False
+    assert len(filled["fields"]["angry"]["answer_set"]) == 2
+
+
+def test_the_langchain_decision_model_says_which_answer_it_abstained_from(abstaining: Engine) -> None:
+    from langchain_core.decisions import Choice, Noul
+
+    model = PCDDecisionModel(engine=abstaining)
+    questions = {
+        "refund": Noul(instructions=REFUND["instructions"]),
+        "team": Choice(instructions=TEAM["instructions"], criteria=TEAM["criteria"]),
+    }
+    answers = model.invoke({"state": STATE, "questions": questions}).answers
+    assert answers["refund"].abstained is True and answers["team"].abstained is False
+    assert answers["refund"].noul == pytest.approx(
+        abstaining.decide(STATE, {"refund": REFUND}).answers["refund"].noul, abs=1e-4
+    )
+    assert sorted(answers["team"].answer_set) == ["billing", "shipping"]

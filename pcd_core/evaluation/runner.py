@@ -134,12 +134,14 @@ def read_question_answers(
     *,
     progress: bool = True,
     cache: AnswerCache | None = None,
+    order_samples: int = 1,
 ) -> Answers:
     """Decide every record's questions raw (``engine.decide``, the call behind ``/v1/systemone``), so
     that a calibration is fitted on the prompt it will be applied to. A record's ``labels`` are keyed by
     question id: a boolean (or ``"true"``/``"false"``) for a noul, an option for a choice, a level index
     for a score. The answers' names are the labels (``answer_names``), as ``Engine.decide`` looks
-    them up in a calibration. A record whose answer ``cache`` holds is not read again.
+    them up in a calibration. A record whose answer ``cache`` holds is not read again. ``order_samples``
+    is ``Engine.decide``'s (its answers are kept apart from those read in one order).
     """
     from ..questions import DecideRequest, answer_names, distribution
 
@@ -149,11 +151,12 @@ def read_question_answers(
     priors = engine.question_priors(asked)
     reused = 0
     for record in tqdm(records, desc="eval", unit="ex", disable=not progress, mininterval=2.0):
-        key = answer_key(engine.model_name, questions, record["text"])
+        scope = questions if order_samples == 1 else {"questions": questions, "order_samples": order_samples}
+        key = answer_key(engine.model_name, scope, record["text"])
         answer = cache.get(key, needs_constrained=False) if cache is not None else None
         reused += answer is not None
         if answer is None:
-            response = engine.decide(record["text"], asked, debias=False, calibrate=False)
+            response = engine.decide(record["text"], asked, debias=False, calibrate=False, order_samples=order_samples)
             answer = CachedAnswer(
                 {qid: distribution(response.answers[qid]) for qid in asked},
                 {qid: response.answers[qid].candidate_mass for qid in asked},
@@ -193,7 +196,7 @@ def variants(answers: Answers, name: str, calibration: Calibration | None) -> di
     rows = {"raw": raw, "debiased": debias_rows(raw, answers.priors[name])}
     found = calibration.for_field(name, out.labels) if calibration is not None else None
     if calibration is not None and found is not None:
-        rows["calibrated"] = calibrate_rows(rows["debiased" if calibration.debias else "raw"], found)
+        rows["calibrated"] = calibrate_rows(rows["debiased" if calibration.debiases(found) else "raw"], found)
     return rows
 
 

@@ -1,9 +1,12 @@
 """``pcd eval`` and ``pcd calibrate``: arguments, data selection, the printed table, JSON and plot.
 
 Arguments, the data file and the schema are checked before the model loads. ``pcd calibrate`` reads
-the train split, fits per field, saves the file, then reports on the test split with it applied, so
-one command gives raw, debiased and calibrated numbers on held-out data; beside them it reports the
-fits it did not save, from the same train answers (debiased or not, with per-label biases or not).
+the train split, fits per field (by default the cross-validated choice of pcd_core/calibration_choice.py;
+``--debias`` / ``--bias`` / ``--no-top-label`` a fixed fit), adds the ``--abstain-risk`` and
+``--coverage`` thresholds (pcd_core/evaluation/decisions.py), saves the file, then reports on the test
+split with it applied, so one command gives raw, debiased and calibrated numbers on held-out data,
+ending with the held-out ECE beside its yardstick; beside them it reports the fixed fits it did not
+save, from the same train answers (debiased or not, with per-label biases or not).
 Both commands say on stderr how many examples each split gave, of how many it has.
 """
 
@@ -21,6 +24,7 @@ from pcd_core.calibration import BIAS_SD, Calibration
 from pcd_core.errors import PcdError
 from pcd_core.evaluation import datasets
 from pcd_core.evaluation.cache import AnswerCache
+from pcd_core.evaluation.decisions import choose_calibration, decision_report, too_few, with_decisions, write_risk_plot
 from pcd_core.evaluation.metrics import reliability
 from pcd_core.evaluation.runner import (
     Answers,
@@ -63,6 +67,14 @@ def _add_data_options(parser: argparse.ArgumentParser, split: str) -> None:
         "keyed by question id, and the answers are read as /v1/systemone reads them",
     )
     parser.add_argument("--split", default=split, choices=("train", "test"))
+    parser.add_argument(
+        "--order-samples",
+        type=int,
+        default=1,
+        metavar="K",
+        help="with --questions: read each choice and score in K rotations of its options, in the same pass, "
+        "and average them (default 1)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="shuffles the examples and splits sets without one")
     parser.add_argument("--json", metavar="PATH", help="write the report as JSON")
     parser.add_argument("--plot", metavar="PNG", help="write a reliability diagram")
@@ -103,6 +115,7 @@ def add_eval_parsers(subparsers: Any) -> None:
     _add_data_options(evaluate, "test")
     evaluate.add_argument("--limit", type=int, default=500, help="examples to read (default 500)")
     evaluate.add_argument("--calibration", metavar="FILE", help="also report with this calibration applied")
+    evaluate.add_argument("--risk-plot", metavar="PNG", help="write the risk-coverage curve")
     evaluate.add_argument("--fetch", action="store_true", help="only build the bundled --data set and exit")
     evaluate.set_defaults(run=run_eval)
 
@@ -113,9 +126,29 @@ def add_eval_parsers(subparsers: Any) -> None:
     calibrate.add_argument("--out", required=True, metavar="FILE", help="where the calibration JSON goes")
     calibrate.add_argument("--train-limit", type=int, default=300, help="train examples to fit on (default 300)")
     calibrate.add_argument("--limit", type=int, default=500, help="held-out test examples to report on")
-    calibrate.add_argument("--debias", action="store_true", help="fit on debiased probabilities")
     calibrate.add_argument(
-        "--bias", action="store_true", help="also fit a bias per label, jointly with the temperature"
+        "--debias",
+        action="store_true",
+        help="fit on debiased probabilities (with --bias or alone: a fixed fit instead of the default, "
+        "which chooses per field by cross-validation on the train split)",
+    )
+    calibrate.add_argument(
+        "--bias",
+        action="store_true",
+        help="also fit a bias per label, jointly with the temperature (a fixed fit, as --debias)",
+    )
+    calibrate.add_argument(
+        "--abstain-risk",
+        type=float,
+        metavar="R",
+        help="per field, fit the probability below which an answer is abstained from, so that the answered "
+        "train examples' error stays at or below R (a Clopper-Pearson bound at 90%% confidence)",
+    )
+    calibrate.add_argument(
+        "--coverage",
+        type=float,
+        metavar="C",
+        help="per field, fit split-conformal answer sets that hold the right label at rate C",
     )
     calibrate.add_argument(
         "--bias-sd",
@@ -128,13 +161,20 @@ def add_eval_parsers(subparsers: Any) -> None:
         "--no-top-label",
         dest="top_label",
         action="store_false",
-        help="leave out the step that scales the fit so the confidence matches how often the top label is right",
+        help="leave out the step that scales the fit so the confidence matches how often the top label is right "
+        "(a fixed fit, as --debias)",
     )
+    calibrate.add_argument("--risk-plot", metavar="PNG", help="write the held-out risk-coverage curve")
     calibrate.set_defaults(run=run_calibrate)
 
 
 def _load_data(args: argparse.Namespace) -> tuple[Any, list[dict[str, Any]]]:
     """The schema (or, with ``--questions``, the questions) and the labelled records, all checked."""
+    if args.order_samples != 1 and args.questions is None:
+        # a fill's options sit in the cached head: rotating them is K heads, not K rows (docs/trust.md)
+        raise PcdError("--order-samples needs --questions: a schema's options are read in the one order it gives")
+    if not 1 <= args.order_samples <= 8:
+        raise PcdError(f"--order-samples {args.order_samples} must be 1 to 8")
     if args.questions is not None:
         if args.schema or args.data in datasets.NAMES:
             raise PcdError("--questions takes a JSONL --data whose labels are keyed by question id, and no --schema")
@@ -178,7 +218,7 @@ def _read(
 ) -> Answers:
     """Fill (a schema) or decide (``--questions``) every record raw; AR-constrained only for schemas."""
     if args.questions is not None:
-        answers = read_question_answers(engine, source, records, cache=cache)
+        answers = read_question_answers(engine, source, records, cache=cache, order_samples=args.order_samples)
     else:
         answers = read_answers(engine, source, records, constrained=constrained, cache=cache)
     if cache is not None:
@@ -194,6 +234,7 @@ def _meta(args: argparse.Namespace, engine: Any, split: str, n: int) -> dict[str
         "split": split,
         "seed": args.seed,
         "n": n,
+        "order_samples": args.order_samples,
         "command": "pcd " + " ".join(sys.argv[1:]),
         "machine": f"{platform.machine()} {platform.system()}",
     }
@@ -203,12 +244,30 @@ def _meta(args: argparse.Namespace, engine: Any, split: str, n: int) -> dict[str
 
 
 def _finish(args: argparse.Namespace, report: dict[str, Any], answers: Any, calibration: Calibration | None) -> None:
+    if calibration is not None and (calibration.abstain_risk is not None or calibration.coverage is not None):
+        report["decisions"] = decision_report(answers, calibration)
     write_table(report, sys.stdout)
+    if "decisions" in report:
+        write_decisions(report["decisions"], sys.stdout)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    title = f"{report['meta']['model']} on {args.data}"
     if args.plot:
-        write_plot(answers, calibration, args.plot, f"{report['meta']['model']} on {args.data}")
+        write_plot(answers, calibration, args.plot, title)
+    if args.risk_plot:
+        write_risk_plot(answers, calibration, args.risk_plot, title)
+
+
+def write_decisions(decisions: dict[str, Any], out: TextIO) -> None:
+    """The held-out abstention and answer-set table: a row per field and pooled."""
+    columns = ("n", "abstain_below", "coverage", "risk", "set_threshold", "set_coverage", "mean_set_size")
+    out.write(
+        f"\ndecisions (target risk {decisions['target_risk']}, target coverage {decisions['target_coverage']})\n"
+        f"| field | {' | '.join(columns)} |\n|{'---|' * (len(columns) + 1)}\n"
+    )
+    for title, entry in [*decisions["fields"].items(), ("pooled", decisions["overall"])]:
+        out.write(f"| {title} | {' | '.join(_cell(entry.get(c)) for c in columns)} |\n")
 
 
 def run_eval(args: argparse.Namespace) -> int:
@@ -231,6 +290,9 @@ def run_eval(args: argparse.Namespace) -> int:
 def run_calibrate(args: argparse.Namespace) -> int:
     if not args.bias_sd > 0:
         raise PcdError(f"--bias-sd {args.bias_sd} must be > 0")
+    for flag, value in (("--abstain-risk", args.abstain_risk), ("--coverage", args.coverage)):
+        if value is not None and not 0 < value < 1:
+            raise PcdError(f"{flag} {value} must lie strictly between 0 and 1")
     schema, records = _load_data(args)
     train = _selected(args, records, "train", args.train_limit)
     test = _selected(args, records, "test", args.limit)
@@ -250,26 +312,55 @@ def run_calibrate(args: argparse.Namespace) -> int:
             fitted_on=fitted_on,
         )
 
-    calibration = fitted(args.debias, args.bias)
+    fixed = args.debias or args.bias or not args.top_label
+    if fixed:
+        calibration = fitted(args.debias, args.bias)
+    else:
+        calibration = choose_calibration(train_answers, engine.model_name, fitted_on, args.seed)
+    calibration = with_decisions(calibration, train_answers, args.abstain_risk, args.coverage)
     calibration.save(args.out)
     for name, found in calibration.fields.items():
-        biases = f", biases {', '.join(f'{b:+.2f}' for b in found.bias)}" if args.bias else ""
-        print(f"{name}: temperature {found.temperature:.3f}{biases} (fitted on {len(train)} examples)", file=sys.stderr)
+        biases = f", biases {', '.join(f'{b:+.2f}' for b in found.bias)}" if any(found.bias) else ""
+        how = found.fit or ("debiased" if calibration.debias else "raw")
+        print(
+            f"{name}: {how}: temperature {found.temperature:.3f}{biases} (fitted on {len(train)} examples)",
+            file=sys.stderr,
+        )
+    warning = too_few(len(train), args.abstain_risk)
+    if warning:
+        print(warning, file=sys.stderr)
     answers = _read(args, engine, schema, test, args.constrained_limit, cache)
     report = {"meta": _meta(args, engine, "test", len(test)), **build_report(answers, calibration)}
     report["meta"]["calibration"] = calibration.to_dict()
     # the other choices, fitted on the same train answers and reported on the same held-out ones:
     # whether debiasing first helps calibration, and whether the per-label biases do
+    debias, bias = args.debias, args.bias
     others = {
-        "calibrated_debiased" if not args.debias else "calibrated_raw": fitted(not args.debias, args.bias),
-        "calibrated_temperature_only" if args.bias else "calibrated_with_bias": fitted(args.debias, not args.bias),
+        "calibrated_debiased" if not debias else "calibrated_raw": fitted(not debias, bias),
+        "calibrated_temperature_only" if bias else "calibrated_with_bias": fitted(debias, not bias),
     }
     for variant, other in others.items():
         report["overall"][variant] = build_report(answers, other)["overall"]["calibrated"]
     report["meta"]["train_seconds"] = round(train_answers.seconds, 1)
     report["meta"]["train_reused_answers"] = train_answers.reused
+    if warning:
+        report["meta"]["warning"] = warning
     _finish(args, report, answers, calibration)
+    print(held_out_summary(report["overall"]), file=sys.stderr)
     return 0
+
+
+def held_out_summary(overall: dict[str, Any]) -> str:
+    """One line: the saved calibration's held-out ECE beside the ECE its confidences would show by
+    chance alone if they were exact (``metrics.ece_if_calibrated``, the yardstick), and the accuracy
+    beside the raw and debiased readings'.
+    """
+    calibrated, raw, debiased = overall["calibrated"], overall["raw"], overall["debiased"]
+    return (
+        f"held-out (n {calibrated['n']:.0f}): ECE {calibrated['ece']:.3f} (yardstick: "
+        f"{calibrated['ece_if_calibrated']:.3f} if every confidence were exact), accuracy {calibrated['accuracy']:.3f} "
+        f"(raw {raw['accuracy']:.3f}, debiased {debiased['accuracy']:.3f})"
+    )
 
 
 #: the report's rows, in the printed order: ``pcd calibrate`` adds the fits it did not save as

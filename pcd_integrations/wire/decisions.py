@@ -13,7 +13,9 @@ Each question becomes a `pcd_core.questions` model when it is validated, so the 
 messages apply here unchanged, and both routes make the same ``engine.decide`` call. Answers come back
 in question order with their names; a choice's values keep their JSON type (``true`` stays a boolean).
 Each answer says, as on ``/v1/systemone``, whether it was debiased and calibrated (``x_debiased``,
-``x_calibrated``); a calibration covers a question by its id here, ``questions[i]``.
+``x_calibrated``); a calibration covers a question by its id here, ``questions[i]``. An answer the
+engine abstained from (a calibration fitted with ``--abstain-risk``) is OpenAI's ``refusal``, with the
+reading it declined in ``x_answer``.
 A predicate is a noul; a boolean choice value is shown to the model as ``true``/``false``, so ``true``
 and ``"true"`` in one question are refused as equal options. ``tests/test_questions.py`` covers the
 translation, ``tests/test_decisions_api.py`` the route with the real ``openai`` client.
@@ -237,7 +239,22 @@ class DecisionScoreAnswer(WireModel):
     x_calibrated: bool = _flag(CALIBRATED)
 
 
-DecisionAnswer = Annotated[PredicateAnswer | DecisionChoiceAnswer | DecisionScoreAnswer, Field(discriminator="type")]
+class RefusalAnswer(WireModel):
+    """OpenAI's refusal (openai >= 3.57): the engine abstained, its probability being below the threshold a
+    calibration fitted for a target risk (pcd_core/selective.py); the reading it declined is ``x_answer``.
+    """
+
+    type: Literal["refusal"] = "refusal"
+    name: str | None
+    x_abstained: bool = Field(default=True, description=systemone.ABSTAINED)
+    x_answer: PredicateAnswer | DecisionChoiceAnswer | DecisionScoreAnswer = Field(
+        description="The answer the engine read and declined to give, with its probabilities."
+    )
+
+
+DecisionAnswer = Annotated[
+    PredicateAnswer | DecisionChoiceAnswer | DecisionScoreAnswer | RefusalAnswer, Field(discriminator="type")
+]
 
 
 class InputTokensDetails(WireModel):
@@ -293,9 +310,16 @@ def _answer(question: PredicateQuestion | DecisionChoiceQuestion | DecisionScore
     raise TypeError(f"a {type(answer).__name__} does not answer a {question.type} question")
 
 
+def _answer_or_refusal(question: Any, answer: Any) -> Any:
+    read = _answer(question, answer)
+    return RefusalAnswer(name=question.name, x_answer=read) if answer.abstained else read
+
+
 def decision_response(request: DecisionRequest, response: DecideResponse) -> DecisionResponse:
-    """The OpenAI answer to ``request`` from the engine's System One ``response``."""
-    answers = [_answer(q, response.answers[question_id(i)]) for i, q in enumerate(request.questions)]
+    """The OpenAI answer to ``request`` from the engine's System One ``response``; an abstained answer
+    becomes a refusal.
+    """
+    answers = [_answer_or_refusal(q, response.answers[question_id(i)]) for i, q in enumerate(request.questions)]
     usage = response.usage
     return DecisionResponse(
         model=response.model,

@@ -1,0 +1,165 @@
+"""From answers on labelled examples to a calibration an agent can act on, and the report of how it acts.
+
+``choose_calibration`` is ``pcd calibrate``'s default: per field, the fit cross-validation picks on the
+train split (pcd_core/calibration_choice.py). ``with_decisions`` adds, per field, the abstention
+threshold for a target risk and the answer-set threshold for a target coverage, both fitted on the
+train split's calibrated answers (pcd_core/selective.py). ``decision_report`` scores those on the
+held-out split: coverage (share answered) and risk (error among answered), and the sets' coverage and
+mean size, per field and pooled. ``tests/test_eval_decisions.py`` runs them on synthetic answers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from ..calibration import Calibration, FieldCalibration
+from ..calibration_choice import TEMPERATURE_SD, choose_fit
+from ..selective import DELTA, abstention_threshold, answer_set, conformal_threshold, first_tested, risk_coverage
+from . import metrics
+from .runner import Answers, variants
+
+
+def choose_calibration(answers: Answers, model: str, fitted_on: Mapping[str, Any], seed: int = 0) -> Calibration:
+    """Per field, the cross-validated choice of fit, saved with what it chose and why (``fitted_on``)."""
+    fields, chosen = {}, {}
+    for name, out in answers.fields.items():
+        if not out.gold:
+            continue
+        rows = variants(answers, name, None)
+        raw, debiased = (np.log(np.maximum(rows[v], 1e-300)) for v in ("raw", "debiased"))
+        choice = choose_fit(raw, debiased, np.asarray(out.gold), seed)
+        fields[name] = FieldCalibration(
+            out.labels, choice.temperature, choice.bias, choice.candidate.debias, choice.candidate.name
+        )
+        chosen[name] = {"fit": choice.candidate.name, "cv_nll": choice.cv_nll}
+    provenance = {**fitted_on, "choice": "cross-validated", "temperature_sd": TEMPERATURE_SD, "chosen": chosen}
+    return Calibration(model, False, fields, provenance, None)
+
+
+def _calibrated(answers: Answers, name: str, calibration: Calibration) -> np.ndarray:
+    rows = variants(answers, name, calibration)
+    return rows.get("calibrated", rows["raw"])
+
+
+def with_decisions(
+    calibration: Calibration, answers: Answers, abstain_risk: float | None, coverage: float | None
+) -> Calibration:
+    """``calibration`` with each field's abstention and answer-set thresholds fitted on ``answers``."""
+    fields = dict(calibration.fields)
+    for name, found in calibration.fields.items():
+        out = answers.fields.get(name)
+        if out is None or not out.gold:
+            continue
+        rows, gold = _calibrated(answers, name, calibration), np.asarray(out.gold)
+        correct = metrics.predictions(rows) == gold
+        fields[name] = replace(
+            found,
+            abstain_below=None
+            if abstain_risk is None
+            else abstention_threshold(rows.max(axis=1), correct, abstain_risk),
+            set_threshold=None if coverage is None else conformal_threshold(rows[np.arange(len(gold)), gold], coverage),
+        )
+    return replace(calibration, fields=fields, abstain_risk=abstain_risk, coverage=coverage)
+
+
+def _scores(rows: np.ndarray, gold: np.ndarray, found: FieldCalibration) -> dict[str, float | None]:
+    """What one field's thresholds do on these answers."""
+    scores: dict[str, float | None] = {"n": float(len(gold))}
+    if found.abstain_below is not None:
+        answered = rows.max(axis=1) >= found.abstain_below
+        wrong = metrics.predictions(rows) != gold
+        scores.update(
+            abstain_below=found.abstain_below,
+            answered=float(answered.sum()),
+            coverage=float(answered.mean()),
+            risk=float(wrong[answered].mean()) if answered.any() else None,  # None, not NaN: JSON stays JSON
+        )
+    if found.set_threshold is not None:
+        sets = [answer_set(list(row), found.set_threshold) for row in rows]
+        scores.update(
+            set_threshold=found.set_threshold,
+            set_coverage=float(np.mean([g in s for s, g in zip(sets, gold)])),
+            mean_set_size=float(np.mean([len(s) for s in sets])),
+        )
+    return scores
+
+
+def decision_report(answers: Answers, calibration: Calibration) -> dict[str, Any]:
+    """Per field and pooled, the thresholds' held-out coverage and risk, set coverage and set size."""
+    report: dict[str, Any] = {"fields": {}, "target_risk": calibration.abstain_risk, "delta": DELTA}
+    report["target_coverage"] = calibration.coverage
+    pooled: dict[str, list[float]] = {"answered": [], "wrong_answered": [], "n": [], "in_set": [], "set_size": []}
+    for name, out in answers.fields.items():
+        found = calibration.for_field(name, out.labels)
+        if found is None or not out.gold:
+            continue
+        rows, gold = _calibrated(answers, name, calibration), np.asarray(out.gold)
+        entry = _scores(rows, gold, found)
+        if len(entry) == 1:  # neither a threshold nor a set fitted
+            continue
+        report["fields"][name] = entry
+        pooled["n"].append(len(gold))
+        if "answered" in entry:
+            answered = entry["answered"] or 0.0
+            pooled["answered"].append(answered)
+            pooled["wrong_answered"].append(answered * (entry["risk"] or 0.0))
+        if "set_coverage" in entry:
+            pooled["in_set"].append((entry["set_coverage"] or 0.0) * len(gold))
+            pooled["set_size"].append((entry["mean_set_size"] or 0.0) * len(gold))
+    total = sum(pooled["n"])
+    overall: dict[str, float | None] = {"n": float(total)}
+    if pooled["answered"]:
+        answered = sum(pooled["answered"])
+        overall.update(coverage=answered / total, risk=sum(pooled["wrong_answered"]) / answered if answered else None)
+    if pooled["in_set"]:
+        overall.update(set_coverage=sum(pooled["in_set"]) / total, mean_set_size=sum(pooled["set_size"]) / total)
+    report["overall"] = overall
+    return report
+
+
+def too_few(n: int, risk: float | None) -> str | None:
+    """A sentence when ``n`` train examples per field cannot promise the target risk, whatever the model does."""
+    if risk is None or n >= first_tested(risk):
+        return None
+    return (
+        f"{n} train examples cannot promise risk {risk}: the bound (Clopper-Pearson at confidence "
+        f"{1 - DELTA:.2f}, pcd_core/selective.py) is first tested at {first_tested(risk)} answered examples, "
+        "so every field will abstain; fit on more examples (--train-limit)"
+    )
+
+
+def write_risk_plot(answers: Answers, calibration: Calibration | None, path: str, title: str) -> None:
+    """Risk against coverage when answering the most confident first, pooled over fields, one line per
+    variant; the fitted abstention point (held-out coverage, risk) and the target risk marked.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(5, 4))
+    pooled: dict[str, tuple[list[np.ndarray], list[np.ndarray]]] = {}
+    for name, out in answers.fields.items():
+        if not out.gold:
+            continue
+        for variant, rows in variants(answers, name, calibration).items():
+            confidence, correct = pooled.setdefault(variant, ([], []))
+            confidence.append(rows.max(axis=1))
+            correct.append(metrics.predictions(rows) == np.asarray(out.gold))
+    for variant, (confidence, correct) in pooled.items():
+        coverage, risk = risk_coverage(np.concatenate(confidence), np.concatenate(correct))
+        axes.plot(coverage, risk, label=variant)
+    if calibration is not None and calibration.abstain_risk is not None:
+        overall = decision_report(answers, calibration)["overall"]
+        axes.axhline(calibration.abstain_risk, color="grey", linestyle=":", label="target risk")
+        if overall.get("risk") is not None:
+            axes.plot([overall["coverage"]], [overall["risk"]], "ko", label="fitted threshold, held-out")
+    axes.set(xlabel="coverage (share answered)", ylabel="risk (error among answered)", title=title, xlim=(0, 1))
+    axes.legend(loc="upper left")
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)

@@ -1,0 +1,38 @@
+"""Every figure of docs/trust.md is the recorded run under docs/eval/trust/ it names."""
+
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RUNS = ROOT / "docs" / "eval" / "trust"
+PAGE = (ROOT / "docs" / "trust.md").read_text()
+
+
+def _load(name):
+    return json.loads((RUNS / name).read_text())
+
+
+def test_the_default_fit_table_is_the_recorded_run():
+    overall = _load("smollm2-135m.polarity.default-100.json")["overall"]
+    for variant, label in (("raw", "raw"), ("debiased", "debiased"), ("calibrated", "default (chose `debiased`)")):
+        v = overall[variant]
+        assert f"| {label} | {v['accuracy']:.3f} | {v['ece']:.3f} | {v['ece_if_calibrated']:.3f} |" in PAGE
+    chosen = _load("smollm2-135m.polarity.default-100.calibration.json")["fitted_on"]["chosen"]["sentiment"]
+    assert chosen["fit"] == "debiased"
+    assert f"raw {chosen['cv_nll']['raw']:.3f}, debiased {chosen['cv_nll']['debiased']:.3f}" in PAGE
+
+
+def test_the_answer_set_and_abstention_figures_are_the_recorded_runs():
+    for risk in ("0.05", "0.10"):
+        decisions = _load(f"smollm2-135m.polarity.risk-{risk}.json")["decisions"]["overall"]
+        assert decisions["coverage"] == 0.0 and decisions["risk"] is None  # always abstains, as the page says
+        assert f"held-out coverage **{decisions['set_coverage']:.3f}**" in PAGE
+        assert f"mean set size\n**{decisions['mean_set_size']:.2f}**" in PAGE
+
+
+def test_the_order_samples_table_is_the_recorded_run():
+    runs = _load("smollm2-135m.ticket.order-samples.json")["runs"]
+    for run in runs:
+        row = f"| K = {run['order_samples']} | {run['right']} | {run['forward_passes']} | {run['n_rows']} |"
+        assert row in PAGE
+    assert runs[0]["forward_passes"] == runs[1]["forward_passes"]
