@@ -67,6 +67,12 @@ class BackendError(PcdError, RuntimeError):
     """A backend broke its contract at run time."""
 
 
+class HiddenStatesUnavailableError(BackendError):
+    """The backend cannot return hidden states (a remote server that sends log-probs only), so a
+    trained head cannot be read through it.
+    """
+
+
 class UpstreamError(BackendError):
     """A remote model server (vLLM) refused a read or did not answer it: the fault is upstream, neither
     the caller's nor this engine's, so HTTP reports it as 502 rather than as our own 500.

@@ -182,11 +182,43 @@ def check_backend(backend: Backend, prompt: Sequence[int], rows: Sequence[Sequen
     for got, want in zip(chunked.values, batched.values):
         np.testing.assert_allclose(got, want, atol=atol, err_msg="chunking changed a result")
     _check_trunk(backend, prompt, rows, queries, atol)
+    if backend.reads_hidden:
+        _check_hidden(backend, whole, rows, queries, batched.values, atol)
 
     full = backend.next_logp(whole)
     total = float(np.logaddexp.reduce(full))
     assert abs(total) < 1e-3, f"log-probs are not normalised: logsumexp = {total}"
     assert full.shape == (backend.vocab_size,), f"next_logp has shape {full.shape}, not the vocabulary"
+
+
+def _check_hidden(
+    backend: Backend,
+    whole: Prefix,
+    rows: list[tuple[int, ...]],
+    queries: list[Query],
+    values: list[np.ndarray],
+    atol: float,
+) -> None:
+    """Hidden states come from the same reads as the log-probs: asking for them changes no value and
+    no pass count, and the state at each query equals the one after the same tokens read as a prefix.
+    """
+    before = backend.forward_passes
+    backend.score(whole, rows, queries)
+    plain, before = backend.forward_passes - before, backend.forward_passes
+    read = backend.score(whole, rows, queries, hidden=True)
+    assert backend.forward_passes - before == plain, "hidden states cost a pass of their own"
+    assert read.hidden is not None and len(read.hidden) == len(queries)
+    for got, want in zip(read.values, values):
+        np.testing.assert_allclose(got, want, atol=atol, err_msg="asking for hidden states changed a log-prob")
+    width = read.hidden[0].shape
+    for k, query in enumerate(queries):
+        assert read.hidden[k].shape == width and np.all(np.isfinite(read.hidden[k]))
+        extended = backend.prefill(rows[query.row][: query.position + 1], parent=whole)
+        alone = backend.score(extended, [rows[0]], [Query(0, -1, (0,))], hidden=True).hidden
+        assert alone is not None
+        np.testing.assert_allclose(
+            read.hidden[k], alone[0], rtol=1e-3, atol=atol, err_msg="a hidden state differs from the row read alone"
+        )
 
 
 def _check_trunk(

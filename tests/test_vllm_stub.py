@@ -31,7 +31,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse  # noqa: E402
 from pcd_core.backends.base import Query  # noqa: E402
 from pcd_core.backends.vllm_backend import VllmBackend, plan_id_chunks  # noqa: E402
 from pcd_core.engine import Engine  # noqa: E402
-from pcd_core.errors import BackendError  # noqa: E402
+from pcd_core.errors import BackendError, HiddenStatesUnavailableError  # noqa: E402
 from pcd_core.testing import ByteTokenizer, OracleBackend, check_backend  # noqa: E402
 
 VOCAB = 300
@@ -301,6 +301,16 @@ def test_prefix_cache_counters_are_summed_over_engines(stub):
 def test_the_backend_contract_holds(stub):
     url, _ = stub
     check_backend(connect(url), [5, 17, 33, 2, 41, 9], [(11, 12, 13), (14, 15)], atol=0)
+
+
+def test_hidden_states_are_refused_by_type_before_any_request(stub):
+    url, _ = stub
+    backend = connect(url)
+    prefix = backend.prefill([5, 17, 33])
+    before = backend.forward_passes
+    with pytest.raises(HiddenStatesUnavailableError, match="sends no hidden states"):
+        backend.score(prefix, [(11, 12)], [Query(0, 1, (0,))], hidden=True)
+    assert backend.forward_passes == before
 
 
 @pytest.mark.parametrize("case", schema_cases())

@@ -53,7 +53,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ..errors import BackendError, PromptError
+from ..errors import BackendError, HiddenStatesUnavailableError, PromptError
 from ..hooks import notify_pass
 
 #: how a backend's rows share the prefix (``Stats.row_layout`` reports it)
@@ -91,6 +91,9 @@ class Scored:
 
     values: list[np.ndarray]
     prefix: Prefix
+    #: with ``score(..., hidden=True)``: the model's final hidden state (after the last norm, the LM
+    #: head's input) at each query's position, read in the same pass as its log-probs
+    hidden: list[np.ndarray] | None = None
 
 
 #: row tokens per forward pass when the caller sets no limit: a few thousand rows' worth of masks
@@ -265,6 +268,11 @@ class Backend(ABC):
     #: rows one pass may hold, where a backend bounds them (llama.cpp: a sequence id per row); a call
     #: with more is split into passes, as ``max_tokens_per_pass`` splits it
     max_rows_per_pass: int | None = None
+    #: whether ``score(..., hidden=True)`` works: the backend overrides ``_score_chunk_hidden`` and
+    #: ``_prefix_hidden``
+    reads_hidden: bool = False
+    #: the end of the sentence that refuses ``hidden`` on a backend without it
+    hidden_unavailable_because: str = "does not expose hidden states"
 
     def __init__(
         self,
@@ -315,7 +323,14 @@ class Backend(ABC):
         queries: Sequence[Query],
         trunk: Sequence[int] = (),
         pause: Callable[[], None] | None = None,
+        hidden: bool = False,
     ) -> Scored:
+        """Log-probs at each query; with ``hidden``, also the final hidden state there (a trained head
+        reads it: ``pcd_core/heads.py``), from the same passes. A backend that cannot expose hidden
+        states refuses ``hidden`` with ``HiddenStatesUnavailableError`` before any pass.
+        """
+        if hidden and not self.reads_hidden:
+            raise HiddenStatesUnavailableError(f"the {self.name} backend {self.hidden_unavailable_because}")
         given: list[tuple[int, ...]] = [tuple(int(i) for i in row) for row in rows]
         trunk = tuple(int(i) for i in trunk)
         if (prefix is None or prefix.n_tokens == 0) and not trunk:
@@ -342,13 +357,19 @@ class Backend(ABC):
         if trunk and (not passes or not self.packs_trunk):
             prefix, trunk = self.prefill(trunk, parent=prefix), ()
         results: list[np.ndarray | None] = [None] * len(queries)
+        states: list[np.ndarray | None] = [None] * len(queries)
         for number, (tree, picked, chunk_queries) in enumerate(passes):
             if number and pause is not None:
                 pause()  # a pass boundary: ``prefix`` and the chunks left are this call's own
             # a packed pass reads the tree's distinct tokens; a pass of copies reads every row whole
             read = len(tree.tokens) if self.row_layout == "packed" else sum(map(len, tree.node_of))
             self.counter.add(len(trunk) + read)
-            values, state = self._score_chunk(prefix, trunk, tree, chunk_queries)
+            if hidden:
+                values, state, chunk_states = self._score_chunk_hidden(prefix, trunk, tree, chunk_queries)
+                for k, vector in zip(picked, chunk_states):
+                    states[k] = vector
+            else:
+                values, state = self._score_chunk(prefix, trunk, tree, chunk_queries)
             for k, value in zip(picked, values):
                 results[k] = np.asarray(value, dtype=np.float64)
             if trunk:
@@ -360,9 +381,13 @@ class Backend(ABC):
             logp = self._prefix_logp(prefix)
             for k in after_prefix:
                 results[k] = logp[list(queries[k].ids)].astype(np.float64)
+                if hidden:
+                    states[k] = self._prefix_hidden(prefix)
         values = [r if r is not None else np.zeros(0) for r in results]
         _check_finite(values)
-        return Scored(values, prefix)
+        if not hidden:
+            return Scored(values, prefix)
+        return Scored(values, prefix, [s if s is not None else np.zeros(0, dtype=np.float32) for s in states])
 
     def grow(
         self,
@@ -462,6 +487,16 @@ class Backend(ABC):
     @abstractmethod
     def _prefix_logp(self, prefix: Prefix) -> np.ndarray:
         """Full-vocabulary log-softmax after the prefix's last token, from its stored state."""
+
+    def _score_chunk_hidden(
+        self, prefix: Prefix | None, trunk: tuple[int, ...], tree: TokenTree, queries: list[Query]
+    ) -> tuple[list[np.ndarray], Any, list[np.ndarray]]:
+        """``_score_chunk``, plus the final hidden state (float32) at each query's position."""
+        raise HiddenStatesUnavailableError(f"the {self.name} backend {self.hidden_unavailable_because}")
+
+    def _prefix_hidden(self, prefix: Prefix) -> np.ndarray:
+        """The final hidden state after the prefix's last token, from its stored state."""
+        raise HiddenStatesUnavailableError(f"the {self.name} backend {self.hidden_unavailable_because}")
 
     @property
     @abstractmethod

@@ -79,11 +79,24 @@ class _Seq:
 
 @dataclass(frozen=True, eq=False)
 class LlamaPrefixState:
-    """A prefix's sequence (re-read from ``ids`` when evicted) and the logits after its last token."""
+    """A prefix's sequence (re-read from ``ids`` when evicted), and the logits and final hidden state
+    after its last token.
+    """
 
     seq: _Seq
     ids: tuple[int, ...]
     logits: np.ndarray
+    hidden: np.ndarray
+
+
+@dataclass(frozen=True)
+class _Outputs:
+    """What one ``llama_decode`` gave for its flagged batch entries, by batch index: the logits, and the
+    final hidden state (the context's per-token embeddings: after the output norm, the LM head's input).
+    """
+
+    logits: dict[int, np.ndarray]
+    hidden: dict[int, np.ndarray]
 
 
 @dataclass(frozen=True, eq=False)
@@ -112,6 +125,7 @@ class LlamaCppBackend(Backend):
     """A GGUF model in llama.cpp behind the two primitives; rows are sequence sets in one batch."""
 
     name = "llamacpp"
+    reads_hidden = True
     row_layout = "packed"
     max_rows_per_pass = MAX_ROWS_PER_PASS
     mask_bytes_per_entry = 4  # llama.cpp's KQ mask is float32
@@ -157,6 +171,10 @@ class LlamaCppBackend(Backend):
         if not self._ctx:
             llama.llama_model_free(self._model)
             raise BackendError(f"llama.cpp could not make a context of {cells} cells for {path}")
+        # per-token embeddings beside the logits, for every flagged entry: a trained head reads them
+        # (score(..., hidden=True)); a copy of n_embd floats per output, nothing recomputed
+        llama.llama_set_embeddings(self._ctx, True)
+        self._n_embd = int(llama.llama_model_n_embd(self._model))
         self._memory = llama.llama_get_memory(self._ctx)
         self._vocab_p = llama.llama_model_get_vocab(self._model)
         self._vocab = int(llama.llama_vocab_n_tokens(self._vocab_p))
@@ -241,9 +259,9 @@ class LlamaCppBackend(Backend):
         while len(self._prefixes) > MAX_LIVE_PREFIXES and self._evict_one():
             pass
 
-    def _new_prefix(self, ids: tuple[int, ...], seq: int, logits: np.ndarray) -> LlamaPrefixState:
+    def _new_prefix(self, ids: tuple[int, ...], seq: int, out: _Outputs, index: int) -> LlamaPrefixState:
         holder = _Seq(seq)
-        state = LlamaPrefixState(holder, ids, logits)
+        state = LlamaPrefixState(holder, ids, out.logits[index], out.hidden[index])
         weakref.finalize(state, self._released.append, holder)
         self._register(holder)
         return state
@@ -254,8 +272,8 @@ class LlamaCppBackend(Backend):
             llama.llama_memory_seq_cp(self._memory, source, target, -1, end)
 
     # -- one batch ----------------------------------------------------------------------------
-    def _decode(self, layout: BatchLayout) -> dict[int, np.ndarray]:
-        """Run one batch; the logits of every flagged entry, by batch index."""
+    def _decode(self, layout: BatchLayout) -> _Outputs:
+        """Run one batch; the logits and hidden states of every flagged entry, by batch index."""
         n = len(layout.tokens)
         batch = llama.llama_batch_init(n, 0, layout.max_seqs_per_token)
         try:
@@ -278,11 +296,13 @@ class LlamaCppBackend(Backend):
                     )
             if code != 0:
                 raise BackendError(f"llama_decode failed with code {code}")
-            out = {}
+            out = _Outputs({}, {})
             for i, wanted in enumerate(layout.logits):
                 if wanted:
-                    pointer = llama.llama_get_logits_ith(self._ctx, i)
-                    out[i] = np.ctypeslib.as_array(pointer, shape=(self._vocab,)).copy()
+                    logits = llama.llama_get_logits_ith(self._ctx, i)
+                    out.logits[i] = np.ctypeslib.as_array(logits, shape=(self._vocab,)).copy()
+                    hidden = llama.llama_get_embeddings_ith(self._ctx, i)
+                    out.hidden[i] = np.ctypeslib.as_array(hidden, shape=(self._n_embd,)).copy()
             return out
         finally:
             llama.llama_batch_free(batch)
@@ -296,18 +316,24 @@ class LlamaCppBackend(Backend):
                 self._copy(source, seq)
                 start = parent.n_tokens if parent is not None else 0
                 try:
-                    logits = self._decode(pass_layout_for_prompt(ids, seq, start))
+                    out = self._decode(pass_layout_for_prompt(ids, seq, start))
                 except BaseException:
                     self._drop(seq)
                     raise
                 whole = (parent.ids if parent is not None else ()) + ids
-                return self._new_prefix(whole, seq, logits[len(ids) - 1])
+                return self._new_prefix(whole, seq, out, len(ids) - 1)
             finally:
                 self._pinned.clear()
 
     def _score_chunk(
         self, prefix: Prefix | None, trunk: tuple[int, ...], tree: TokenTree, queries: list[Query]
     ) -> tuple[list[np.ndarray], LlamaPrefixState | None]:
+        values, state, _ = self._score_chunk_hidden(prefix, trunk, tree, queries)
+        return values, state
+
+    def _score_chunk_hidden(
+        self, prefix: Prefix | None, trunk: tuple[int, ...], tree: TokenTree, queries: list[Query]
+    ) -> tuple[list[np.ndarray], LlamaPrefixState | None, list[np.ndarray]]:
         with self._lock:
             try:
                 return self._packed(prefix, trunk, tree, queries)
@@ -316,7 +342,7 @@ class LlamaCppBackend(Backend):
 
     def _packed(
         self, prefix: Prefix | None, trunk: tuple[int, ...], tree: TokenTree, queries: list[Query]
-    ) -> tuple[list[np.ndarray], LlamaPrefixState | None]:
+    ) -> tuple[list[np.ndarray], LlamaPrefixState | None, list[np.ndarray]]:
         source = self._prefix_seq(prefix)
         n_prefix = prefix.n_tokens if prefix is not None else 0
         trunk_seq = self._take() if trunk else None
@@ -332,7 +358,7 @@ class LlamaCppBackend(Backend):
                 leaf_seqs.append(seq)
             nodes = [tree.node_of[q.row][q.position] for q in queries]
             layout = pass_layout(n_prefix, trunk, tree, leaf_seqs=leaf_seqs, trunk_seq=trunk_seq, read_nodes=nodes)
-            logits = self._decode(layout)
+            out = self._decode(layout)
         except BaseException:
             if trunk_seq is not None:
                 self._drop(trunk_seq)
@@ -340,16 +366,21 @@ class LlamaCppBackend(Backend):
         finally:
             for seq in leaf_seqs:  # every row cell goes; the prefix's and the trunk's stay
                 self._drop(seq)
-        values = [_log_softmax(logits[len(trunk) + node])[list(q.ids)] for node, q in zip(nodes, queries, strict=True)]
+        read = [len(trunk) + node for node in nodes]
+        values = [_log_softmax(out.logits[i])[list(q.ids)] for i, q in zip(read, queries, strict=True)]
         state = None
         if trunk_seq is not None:
             ids = (prefix.ids if prefix is not None else ()) + trunk
-            state = self._new_prefix(ids, trunk_seq, logits[len(trunk) - 1])
-        return values, state
+            state = self._new_prefix(ids, trunk_seq, out, len(trunk) - 1)
+        return values, state, [out.hidden[i] for i in read]
 
     def _prefix_logp(self, prefix: Prefix) -> np.ndarray:
         state: LlamaPrefixState = prefix.state
         return _log_softmax(state.logits)
+
+    def _prefix_hidden(self, prefix: Prefix) -> np.ndarray:
+        state: LlamaPrefixState = prefix.state
+        return state.hidden
 
     # -- growing rows (generation) -----------------------------------------------------------
     def _grow(
@@ -400,15 +431,15 @@ class LlamaCppBackend(Backend):
         new = [row[len(row) - n :] for row, n in zip(extended, n_new)]
         layout = grow_layout(base, trunk, [int(s or 0) for s in seqs], written, new, trunk_seq=trunk_seq)
         self.counter.add(len(layout.tokens))
-        logits = self._decode(layout)
+        out = self._decode(layout)
         group.written[:] = [len(row) for row in extended]
-        ends = iter(sorted(index for index in logits if index >= len(trunk)))
+        ends = iter(sorted(index for index in out.logits if index >= len(trunk)))
         by_row: list[np.ndarray | None] = [None] * len(extended)
         for k, n in enumerate(n_new):
             if n:
-                by_row[k] = _log_softmax(logits[next(ends)])
+                by_row[k] = _log_softmax(out.logits[next(ends)])
         if trunk_seq is not None:
-            state = self._new_prefix(prefix.ids + trunk, trunk_seq, logits[len(trunk) - 1])
+            state = self._new_prefix(prefix.ids + trunk, trunk_seq, out, len(trunk) - 1)
             prefix = Prefix(ids=prefix.ids + trunk, state=state)
         return Rows(prefix, extended, tuple(by_row), LlamaRowsState(group, tuple(group.written)))
 

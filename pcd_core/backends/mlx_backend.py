@@ -63,6 +63,7 @@ class MlxBackend(Backend):
     """An mlx-lm model behind the two primitives; rows are packed after the prefix under a tree mask."""
 
     name = "mlx"
+    reads_hidden = True
     row_layout = "packed"
 
     def __init__(self, model: nn.Module, *, context_length: int, max_tokens_per_pass: int | None = None) -> None:
@@ -139,6 +140,17 @@ class MlxBackend(Backend):
     def _score_chunk(
         self, prefix: Prefix | None, trunk: tuple[int, ...], tree: TokenTree, queries: list[Query]
     ) -> tuple[list[np.ndarray], _PrefixState | None]:
+        values, kept, _ = self._read_chunk(prefix, trunk, tree, queries, keep_hidden=False)
+        return values, kept
+
+    def _score_chunk_hidden(
+        self, prefix: Prefix | None, trunk: tuple[int, ...], tree: TokenTree, queries: list[Query]
+    ) -> tuple[list[np.ndarray], _PrefixState | None, list[np.ndarray]]:
+        return self._read_chunk(prefix, trunk, tree, queries, keep_hidden=True)
+
+    def _read_chunk(
+        self, prefix: Prefix | None, trunk: tuple[int, ...], tree: TokenTree, queries: list[Query], keep_hidden: bool
+    ) -> tuple[list[np.ndarray], _PrefixState | None, list[np.ndarray]]:
         state: _PrefixState | None = prefix.state if prefix is not None else None
         n_prefix, n_trunk = (prefix.n_tokens if prefix is not None else 0), len(trunk)
         positions = n_prefix + np.concatenate([np.arange(n_trunk), n_trunk + np.array(tree.depth, dtype=int)])
@@ -169,16 +181,25 @@ class MlxBackend(Backend):
             return self._attention(index, q, k, v, masks[self._windows[index]])
 
         hidden = self._run_layers(mx.array([list(trunk) + tree.tokens]), mx.array(positions), attend)[0]
-        gathered = self._gather(hidden, [n_trunk + tree.node_of[q.row][q.position] for q in queries], queries)
+        read = [n_trunk + tree.node_of[q.row][q.position] for q in queries]
+        gathered = self._gather(hidden, read, queries)
+        states = list(self._normed(hidden[mx.array(read)])) if keep_hidden else []
         if not trunk:
-            return gathered, None
+            return gathered, None, states
         kept = _PrefixState(keys=tuple(keys), values=tuple(values), last_hidden=hidden[n_trunk - 1])
         mx.eval(kept.keys, kept.values, kept.last_hidden)
-        return gathered, kept
+        return gathered, kept, states
 
     def _prefix_logp(self, prefix: Prefix) -> np.ndarray:
         logp = self._logp(prefix.state.last_hidden[None])[0]
         return np.array(logp.astype(mx.float32))
+
+    def _prefix_hidden(self, prefix: Prefix) -> np.ndarray:
+        return self._normed(prefix.state.last_hidden[None])[0]
+
+    def _normed(self, hidden: Any) -> np.ndarray:
+        """Hidden states ``[n, hidden]`` after the final norm (the LM head's input), as float32."""
+        return np.array(self.model.model.norm(hidden).astype(mx.float32))
 
     # -- the layer loop -----------------------------------------------------------------------
     def _run_layers(self, ids: Any, rope_offset: int | Any, attend: Attend) -> Any:

@@ -250,6 +250,7 @@ class _CheckCase:
 
 class TorchBackend(Backend):
     name = "torch"
+    reads_hidden = True  # the decoder's last_hidden_state: after the final norm, the LM head's input
 
     def __init__(
         self, model: Any, *, max_tokens_per_pass: int | None = None, row_layout: LayoutChoice = "auto"
@@ -356,18 +357,34 @@ class TorchBackend(Backend):
         return self._logp(prefix.state.last_hidden[None])[0].double().cpu().numpy()
 
     # -- scoring ------------------------------------------------------------------------------
-    @torch.inference_mode()
     def _score_chunk(
         self, prefix: Prefix | None, trunk: tuple[int, ...], tree: TokenTree, queries: list[Query]
     ) -> tuple[list[np.ndarray], TorchState | None]:
+        values, state, _ = self._read_chunk(prefix, trunk, tree, queries, keep_hidden=False)
+        return values, state
+
+    def _score_chunk_hidden(
+        self, prefix: Prefix | None, trunk: tuple[int, ...], tree: TokenTree, queries: list[Query]
+    ) -> tuple[list[np.ndarray], TorchState | None, list[np.ndarray]]:
+        return self._read_chunk(prefix, trunk, tree, queries, keep_hidden=True)
+
+    @torch.inference_mode()
+    def _read_chunk(
+        self, prefix: Prefix | None, trunk: tuple[int, ...], tree: TokenTree, queries: list[Query], keep_hidden: bool
+    ) -> tuple[list[np.ndarray], TorchState | None, list[np.ndarray]]:
         state = None
         if self.row_layout == "packed":
             hidden, index, state = self._packed_hidden(prefix, trunk, tree, queries)
         else:
             assert prefix is not None and not trunk  # packs_trunk is false: score prefilled the trunk
             hidden, index = self._copied_hidden(prefix, tree.rows, queries)
-        logp = self._logp(hidden[index])
-        return [logp[k, list(q.ids)].double().cpu().numpy() for k, q in enumerate(queries)], state
+        read = hidden[index]
+        logp = self._logp(read)
+        values = [logp[k, list(q.ids)].double().cpu().numpy() for k, q in enumerate(queries)]
+        return values, state, list(read.float().cpu().numpy()) if keep_hidden else []
+
+    def _prefix_hidden(self, prefix: Prefix) -> np.ndarray:
+        return prefix.state.last_hidden.float().cpu().numpy()
 
     def _masks(self, q_pos: torch.Tensor, k_pos: torch.Tensor, allowed: torch.Tensor) -> Any:
         """Additive masks per attention type; ``allowed`` is [batch, q, k] before any window. Each is a

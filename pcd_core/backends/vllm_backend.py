@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import BackendError, BackendUnavailableError, UpstreamError
+from ..errors import BackendError, BackendUnavailableError, HiddenStatesUnavailableError, UpstreamError
 from ..tokenizer import TextTokenizer
 from .base import Backend, PassCounter, Prefix, Query, Scored, TokenTree
 
@@ -98,6 +98,9 @@ class VllmBackend(Backend):
     """A model served by vLLM's OpenAI-compatible server, read through ``logprob_token_ids``."""
 
     name = "vllm"
+    hidden_unavailable_because = (
+        "reads log-probs from a vLLM server, which sends no hidden states; a trained head needs torch, MLX or llama.cpp"
+    )
     #: every prompt reaches the server whole; its prefix cache, not a packed tree, shares the prefix
     row_layout = "copies"
     #: the engine need not serialise calls: the server batches concurrent requests itself
@@ -283,12 +286,16 @@ class VllmBackend(Backend):
         queries: Sequence[Query],
         trunk: Sequence[int] = (),
         pause: Callable[[], None] | None = None,
+        hidden: bool = False,
     ) -> Scored:
         """Reads right after the prefix (``position == -1``) join the rows' request as the prompt
         ``prefix.ids``: the base class would take them from a full-vocabulary read, which costs
         vocabulary / 128 requests here. Moving the prefix's last token into every row is exact. A
         trunk is only more prompt ids for a server, so it joins the prefix before anything is read.
+        A server sends no hidden states: ``hidden`` is refused, as the base class refuses it.
         """
+        if hidden:
+            raise HiddenStatesUnavailableError(f"the {self.name} backend {self.hidden_unavailable_because}")
         if prefix is not None and not trunk:
             whole = prefix  # no trunk: the prefix handed back is the one given
         else:

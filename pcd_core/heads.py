@@ -1,0 +1,156 @@
+"""Trained heads: a linear probe on the hidden state a decision already reads, fitted on a user's labels.
+
+Zero-shot, a small model is a weak decider (SmolLM2-135M: 0.50 on polarity, 0.30 on five topics); its
+final hidden state at the field's first decision point often separates the labels far better than
+its next-token probabilities do. That state is the LM head's input at a position the engine reads
+anyway (``Backend.score(..., hidden=True)``, pcd_core/backends/base.py), so a head costs no pass and
+no row token.
+
+A head is multinomial logistic regression on standardised states, its L2 strength chosen by
+stratified cross-validation on the train split by log-loss (scikit-learn's ``LogisticRegressionCV``,
+the ``heads`` extra), so that its probabilities are calibrated where they were fitted. Applying a
+head is numpy alone: a served engine never needs scikit-learn. Each head names the model it was
+fitted on and the width of its states, and refuses any other (``check_model``): a probe of one
+model's states means nothing on another's.
+
+``tests/test_heads.py`` fits heads on states of known structure and on the real model's states.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .errors import OptionError, PcdError
+
+INSTALL_HINT = "fitting a head needs scikit-learn: pip install 'pcd-engine[heads]'"
+
+#: the L2 strengths tried (scikit-learn's C, the inverse strength), weakest fit first
+STRENGTHS = tuple(float(c) for c in np.logspace(-4, 2, 13))
+
+#: cross-validation folds, fewer when a label has fewer train examples than this
+FOLDS = 5
+
+
+@dataclass(frozen=True, eq=False)
+class Head:
+    """One field's probe: ``softmax(weights @ (hidden - mean) / scale + bias)`` over ``labels``."""
+
+    labels: tuple[str, ...]
+    model: str
+    mean: np.ndarray  # [width]
+    scale: np.ndarray  # [width]
+    weights: np.ndarray  # [labels, width]
+    bias: np.ndarray  # [labels]
+    strength: float  # the C cross-validation chose
+    n_train: int
+
+    @property
+    def width(self) -> int:
+        return int(self.mean.shape[0])
+
+    def check_model(self, model: str, width: int) -> None:
+        """Refuse states of another model: same name and same hidden size, or a typed error."""
+        if model != self.model or width != self.width:
+            raise OptionError(
+                f"this head was fitted on {self.model!r} (hidden size {self.width}), not {model!r} "
+                f"(hidden size {width}); refit it with pcd calibrate --head probe on that model"
+            )
+
+    def probabilities(self, hidden: np.ndarray) -> np.ndarray:
+        """Label probabilities for states ``[n, width]`` (or one state ``[width]``)."""
+        states = np.atleast_2d(np.asarray(hidden, dtype=np.float64))
+        if states.shape[1] != self.width:
+            raise OptionError(f"a head for hidden size {self.width} got states of size {states.shape[1]}")
+        scores = ((states - self.mean) / self.scale) @ self.weights.T + self.bias
+        scores -= scores.max(axis=1, keepdims=True)
+        weights = np.exp(scores)
+        probabilities = weights / weights.sum(axis=1, keepdims=True)
+        return probabilities[0] if np.ndim(hidden) == 1 else probabilities
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "labels": list(self.labels),
+            "model": self.model,
+            "mean": self.mean.tolist(),
+            "scale": self.scale.tolist(),
+            "weights": self.weights.tolist(),
+            "bias": self.bias.tolist(),
+            "strength": self.strength,
+            "n_train": self.n_train,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Head:
+        try:
+            head = cls(
+                labels=tuple(str(label) for label in data["labels"]),
+                model=str(data["model"]),
+                mean=np.asarray(data["mean"], dtype=np.float64),
+                scale=np.asarray(data["scale"], dtype=np.float64),
+                weights=np.asarray(data["weights"], dtype=np.float64),
+                bias=np.asarray(data["bias"], dtype=np.float64),
+                strength=float(data["strength"]),
+                n_train=int(data["n_train"]),
+            )
+        except (KeyError, TypeError, ValueError) as error:
+            raise PcdError(f"a head in the calibration file is malformed: {error}") from error
+        n_labels, width = len(head.labels), head.width
+        shapes_agree = (
+            head.scale.shape == (width,) and head.weights.shape == (n_labels, width) and head.bias.shape == (n_labels,)
+        )
+        if n_labels < 2 or not shapes_agree or not np.all(head.scale > 0):
+            raise PcdError("a head in the calibration file is malformed: its shapes or scales do not agree")
+        return head
+
+
+def fit_head(hidden: np.ndarray, gold: Sequence[int], labels: Sequence[str], model: str, *, seed: int = 0) -> Head:
+    """Fit one field's head on train states ``[n, width]`` and their gold label indices.
+
+    Every label needs at least two examples (a fold must be able to hold one out); a label never seen
+    cannot be predicted, so that is a typed error rather than a head that silently never says it.
+    """
+    try:
+        from sklearn.linear_model import LogisticRegressionCV
+        from sklearn.model_selection import StratifiedKFold
+    except ImportError as error:
+        raise PcdError(INSTALL_HINT) from error
+    states = np.asarray(hidden, dtype=np.float64)
+    answers = np.asarray(gold, dtype=np.int64)
+    if states.ndim != 2 or len(states) != len(answers):
+        raise OptionError(f"a head needs one state per example: {states.shape} states, {len(answers)} labels")
+    counts = np.bincount(answers, minlength=len(labels))
+    if len(counts) > len(labels) or int(counts.min()) < 2:
+        scarce = [label for label, count in zip(labels, counts) if count < 2]
+        raise OptionError(f"a head needs two or more train examples of every label; too few of {scarce}")
+    mean = states.mean(axis=0)
+    scale = states.std(axis=0)
+    scale[scale == 0] = 1.0  # a constant coordinate carries nothing; leave it unscaled
+    folds = StratifiedKFold(n_splits=min(FOLDS, int(counts.min())), shuffle=True, random_state=seed)
+    model_fit = LogisticRegressionCV(
+        Cs=list(STRENGTHS),
+        l1_ratios=(0.0,),  # L2 alone
+        cv=folds,
+        scoring="neg_log_loss",
+        tol=1e-8,  # to the optimum: the library's default tolerance leaves probabilities 1e-4 short of it
+        max_iter=5000,
+        use_legacy_attributes=False,
+    )
+    model_fit.fit((states - mean) / scale, answers)
+    weights, bias = model_fit.coef_, model_fit.intercept_
+    if len(labels) == 2:  # scikit-learn keeps one row for two classes: the second label's score
+        weights = np.vstack([np.zeros_like(weights), weights])
+        bias = np.concatenate([[0.0], bias])
+    return Head(
+        labels=tuple(labels),
+        model=model,
+        mean=mean,
+        scale=scale,
+        weights=np.asarray(weights, dtype=np.float64),
+        bias=np.asarray(bias, dtype=np.float64),
+        strength=float(np.ravel(model_fit.C_)[0]),
+        n_train=len(answers),
+    )

@@ -1,0 +1,73 @@
+"""Final hidden states at the queried positions, read in the same pass as the log-probs (issue 27: a
+trained head reads them at no extra pass).
+
+``check_backend`` (pcd_core/testing.py) already holds every backend that reads them to the contract:
+same values, same pass count, packed equal to alone. Here: the torch backend's states are the model's
+own (transformers' last hidden state), llama.cpp's agree with torch's on the same GGUF, and a backend
+without them refuses by a typed error before any pass.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pcd_core.backends.base import Query
+from pcd_core.errors import HiddenStatesUnavailableError
+from pcd_core.testing import OracleBackend
+
+torch = pytest.importorskip("torch")
+
+TEXT = "The customer wrote that the parcel arrived late and damaged, and asked for"
+
+
+@pytest.fixture(scope="module")
+def ids(engine):
+    encode = engine.tokenizer.encode
+    return encode(TEXT), [encode(" a refund"), encode(" a new parcel"), encode(" an apology from the team")]
+
+
+def _reference(engine, sequence: list[int]) -> np.ndarray:
+    """transformers' own final hidden state (after the last norm) at every position of ``sequence``."""
+    with torch.inference_mode():
+        out = engine.backend.model(input_ids=torch.tensor([sequence]), output_hidden_states=True)
+    return out.hidden_states[-1][0].float().numpy()
+
+
+def test_torch_states_are_the_models_own_at_each_query(engine, ids):
+    prompt, rows = ids
+    prefix = engine.backend.prefill(prompt)
+    queries = [Query(r, p, (0,)) for r, row in enumerate(rows) for p in range(len(row))]
+    queries.append(Query(0, -1, (0,)))  # after the prefix itself
+    read = engine.backend.score(prefix, rows, queries, hidden=True)
+    assert read.hidden is not None
+    for k, query in enumerate(queries[:-1]):
+        want = _reference(engine, prompt + rows[query.row][: query.position + 1])[-1]
+        np.testing.assert_allclose(read.hidden[k], want, rtol=1e-3, atol=1e-4)
+    np.testing.assert_allclose(read.hidden[-1], _reference(engine, prompt)[-1], rtol=1e-3, atol=1e-4)
+    assert engine.backend.score(prefix, rows, queries).hidden is None  # only on request
+
+
+def test_llamacpp_states_agree_with_torch(engine, ids):
+    pytest.importorskip("llama_cpp")
+    from pcd_core.engine import Engine
+
+    llama = Engine.load("smollm2-135m", backend="llamacpp")
+    prompt, rows = ids
+    queries = [Query(r, len(row) - 1, (0,)) for r, row in enumerate(rows)]
+    got = llama.backend.score(llama.backend.prefill(prompt), rows, queries, hidden=True).hidden
+    want = engine.backend.score(engine.backend.prefill(prompt), rows, queries, hidden=True).hidden
+    assert got is not None and want is not None
+    for a, b in zip(got, want):
+        cosine = float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
+        # measured: 0.9992 at the end of an 8-token prompt (Q4_1 weights against their fp32 copy)
+        assert cosine > 0.99, cosine
+
+
+def test_a_backend_without_hidden_states_refuses_before_any_pass():
+    backend = OracleBackend(vocab_size=8)
+    prefix = backend.prefill([1, 2, 3])
+    before = backend.forward_passes
+    with pytest.raises(HiddenStatesUnavailableError, match="oracle backend does not expose hidden states"):
+        backend.score(prefix, [[4, 5]], [Query(0, 1, (0,))], hidden=True)
+    assert backend.forward_passes == before
