@@ -91,8 +91,9 @@ def probe_in_child(model: str, backend: str, schema: dict[str, Any], text: str) 
             env={**os.environ, "PCD_CACHE_DIR": cache},
             check=False,
         )
-    if done.returncode != 0:
-        raise PcdError(f"the cold load of {backend!r} failed: {done.stderr.strip()[-2000:]}")
+    if done.returncode != 0:  # the child's traceback ends with the error itself
+        last = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+        raise PcdError(f"the cold load of {backend!r} failed: {last}")
     return LoadProbe(**json.loads(done.stdout.strip().splitlines()[-1]))
 
 
