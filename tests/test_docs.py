@@ -320,6 +320,25 @@ def test_the_llamacpp_speed_figures_are_the_recorded_run():
     )
 
 
+def test_the_llamacpp_versus_and_settings_figures_are_the_recorded_runs():
+    text = flat("docs/llamacpp.md")
+    run = json.loads((ROOT / "docs" / "bench" / "llamacpp_versus.json").read_text())
+    closed = run["records"][0]
+    assert closed["schema"] == "support_ticket" and closed["rival_backend"] == "torch" and closed["pcd_valid"]
+    # the shell's '' is an empty argument, which the recorded command shows as nothing
+    assert run["meta"]["command"].replace("--baselines  ", "--baselines '' ") in text
+    assert (
+        f"took {closed['pcd_ms'] / 1000:.1f} s on llama.cpp and {closed['rival_pcd_ms'] / 1000:.1f} s on torch, "
+        f"**{closed['rival_ratio']:.2f}× in llama.cpp's favour**" in text
+    )
+    settings = json.loads((ROOT / "docs" / "bench" / "llamacpp_settings.json").read_text())
+    first, second = settings["torch_over_llamacpp_per_round"]
+    for name in ("t2", "t1"):
+        assert f"{first[name]:.2f}× and {second[name]:.2f}×" in text
+    assert f"{first['t2_nofa']:.2f}× and {second['t2_nofa']:.2f}× (2 threads)" in text
+    assert f"{first['t1_nofa']:.2f}× and {second['t1_nofa']:.2f}× (1 thread)" in text
+
+
 def test_the_injection_table_is_the_recorded_runs():
     """The last two rows of the prompt-injection table are the two runs of examples/injection_eval.py."""
     text = page("docs/limits.md")

@@ -257,6 +257,35 @@ def test_bench_times_a_rival_backend_in_the_same_repeats(engine, llama_engine):
     assert record["arc_valid"] and record["pcd_valid"]
 
 
+def test_versus_times_plain_generation_on_both_engines(engine, llama_engine):
+    from pcd_core.bench.versus import GENERATION_TOKENS, bench_generation
+
+    record = bench_generation(llama_engine, engine, repeat=1)
+    assert 0 < record["generation_tokens"] <= GENERATION_TOKENS
+    assert 0 < record["rival_generation_tokens"] <= GENERATION_TOKENS
+    ours, theirs = record["generation_tokens_per_s"], record["rival_generation_tokens_per_s"]
+    assert record["generation_ratio"] == pytest.approx(ours / theirs)
+
+
+@pytest.mark.slow
+def test_a_cold_load_runs_in_a_fresh_process_with_an_empty_cache():
+    """The child process loads without the parent's cache (it rebuilds the GGUF's tokenizer) and
+    reports a resident memory that includes the loaded model (the Q4_1 file alone is 98 MB).
+    """
+    from pcd_core.bench.versus import probe_in_child
+
+    probe = probe_in_child("smollm2-135m", "llamacpp", SHORT_SCHEMA, SHORT_INPUT)
+    assert probe.backend == "llamacpp" and probe.load_ms > 0
+    assert probe.rss_loaded_mb > probe.rss_before_mb + 90
+
+
+def test_a_failed_cold_load_says_which_backend_and_why():
+    from pcd_core.bench.versus import probe_in_child
+
+    with pytest.raises(PcdError, match="'llamacpp' failed: .*no-such-model"):
+        probe_in_child("/nonexistent/no-such-model.gguf", "llamacpp", SHORT_SCHEMA, SHORT_INPUT)
+
+
 def test_versus_the_same_backend_fails_before_a_model_loads(capsys):
     from pcd_integrations.commands.main import main as pcd
 

@@ -183,7 +183,7 @@ def run_bench(args: argparse.Namespace) -> int:
     chosen = _options(args)
     if args.backend == "vllm":
         return run_vllm_bench(args, chosen[0], cases)
-    rival = None
+    rival = engine = None
     if args.versus:
         if args.versus == args.backend or args.backend == "all":
             raise PcdError(f"--versus {args.versus}: name a backend other than --backend {args.backend}")
@@ -242,20 +242,57 @@ def run_bench(args: argparse.Namespace) -> int:
                 )
                 if args.json:  # after every record: a long run interrupted still leaves its results
                     write_json(records, args.json, meta)
+    if rival is not None and engine is not None and not choices and not args.throughput:
+        print("pcd bench: plain generation, then each backend's cold load in a fresh process", file=sys.stderr)
+        records.append(_versus_record(args, engine, rival, cases[0]))
     if args.dummy_weights:
         print(f"{DUMMY_NOTE}\n")
     write_table(records, sys.stdout)
-    for record in records if rival is not None else []:
-        print(
-            f"{record['schema']} {record['fields']} fields: PCD on {record['rival_backend']} "
-            f"{record['rival_pcd_ms']:.0f} ms, on {record['backend']} {record['pcd_ms']:.0f} ms "
-            f"({record['rival_ratio']:.2f}x)"
-        )
+    _print_versus(records)
     if args.json:
         write_json(records, args.json, meta)
     if args.plot:
         write_plot(records, args.plot, f"pcd bench, {args.model}")
     return 0 if records else 1
+
+
+def _versus_record(args: argparse.Namespace, engine: Any, rival: Any, case: BenchCase) -> dict[str, Any]:
+    """``--versus``'s lines beyond the fills: plain generation in this process, then the cold load and
+    the RSS of each backend in a fresh process of its own (``pcd_core/bench/versus.py``).
+    """
+    from pcd_core.bench.versus import bench_cold, bench_generation
+
+    record: dict[str, Any] = {
+        "mode": "versus",
+        "backend": engine.backend.name,
+        "rival_backend": rival.backend.name,
+        "model": engine.model_name,
+        "repeat": args.repeat,
+    }
+    record.update(bench_generation(engine, rival, args.repeat))
+    record.update(bench_cold(args.model, engine.backend.name, rival.backend.name, case.schema, case.text))
+    return record
+
+
+def _print_versus(records: list[dict[str, Any]]) -> None:
+    """The cross-backend ratios under the table: each fill, then generation, cold load and memory."""
+    for record in records:
+        if record.get("mode") is None and "rival_backend" in record:
+            print(
+                f"{record['schema']} {record['fields']} fields: PCD on {record['rival_backend']} "
+                f"{record['rival_pcd_ms']:.0f} ms, on {record['backend']} {record['pcd_ms']:.0f} ms "
+                f"({record['rival_ratio']:.2f}x)"
+            )
+        if record.get("mode") == "versus":
+            ours, theirs = record["backend"], record["rival_backend"]
+            print(
+                f"plain generation: {record['generation_tokens_per_s']:.1f} tokens/s on {ours}, "
+                f"{record['rival_generation_tokens_per_s']:.1f} on {theirs} ({record['generation_ratio']:.2f}x)\n"
+                f"cold load (empty cache): {record['cold_load_ms']:.0f} ms on {ours}, "
+                f"{record['rival_cold_load_ms']:.0f} ms on {theirs} ({record['load_ratio']:.2f}x faster)\n"
+                f"RSS after load and one fill: {record['rss_mb']:.0f} MB on {ours}, "
+                f"{record['rival_rss_mb']:.0f} MB on {theirs} ({record['rss_ratio']:.2f} of it)"
+            )
 
 
 def run_vllm_bench(args: argparse.Namespace, options: LoadOptions, cases: list[BenchCase]) -> int:

@@ -1,0 +1,125 @@
+"""The cross-backend lines of ``pcd bench --versus`` beyond the fill: plain generation, cold load, RSS.
+
+- Plain generation: the same greedy chat reply on both engines, back to back in each repeat, as
+  tokens per second of the whole call (the short prompt's read included, the same on both sides).
+- Cold load and memory: each backend loads in a fresh Python process of its own (``python -m
+  pcd_core.bench.versus``), with ``PCD_CACHE_DIR`` pointed at a new empty folder, so that no weights
+  or tokenizer cache helps it and neither backend's libraries or pages count for the other. The child
+  times ``Engine.load``, runs one fill so the engine has touched what a fill needs, and reports the
+  process's resident memory (RSS) then, and before the load (Python and the engine's imports). The
+  GGUF file itself may sit in the operating system's page cache for both: that is not a weights cache.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from ..errors import PcdError
+from .measure import rss_bytes
+
+#: what both engines are asked to write for the generation line: long enough to run the whole budget
+GENERATION_PROMPT = "Write a long, detailed story about a lighthouse keeper who finds a message in a bottle."
+GENERATION_TOKENS = 96
+
+
+@dataclass(frozen=True)
+class LoadProbe:
+    """What one backend's fresh process measured: the cold load and its memory."""
+
+    backend: str
+    load_ms: float
+    rss_before_mb: float  # the process after Python and the engine's imports, before the load
+    rss_loaded_mb: float  # after the load and one fill
+
+
+def _generation_ms(engine: Any) -> tuple[float, int]:
+    started = time.perf_counter()
+    reply = engine.generate(GENERATION_PROMPT, max_new_tokens=GENERATION_TOKENS)
+    return (time.perf_counter() - started) * 1000.0, reply.output_tokens
+
+
+def bench_generation(engine: Any, rival: Any, repeat: int) -> dict[str, Any]:
+    """Plain generation tokens/s on ``engine`` and on ``rival``, alternating, medians of ``repeat``;
+    ``generation_ratio`` is this engine's rate over the rival's (per repeat, then the median).
+    """
+    for side in (engine, rival):  # warm-up: the chat head and the step loop
+        side.generate(GENERATION_PROMPT, max_new_tokens=4)
+    ours, theirs = [], []
+    for _ in range(repeat):
+        ours.append(_generation_ms(engine))
+        theirs.append(_generation_ms(rival))
+    rates = [n / (ms / 1000.0) for ms, n in ours]
+    rival_rates = [n / (ms / 1000.0) for ms, n in theirs]
+    return {
+        "generation_tokens": ours[-1][1],
+        "generation_tokens_per_s": statistics.median(rates),
+        "rival_generation_tokens": theirs[-1][1],
+        "rival_generation_tokens_per_s": statistics.median(rival_rates),
+        "generation_ratio": statistics.median(a / b for a, b in zip(rates, rival_rates)),
+    }
+
+
+def probe_load(model: str, backend: str, schema: dict[str, Any], text: str) -> LoadProbe:
+    """Load ``model`` on ``backend`` in this process and fill ``schema`` once (run in a fresh child)."""
+    from ..engine import Engine
+
+    before = rss_bytes()
+    started = time.perf_counter()
+    engine = Engine.load(model, backend=backend)
+    load_ms = (time.perf_counter() - started) * 1000.0
+    engine.fill(schema, text)
+    return LoadProbe(backend, load_ms, before / 2**20, rss_bytes() / 2**20)
+
+
+def probe_in_child(model: str, backend: str, schema: dict[str, Any], text: str) -> LoadProbe:
+    """``probe_load`` in a fresh process with an empty cache folder of its own, removed afterwards."""
+    with tempfile.TemporaryDirectory(prefix="pcd-cold-") as cache:
+        request = json.dumps({"model": model, "backend": backend, "schema": schema, "text": text})
+        done = subprocess.run(
+            [sys.executable, "-m", __name__],
+            input=request,
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PCD_CACHE_DIR": cache},
+            check=False,
+        )
+    if done.returncode != 0:  # the child's traceback ends with the error itself
+        last = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+        raise PcdError(f"the cold load of {backend!r} failed: {last}")
+    return LoadProbe(**json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def bench_cold(model: str, backend: str, rival: str, schema: dict[str, Any], text: str) -> dict[str, Any]:
+    """Cold load time and loaded RSS of both backends, each in its own fresh process, one after the
+    other; ``load_ratio`` is the rival's load time over this backend's, ``rss_ratio`` this one's RSS
+    over the rival's.
+    """
+    ours, theirs = probe_in_child(model, backend, schema, text), probe_in_child(model, rival, schema, text)
+    return {
+        "cold_load_ms": ours.load_ms,
+        "rival_cold_load_ms": theirs.load_ms,
+        "load_ratio": theirs.load_ms / ours.load_ms,
+        "rss_mb": ours.rss_loaded_mb,
+        "rss_before_load_mb": ours.rss_before_mb,
+        "rival_rss_mb": theirs.rss_loaded_mb,
+        "rival_rss_before_load_mb": theirs.rss_before_mb,
+        "rss_ratio": ours.rss_loaded_mb / theirs.rss_loaded_mb,
+    }
+
+
+def _child() -> None:
+    request = json.loads(sys.stdin.read())
+    probe = probe_load(request["model"], request["backend"], request["schema"], request["text"])
+    print(json.dumps(asdict(probe)))
+
+
+if __name__ == "__main__":
+    _child()
