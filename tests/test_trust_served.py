@@ -153,11 +153,11 @@ def test_pcd_serve_hands_the_file_and_debias_to_the_engine_and_logs_the_recommen
         seen["factory"] = factory
 
     monkeypatch.setattr("pcd_integrations.http.serve", fake_serve)
-    monkeypatch.setattr("pcd_integrations.commands.common.Engine.load", lambda *args, **kwargs: kwargs)
+    monkeypatch.setattr("pcd_integrations.commands.common.Engine.load", lambda options: options)
     with caplog.at_level(logging.WARNING):
         assert main(["serve", "--calibration", str(calibration_file), "--debias"]) == 0
-    options = seen["factory"]()
-    assert options["calibration"] == Calibration.load(calibration_file) and options["debias"] is True
+    options = seen["factory"]()  # the LoadOptions the server's engine would load with
+    assert options.calibration == Calibration.load(calibration_file) and options.debias is True
     assert any(RECOMMENDED_MODEL in record.getMessage() for record in caplog.records)
 
 
