@@ -121,7 +121,10 @@ def test_joke_schema_fills_valid(engine):
         assert json.loads(field.text) == field.value
         assert field.n_tokens >= 1 and field.logp_sum <= 0 and 0 < field.mean_probability <= 1
     assert result.value.setup.strip()
-    assert result.value.rating is None or isinstance(result.value.rating, int)
+    # the object is built from the generated texts, field by field (pydantic guarantees the types, not this)
+    assert result.value.model_dump() == {
+        name: json.loads(result.fields[name].text) for name in ("setup", "punchline", "rating")
+    }
 
 
 def test_mixed_schema_decides_closed_and_writes_open_fields(engine):
@@ -163,8 +166,8 @@ def test_parallel_rows_equal_each_field_generated_alone(engine):
 
 def test_nested_model_is_generated_with_its_keys(engine):
     result = engine.fill(Customer, "Order from Lena Novak, Graz, Austria. Please ship fast.")
-    assert isinstance(result.value, Customer)
-    assert isinstance(result.value.address, Address)
+    # the nested object is the generated text (not a default or a re-generation); its keys are the model's
+    assert result.value.address.model_dump() == json.loads(result.fields["address"].text)
     assert set(json.loads(result.fields["address"].text)) == {"city", "country"}
 
 

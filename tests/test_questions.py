@@ -69,10 +69,17 @@ def test_normalisation_removes_only_what_a_reader_cannot_see() -> None:
 
 
 def test_structured_text_is_accepted_in_every_slot_and_a_noul_may_be_criteria_only() -> None:
-    NoulQuestion(criteria={"true": {"mentions": ["refund", "chargeback"]}})
-    NoulQuestion(instructions={"ask": "Is it spam?"}, criteria={"false": ["newsletters"]})
-    ChoiceQuestion(instructions=["Which team?", {"hint": "x"}], criteria={"a": {"covers": [1, 2]}, "b": ["y"]})
-    ScoreQuestion(instructions="How bad?", criteria=[{"level": "low"}, ["high", "worst"]])
+    # kept as given, not turned into strings or dropped: a validator that stringified structured text
+    # (or refused a criteria-only noul) fails here
+    noul = NoulQuestion(criteria={"true": {"mentions": ["refund", "chargeback"]}})
+    assert noul.instructions is None and noul.criteria == {"true": {"mentions": ["refund", "chargeback"]}}
+    spam = NoulQuestion(instructions={"ask": "Is it spam?"}, criteria={"false": ["newsletters"]})
+    assert spam.instructions == {"ask": "Is it spam?"} and spam.criteria == {"false": ["newsletters"]}
+    choice = ChoiceQuestion(instructions=["Which team?", {"hint": "x"}], criteria={"a": {"covers": [1, 2]}, "b": ["y"]})
+    assert choice.instructions == ["Which team?", {"hint": "x"}]
+    assert choice.criteria == {"a": {"covers": [1, 2]}, "b": ["y"]}
+    score = ScoreQuestion(instructions="How bad?", criteria=[{"level": "low"}, ["high", "worst"]])
+    assert score.criteria == [{"level": "low"}, ["high", "worst"]]
 
 
 def test_structured_text_is_rendered_as_json_in_the_row_and_plain_text_as_it_is() -> None:
