@@ -18,8 +18,8 @@ from typing import Any
 from .backends.base import Backend, Prefix, Query
 from .errors import OptionError
 from .fairness import no_pause
-from .readout import Readout, make_readout
-from .trie import STRATEGIES, LabelTrie, Path, Strategy, exact_logmass, greedy_next, settled_logmass
+from .readout import Readout, exact_logmass, make_readout, settled_logmass
+from .trie import STRATEGIES, LabelTrie, Path, Strategy, greedy_next
 
 
 @dataclass(frozen=True)

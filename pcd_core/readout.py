@@ -6,8 +6,11 @@
   (seed 000: 0.24 on a field whose winner still read 0.551 after renormalising).
 - ``confidence``: the normalised peak ``(n * max p - 1) / (n - 1)``, clamped to [0, 1], as the hosted
   Jev API computes it: 0 for a uniform split, 1 for certainty.
+- ``settled_logmass`` / ``exact_logmass``: from the log-probs read at a trie's nodes (``trie.py``
+  says which nodes each strategy reads) to each label's log mass, summed over its spellings.
 
-``tests/test_readout.py`` checks these against hand-computed values.
+``tests/test_readout.py`` checks these against hand-computed values, ``tests/test_decoding.py``
+the masses against brute force on an oracle model.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .trie import logsumexp
+from .trie import LabelTrie, Node, Path
 
 
 @dataclass(frozen=True)
@@ -52,3 +55,57 @@ def make_readout(logmass: list[float], root_read: dict[int, float]) -> Readout:
     best = max(range(len(probabilities)), key=lambda i: (probabilities[i], -i))
     candidate_mass = min(1.0, math.exp(logsumexp(list(root_read.values()))))
     return Readout(tuple(logmass), probabilities, candidate_mass, best)
+
+
+def settled_logmass(
+    trie: LabelTrie, reads: dict[Path, dict[int, float]], n_labels: int, branch_norm: bool = False
+) -> list[float]:
+    """Per label, log of the summed mass of its settled paths over the nodes that were read.
+
+    With ``branch_norm`` every read is renormalised over the node's children first: the forced
+    decision tree of seed 002, where a deeper node asks only which allowed continuation follows.
+    Nodes that were not read (``greedy`` branches not taken) leave their labels at ``-inf``.
+    """
+    terms: list[list[float]] = [[] for _ in range(n_labels)]
+
+    def walk(node: Node, path: Path, logp: float) -> None:
+        read = reads.get(path)
+        if read is None:
+            return
+        local = _log_normalised(read) if branch_norm else read
+        for token, child in node.children.items():
+            step = logp + local[token]
+            if len(child.labels) == 1:
+                terms[next(iter(child.labels))].append(step)
+            else:
+                walk(child, path + (token,), step)
+
+    walk(trie.root, (), 0.0)
+    return [logsumexp(t) for t in terms]
+
+
+def exact_logmass(trie: LabelTrie, reads: dict[Path, dict[int, float]], n_labels: int) -> list[float]:
+    """Per label, log of the summed probability of its whole lines (every token, ending included)."""
+    terms: list[list[float]] = [[] for _ in range(n_labels)]
+    seen: set[tuple[int, ...]] = set()
+    start = len(trie.row)
+    for variant in trie.variants:
+        if variant.ids in seen:
+            continue
+        seen.add(variant.ids)
+        below = variant.ids[start:]
+        terms[variant.label].append(sum(reads[below[:d]][below[d]] for d in range(len(below))))
+    return [logsumexp(t) for t in terms]
+
+
+def _log_normalised(read: dict[int, float]) -> dict[int, float]:
+    total = logsumexp(list(read.values()))
+    return {token: value - total for token, value in read.items()}
+
+
+def logsumexp(values: list[float]) -> float:
+    finite = [v for v in values if v != -math.inf]
+    if not finite:
+        return -math.inf
+    top = max(finite)
+    return top + math.log(sum(math.exp(v - top) for v in finite))

@@ -11,12 +11,13 @@ settles that label. Strategies differ only in which nodes they read:
   for very large label sets, at the price of rounds (labels off the path get no mass).
 - ``exact`` reads every node of every variant, so a label's whole line, ending included, is scored.
 
-``tests/test_decoding.py`` checks each against brute force on an oracle model.
+What a strategy's reads add up to (a label's mass) is the readout's math, in ``readout.py``; this
+module only knows the tree. ``tests/test_decoding.py`` checks each against brute force on an oracle
+model.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
@@ -114,47 +115,6 @@ class LabelTrie:
         return len(self.root.labels)
 
 
-def settled_logmass(
-    trie: LabelTrie, reads: dict[Path, dict[int, float]], n_labels: int, branch_norm: bool = False
-) -> list[float]:
-    """Per label, log of the summed mass of its settled paths over the nodes that were read.
-
-    With ``branch_norm`` every read is renormalised over the node's children first: the forced
-    decision tree of seed 002, where a deeper node asks only which allowed continuation follows.
-    Nodes that were not read (``greedy`` branches not taken) leave their labels at ``-inf``.
-    """
-    terms: list[list[float]] = [[] for _ in range(n_labels)]
-
-    def walk(node: Node, path: Path, logp: float) -> None:
-        read = reads.get(path)
-        if read is None:
-            return
-        local = _log_normalised(read) if branch_norm else read
-        for token, child in node.children.items():
-            step = logp + local[token]
-            if len(child.labels) == 1:
-                terms[next(iter(child.labels))].append(step)
-            else:
-                walk(child, path + (token,), step)
-
-    walk(trie.root, (), 0.0)
-    return [logsumexp(t) for t in terms]
-
-
-def exact_logmass(trie: LabelTrie, reads: dict[Path, dict[int, float]], n_labels: int) -> list[float]:
-    """Per label, log of the summed probability of its whole lines (every token, ending included)."""
-    terms: list[list[float]] = [[] for _ in range(n_labels)]
-    seen: set[tuple[int, ...]] = set()
-    start = len(trie.row)
-    for variant in trie.variants:
-        if variant.ids in seen:
-            continue
-        seen.add(variant.ids)
-        below = variant.ids[start:]
-        terms[variant.label].append(sum(reads[below[:d]][below[d]] for d in range(len(below))))
-    return [logsumexp(t) for t in terms]
-
-
 def greedy_next(trie: LabelTrie, path: Path, read: dict[int, float]) -> Path | None:
     """The child to follow from a read node: the likeliest one, unless it already settles a label."""
     node = trie.node(path)
@@ -162,16 +122,3 @@ def greedy_next(trie: LabelTrie, path: Path, read: dict[int, float]) -> Path | N
     if len(node.children[token].labels) == 1:
         return None
     return path + (token,)
-
-
-def _log_normalised(read: dict[int, float]) -> dict[int, float]:
-    total = logsumexp(list(read.values()))
-    return {token: value - total for token, value in read.items()}
-
-
-def logsumexp(values: list[float]) -> float:
-    finite = [v for v in values if v != -math.inf]
-    if not finite:
-        return -math.inf
-    top = max(finite)
-    return top + math.log(sum(math.exp(v - top) for v in finite))
