@@ -16,9 +16,9 @@ from pcd_core.asking import render_decide_prompt
 from pcd_core.backends.base import pack_tree
 from pcd_core.deciding import plan_decide
 from pcd_core.decoding import DecisionTask, RoundStats, decode, plan_rows
-from pcd_core.engine import BYPASSED, after_head
 from pcd_core.errors import RequestError
-from pcd_core.questions import DecideRequest
+from pcd_core.questions import DecideRequest, answer_of
+from pcd_core.reading import BYPASSED, after_head
 from pcd_core.tokenizer import TextTokenizer
 
 TEXT = "I was billed twice for March ($49 each). Refund the duplicate within 12 hours or I cancel."
@@ -404,7 +404,7 @@ def test_one_pass_decide_equals_a_state_prefill_then_the_rows(engine):
     prefix = backend.prefill(after_head(plan.whole, plan.head_ids), parent=head)
     readouts = decode(backend, prefix, plan.tasks(), RoundStats()).readouts
     for qid, readout, asked in zip(case["questions"], readouts, plan.asked):
-        want = asked.answer(readout)
+        want = answer_of(asked.question, asked.names, readout)
         got = response.answers[qid]
         assert got.type == want.type, qid
         if want.type == "noul":
