@@ -13,6 +13,9 @@ Invariants:
 - Model access is serialised by the engine's own lock, so concurrent calls are safe.
 
 `tests/test_mcp_server.py` proves these in process, over real stdio and over streamable HTTP.
+
+Why one module of ~450 lines: the tools share the lifespan's engine, its load progress and one error
+translation; split per tool, each file would re-import all three for a dozen lines of its own.
 """
 
 from __future__ import annotations

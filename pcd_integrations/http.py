@@ -22,6 +22,10 @@ FastAPI and uvicorn are the ``http`` extra (``pip install 'pcd-engine[http]'``) 
 when an app is built. This module deliberately has no ``from __future__ import annotations``: FastAPI
 reads the route signatures at run time, and the routes live inside `create_app`, next to the lazily
 imported FastAPI names they are annotated with.
+
+Why one module of ~620 lines: the routes live inside ``create_app`` next to the lazily imported
+FastAPI names they are annotated with (see above); the per-protocol translation already lives in
+``pcd_integrations/wire/`` and ``chat_completions.py``, what stays is the routes and their error shapes.
 """
 
 import asyncio

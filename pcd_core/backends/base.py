@@ -41,6 +41,9 @@ fit. Each pass's rows reach the backend as one ``TokenTree``, rows that start al
 their shared tokens are read once; ``tokens_read`` counts those distinct tokens plus the trunk,
 and ``counter.mine()`` what the calling thread read. Every pass is counted in ``forward_passes``; `pcd_core.testing.check_backend` proves the rest of the
 contract for any backend, a trunk equal to a prefill followed by a score included.
+
+Why one module of ~510 lines: the contract is meant to be read in one file (``STYLE.md`` section 1),
+types, chunk planning and the pass counter included.
 """
 
 from __future__ import annotations

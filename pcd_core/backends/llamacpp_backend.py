@@ -23,6 +23,9 @@ queues it; the next call removes it, under the backend's lock, never inside anot
 
 At load, packed rows are checked against each row read in a pass of its own in this backend; a
 layout that differs by more than ``LAYOUT_TOLERANCE`` is refused (``BackendError``).
+
+Why one module of ~500 lines: it is the only file that imports ``llama_cpp``, and the sequence-id
+bookkeeping (prefixes, passes, grow, eviction) is one state that a split would have to pass around.
 """
 
 from __future__ import annotations

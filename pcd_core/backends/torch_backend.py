@@ -27,6 +27,9 @@ own. The same masks, views included, are what CPU runs and what the tests check;
 that kernel rather than the math one is not checked here (no GPU): ``examples/gpu_check.sh`` times
 it. Every prefill ends with a device synchronisation (``synchronize``), so that timings taken
 around backend calls count the GPU's work, not only its queueing.
+
+Why one module of ~640 lines: the packed masks, the grow arena and the load-time layout check all
+work on the model's KV layout, one state that a split would have to expose between files.
 """
 
 from __future__ import annotations

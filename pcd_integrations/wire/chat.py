@@ -16,6 +16,9 @@ refused with a message that says why, before any model work:
 The request also says what to run (`ChatCompletionRequest.tool_specs`, ``transcript``,
 ``chat_messages``); ``pcd_integrations/chat_completions.py`` runs it. ``tests/test_chat_completions.py``
 drives the route with the real ``openai``, LangChain, instructor and LlamaIndex clients.
+
+Why one module of ~500 lines: it mirrors the openai package's request and answer types one to one,
+and the request's refusals name fields of the answer types, so they are kept side by side.
 """
 
 from __future__ import annotations
