@@ -55,16 +55,24 @@ def transcript(messages: Sequence[Message]) -> str:
     return "\n\n".join(f"{role}: {content}" for role, content in turns)
 
 
-def check_reply_fits(prompt_tokens: int, max_new_tokens: int, context_length: int) -> None:
-    """Refuse, before any pass, a reply that could outgrow the model's context."""
-    if prompt_tokens + max_new_tokens > context_length:
+def chat_ids(
+    tokenizer: TextTokenizer, messages: str | Sequence[Message], max_new_tokens: int, context_length: int
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The ids of the head and of the whole prompt (tokenized in one piece) for a reply to
+    ``messages``; refused, before any pass, when the reply could outgrow the model's context.
+    """
+    head_text, rest = render_chat(tokenizer, as_messages(messages))
+    head_ids = tokenizer.encode_head(head_text)
+    whole = tokenizer.encode_head(head_text + rest)
+    if len(whole) + max_new_tokens > context_length:
         raise ReplyTooLongError(
-            f"the messages take {prompt_tokens} tokens and up to {max_new_tokens} may be generated, over "
+            f"the messages take {len(whole)} tokens and up to {max_new_tokens} may be generated, over "
             f"the model's context of {context_length}; shorten them or lower max_new_tokens",
-            prompt_tokens=prompt_tokens,
+            prompt_tokens=len(whole),
             max_new_tokens=max_new_tokens,
             context_length=context_length,
         )
+    return head_ids, whole
 
 
 def render_chat(tokenizer: TextTokenizer, messages: list[Message]) -> tuple[str, str]:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from .asking import AskedQuestion, as_text, ask
 from .backends.base import Backend, pack_tree
+from .calibration import Adjust
 from .decoding import DecisionTask, Decoded, RoundStats, plan_rows
 from .errors import PromptError
 from .limits import DEFAULT_LIMITS, Limits, check_row_tokens
@@ -67,7 +68,7 @@ class DecidePlan:
         readouts: Sequence[Readout],
         stats: Stats,
         warnings: list[str],
-        adjust: Callable[[str, Readout], tuple[Readout, dict[str, bool]]] | None = None,
+        adjust: Adjust | None = None,
     ) -> DecideResponse:
         """The typed answers; ``adjust`` debiases / calibrates each readout and says which it did
         (default: raw). Candidate mass stays raw.

@@ -1,21 +1,13 @@
-"""``Engine``: caches, waves and timings around one backend; wiring only, no math.
+"""``Engine``: one backend behind ``fill``, ``decide`` and plain generation; wiring only, no math.
 
-A warm fill is two forward passes whatever the number of fields. The first reads the request (input
-and tail) after the cached head as the *trunk* of a small tree that holds the first field's decision
-points, so the first field is decided alone, in the pass that reads the request. The second reads
-that field's chosen answer line as the trunk every other row hangs from: the line is written in
-before the others are asked (seed 000), and read once, inside the packed pass. Each further
-``depends_on`` wave is one more pass, its trunk the answer lines of the wave before. A cold fill adds
-the head prefill. ``decide`` reads the state as the trunk of every question's row: one pass warm.
-Both, and a chat reply (``generate``/``stream``), read their prompt through ``reading.py``, which
-fills the same ``Stats``; ``filling.py`` and ``deciding.py`` plan the passes.
-
-Compiled schemas and head KV live in small LRUs. One FIFO lock serialises model access, so threads
-and async callers (``afill``, which runs in a worker thread) may share an engine; a request hands the
-model to a waiting one at each pass boundary and comes back after it (``fairness.py``), and its
-``Stats.queue_ms`` says how long it waited.
-``tests/test_engine.py`` checks the pass counts, every ``Stats`` field and the equality with the
-four-pass reading this replaced, on the real model.
+The engine holds the caches (compiled schemas, head KV, content-free priors: ``caches.py``), the
+model lock and the timings. ``filling.py`` and ``deciding.py`` plan the passes (a warm fill is two
+forward passes whatever the number of fields, plus one per further ``depends_on`` wave; a warm decide
+is one); every prompt, a chat reply's included, is read through ``reading.py``, which fills one
+``Stats``. One FIFO lock serialises model access, so threads and async callers may share an engine;
+a request hands the model to a waiting one at each pass boundary (``fairness.py``), and its
+``Stats.queue_ms`` says how long it waited. ``tests/test_engine.py`` checks the pass counts, every
+``Stats`` field and the equality with the four-pass reading this replaced, on the real model.
 """
 
 from __future__ import annotations
@@ -24,15 +16,15 @@ import asyncio
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Unpack
 
 from .asking import render_decide_prompt
 from .backends.base import Backend, Prefix
 from .caches import Lru, schema_key
-from .calibration import Calibration, adjuster
-from .chatting import Message, as_messages, check_reply_fits, render_chat, stream_tokens
+from .calibration import Adjust, Calibration, adjuster
+from .chatting import Message, chat_ids, stream_tokens
 from .compiler import CompiledSchema, compile_schema
 from .debias import content_free_priors
 from .deciding import plan_decide
@@ -142,9 +134,6 @@ class Engine:
     @property
     def grammar_tokenizer(self) -> GrammarTokenizer:
         """The grammar engine's view of the tokenizer, built on first use (it reads the vocabulary)."""
-        return self._grammar()
-
-    def _grammar(self) -> GrammarTokenizer:
         if self._grammar_tokenizer is None:
             self._grammar_tokenizer = GrammarTokenizer(self.tokenizer.hf, self.tokenizer.eos_ids)
         return self._grammar_tokenizer
@@ -206,16 +195,19 @@ class Engine:
         compiled = self.compile(schema, task)
         # before the lock: no model needed, and a bad input costs none
         plan = FillPlan(compiled, self.request_ids(compiled, text), read_options, generate, max_new_tokens)
-        adjust = adjuster(  # the priors are measured before this request's passes are counted
-            self.calibration if calibrate else None,
-            {f.name: [label.text for label in f.labels] for f in compiled.schema.fields},
-            self.debias if debias is None else debias,
-            lambda: self.content_free_priors(schema, task),
-        )
+        names = {f.name: [label.text for label in f.labels] for f in compiled.schema.fields}
+        adjust = self._adjuster(names, debias, calibrate, lambda: self.content_free_priors(schema, task))
         stats = Stats(compile_ms=ms_since(started))
         with self._lock.turn() as turn:  # the grammar tokenizer is built on first use, under the lock
             filled = fill_passes(
-                self.backend, self._head, self._grammar, plan, adjust, stats, use_head_cache, turn.pause
+                self.backend,
+                self._head,
+                lambda: self.grammar_tokenizer,
+                plan,
+                adjust,
+                stats,
+                use_head_cache,
+                turn.pause,
             )
         stats.queue_ms = turn.queue_ms
         stats.total_ms = ms_since(started)
@@ -238,6 +230,19 @@ class Engine:
             return {name: list(r.probabilities.values()) for name, r in fields.items() if isinstance(r, FieldResult)}
 
         return self._prior((schema_key(schema), task), read)
+
+    def _adjuster(
+        self,
+        names: Mapping[str, Sequence[str]],
+        debias: bool | None,
+        calibrate: bool,
+        priors: Callable[[], Mapping[str, Sequence[float]]],
+    ) -> Adjust | None:
+        """A call's debias / calibration step (``calibration.adjuster``), None when it does neither;
+        the priors are measured here, before this request's passes are counted.
+        """
+        calibration = self.calibration if calibrate else None
+        return adjuster(calibration, names, self.debias if debias is None else debias, priors)
 
     def _prior(self, key: Any, read: Callable[[str], dict[str, list[float]]]) -> dict[str, tuple[float, ...]]:
         """The content-free priors under ``key``, measured (``debias.content_free_priors``) on a miss."""
@@ -277,10 +282,7 @@ class Engine:
     ) -> Iterator[str]:
         """The same reply as text deltas, as they are generated; pass ``result`` to read the cost."""
         result = result if result is not None else Generation()
-        head_text, rest = render_chat(self.tokenizer, as_messages(messages))
-        head_ids = self.tokenizer.encode_head(head_text)
-        whole = self.tokenizer.encode_head(head_text + rest)
-        check_reply_fits(len(whole), max_new_tokens, self.context_length)
+        head_ids, whole = chat_ids(self.tokenizer, messages, max_new_tokens, self.context_length)
         stats = Stats()
         with self._lock.turn() as turn:
             prefix = read_prompt(self.backend, self._head, head_ids, whole, stats, room=min(max_new_tokens, MAX_ROOM))
@@ -312,12 +314,8 @@ class Engine:
             self._decide_prompt = render_decide_prompt(self.tokenizer)
         request = check_decide(self.limits, state, questions)  # bounds and readable text first
         plan = plan_decide(self.tokenizer, self._decide_prompt, request, self.context_length, self.limits)
-        adjust = adjuster(  # the priors are measured before this request's passes are counted
-            self.calibration if calibrate else None,
-            {qid: asked.names for qid, asked in zip(request.questions, plan.asked)},
-            self.debias if debias is None else debias,
-            lambda: self.question_priors(request.questions),
-        )
+        names = {qid: asked.names for qid, asked in zip(request.questions, plan.asked)}
+        adjust = self._adjuster(names, debias, calibrate, lambda: self.question_priors(request.questions))
         stats = Stats(compile_ms=ms_since(started))
         with self._lock.turn() as turn:
             decoded, warnings = plan.read(self.backend, self._head, stats, turn.pause)

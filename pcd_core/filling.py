@@ -18,19 +18,16 @@ from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
 from .backends.base import Backend, Prefix
+from .calibration import Adjust
 from .compiler import CompiledSchema
 from .decoding import DecisionTask, Decoded, DecodeOptions, RoundStats, decode
 from .errors import OptionError, PromptError
 from .generation import GeneratedField, GenerationStats, generate_open_fields
 from .grammar import GrammarTokenizer
 from .reading import HeadLookup, count_request, ms_since, read_request
-from .readout import Readout
 from .result import Extraction, FieldResult, Stats, gather_memberships, mass_warnings
 from .schema import open_waves
 from .tokenizer import TextTokenizer
-
-#: a debias/calibration step: (field name, raw readout) -> (adjusted readout, the flags it set)
-Adjust = Callable[[str, Readout], tuple[Readout, dict[str, bool]]]
 
 
 class FillKeywords(TypedDict, total=False):

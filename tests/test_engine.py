@@ -70,11 +70,16 @@ def test_an_unknown_strategy_is_an_option_error_that_costs_no_pass(engine):
     assert engine.backend.forward_passes == passes
 
 
-def test_options_and_the_strategy_shorthand_read_the_same(engine):
+def test_options_and_the_strategy_shorthand_read_the_same_and_both_together_are_refused(engine):
     by_options = engine.fill(Ticket, TEXT, DecodeOptions(strategy="exact"))
-    by_keyword = engine.fill(Ticket, TEXT, DecodeOptions(), strategy="exact")
+    by_keyword = engine.fill(Ticket, TEXT, strategy="exact")
     assert by_options.fields["topic"].method == by_keyword.fields["topic"].method == "exact"
     assert by_options.to_dict()["fields"] == by_keyword.to_dict()["fields"]
+    # which of the two would win is not the caller's guess to make: refused before any pass
+    passes = engine.backend.forward_passes
+    with pytest.raises(OptionError, match="not both"):
+        engine.fill(Ticket, TEXT, DecodeOptions(), strategy="exact")
+    assert engine.backend.forward_passes == passes
 
 
 def test_threads_share_one_engine_without_cross_talk(engine):
