@@ -25,17 +25,12 @@ from .conversation import Conversation
 from .errors import TokenizationError
 from .prompt import PromptParts, fence, normalise_input, render
 from .questions import (
-    Answer,
-    ChoiceAnswer,
     ChoiceQuestion,
-    NoulAnswer,
     NoulQuestion,
-    ScoreAnswer,
     ScoreQuestion,
     answer_names,
     is_blank,
 )
-from .readout import Readout
 from .tokenizer import TextTokenizer
 from .trie import LabelTrie, Variant
 
@@ -113,49 +108,16 @@ def as_data_line(text: str) -> str:
 
 @dataclass(frozen=True)
 class AskedQuestion:
-    """One compiled question: its trie (row + verbalizers) and how to turn a readout into an answer."""
+    """One compiled question: its trie (row + verbalizers) and its answer names, in label order
+    (``deciding.answer`` turns a readout into the typed answer).
+    """
 
     question: NoulQuestion | ChoiceQuestion | ScoreQuestion
     names: tuple[str, ...]  # the answer keys, in label order
     trie: LabelTrie
     branch_norm: bool
-    # a rotated choice's readout index -> the option's index as given (``restore``); None: as given
+    # a rotated choice's readout index -> the option's index as given (``deciding.restore``); None: as given
     order: tuple[int, ...] | None = None
-
-    def restore(self, readout: Readout) -> Readout:
-        """A rotated question's readout with its labels back in the order the question gave them."""
-        order = self.order
-        if order is None:
-            return readout
-        back = sorted(range(len(order)), key=lambda j: order[j])  # given index -> readout index
-        return Readout(
-            tuple(readout.logmass[j] for j in back),
-            tuple(readout.probabilities[j] for j in back),
-            readout.candidate_mass,
-            order[readout.best],
-        )
-
-    def answer(self, readout: Readout) -> Answer:
-        probabilities = dict(zip(self.names, readout.probabilities))
-        logits = {n: (v if v != -math.inf else -1e30) for n, v in zip(self.names, readout.logmass)}
-        if isinstance(self.question, NoulQuestion):
-            return NoulAnswer(noul=probabilities["true"], candidate_mass=readout.candidate_mass)
-        if isinstance(self.question, ChoiceQuestion):
-            return ChoiceAnswer(
-                choice=self.names[readout.best],
-                probabilities=probabilities,
-                confidence=readout.confidence,
-                candidate_mass=readout.candidate_mass,
-                logits=logits,
-            )
-        return ScoreAnswer(
-            score=sum(i * p for i, p in enumerate(readout.probabilities)),
-            legend={str(i): level for i, level in enumerate(self.question.criteria)},
-            probabilities=probabilities,
-            confidence=readout.confidence,
-            candidate_mass=readout.candidate_mass,
-            logits=logits,
-        )
 
 
 def letter_capacity(tokenizer: TextTokenizer, tail: str, opener: str) -> tuple[str, ...]:

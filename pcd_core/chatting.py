@@ -13,35 +13,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
 from .backends.base import Backend, Prefix, Rows
-from .errors import PromptError
+from .errors import PromptError, ReplyTooLongError
 from .fairness import ModelLock
 from .limits import check_text
+from .result import Generation
 from .tokenizer import TextTokenizer
 
 Message = dict[str, Any]
-
-
-@dataclass
-class Generation:
-    """A generated reply and what it cost. ``Generation()`` is the empty record that
-    ``Engine.stream(..., result=...)`` fills as the reply is generated.
-    """
-
-    text: str = ""
-    finish_reason: Literal["stop", "length"] = "length"
-    input_tokens: int = 0
-    output_tokens: int = 0
-    forward_passes: int = 0
-    cached_tokens: int = 0
-    queue_ms: float = 0.0  # waiting for the model behind other requests, summed over the steps
-    logp_sum: float = 0.0
-    token_ids: list[int] = field(default_factory=list)
 
 
 def as_messages(messages: str | Sequence[Message]) -> list[Message]:
@@ -70,6 +53,26 @@ def transcript(messages: Sequence[Message]) -> str:
     if len(turns) == 1:
         return turns[0][1]
     return "\n\n".join(f"{role}: {content}" for role, content in turns)
+
+
+def chat_ids(
+    tokenizer: TextTokenizer, messages: str | Sequence[Message], max_new_tokens: int, context_length: int
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The ids of the head and of the whole prompt (tokenized in one piece) for a reply to
+    ``messages``; refused, before any pass, when the reply could outgrow the model's context.
+    """
+    head_text, rest = render_chat(tokenizer, as_messages(messages))
+    head_ids = tokenizer.encode_head(head_text)
+    whole = tokenizer.encode_head(head_text + rest)
+    if len(whole) + max_new_tokens > context_length:
+        raise ReplyTooLongError(
+            f"the messages take {len(whole)} tokens and up to {max_new_tokens} may be generated, over "
+            f"the model's context of {context_length}; shorten them or lower max_new_tokens",
+            prompt_tokens=len(whole),
+            max_new_tokens=max_new_tokens,
+            context_length=context_length,
+        )
+    return head_ids, whole
 
 
 def render_chat(tokenizer: TextTokenizer, messages: list[Message]) -> tuple[str, str]:
@@ -119,7 +122,9 @@ def stream_tokens(
     """Yield text deltas as tokens are chosen; ``result`` is filled in as they come.
 
     The model lock is taken per step, not for the whole reply, so a long stream does not starve other
-    requests on the same engine; the time each step waits for it adds to ``result.queue_ms``.
+    requests on the same engine; the time each step waits for it adds to ``result.queue_ms``, and the
+    passes it ran, counted by the backend in this thread, to ``result.forward_passes`` (a consumer
+    may pull each step from another thread).
     """
     if max_new_tokens < 1:
         raise PromptError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
@@ -129,13 +134,14 @@ def stream_tokens(
     shown = ""
     while True:
         with lock.turn() as turn:
+            passes_before = backend.counter.mine().forward_passes  # this step's, read in this thread
             if rows is None:
                 read: np.ndarray | None = backend.next_logp(prefix)
                 rows = Rows(prefix, ((),), (None,))
             else:
                 rows = backend.grow(prefix, rows, [new])
                 read = rows.logp[0]
-                result.forward_passes += 1
+            result.forward_passes += backend.counter.mine().forward_passes - passes_before
         result.queue_ms += turn.queue_ms
         assert read is not None  # the one row always has a new token here
         logp = read

@@ -13,7 +13,7 @@ beside the head. ``tests/test_debias.py`` shows that an oracle model's known bia
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from .readout import Readout, renormalise
@@ -32,6 +32,14 @@ def content_free_prior(distributions: Sequence[Sequence[float]]) -> tuple[float,
     n = len(distributions[0])
     mean = [sum(d[i] for d in distributions) / len(distributions) for i in range(n)]
     return tuple(max(p, PRIOR_FLOOR) for p in mean)
+
+
+def content_free_priors(read: Callable[[str], dict[str, list[float]]]) -> dict[str, tuple[float, ...]]:
+    """Per field (or question) that ``read`` returns a distribution for, its prior over the
+    ``CONTENT_FREE`` inputs; ``read`` reads one input raw (no debiasing, no calibration).
+    """
+    readings = [read(text) for text in CONTENT_FREE]
+    return {name: content_free_prior([r[name] for r in readings]) for name in readings[0]}
 
 
 def with_probabilities(readout: Readout, log_scores: Sequence[float]) -> Readout:

@@ -2,24 +2,28 @@
 
 ``plan_decide`` needs no model, so the engine runs it before taking the model lock, on a request
 already validated and bounded (``limits.check_decide``): it renders each question's row after the
-state and checks that the longest one fits the context. The state is then read as the trunk that every question's row hangs from, in the same
-pass (``Engine._read``, the path ``fill`` reads its request with): a warm request is one forward
+state and checks that the longest one fits the context. The state is then read as the trunk that
+every question's row hangs from, in the same pass (``DecidePlan.read``, through
+``reading.read_request``, the path ``fill`` reads its request with): a warm request is one forward
 pass, a cold one two, for one question or sixty-four. ``DecidePlan.respond`` turns the readouts into
 typed answers.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .asking import AskedQuestion, as_text, ask
-from .backends.base import pack_tree
-from .decoding import DecisionTask, plan_rows
+from .backends.base import Backend, pack_tree
+from .calibration import Adjust
+from .decoding import DecisionTask, Decoded, RoundStats, plan_rows
 from .errors import PromptError
 from .limits import DEFAULT_LIMITS, Limits, check_row_tokens
 from .prompt import PromptParts, normalise_input
-from .questions import DecideRequest, DecideResponse, NoulQuestion, Usage
+from .questions import DecideRequest, DecideResponse, NoulQuestion, Usage, answer_of
+from .reading import HeadLookup, count_request, read_request
 from .readout import Readout
 from .result import Stats, low_mass_warnings
 from .tokenizer import TextTokenizer
@@ -52,13 +56,27 @@ class DecidePlan:
                 out.append(first)
                 spreads.append(None)
                 continue
-            samples = [first, *(a.restore(next(rest)) for a in rotated)]
+            samples = [first, *(restore(a, next(rest)) for a in rotated)]
             mean = [sum(r.probabilities[i] for r in samples) / len(samples) for i in range(len(first.probabilities))]
             top = max(range(len(mean)), key=lambda i: (mean[i], -i))
             candidate_mass = sum(r.candidate_mass for r in samples) / len(samples)
             out.append(Readout(first.logmass, tuple(mean), candidate_mass, top))
             spreads.append(max(r.probabilities[top] for r in samples) - min(r.probabilities[top] for r in samples))
         return out, spreads
+
+    def read(
+        self, backend: Backend, lookup: HeadLookup, stats: Stats, pause: Callable[[], None]
+    ) -> tuple[Decoded, list[str]]:
+        """The one pass (two cold): the state as the trunk of every question's row, counted into
+        ``stats``. The caller holds the lock, whose ``pause`` it passes on.
+        """
+        passes_before = backend.counter.mine().forward_passes
+        rounds = RoundStats()
+        decoded, warnings = read_request(
+            backend, lookup, self.head_ids, self.whole, self.tasks(), stats, rounds, pause=pause
+        )
+        count_request(backend, stats, rounds, passes_before, len(self.head_ids))
+        return decoded, warnings
 
     def row_tokens(self) -> int:
         """The distinct tokens of every row the pass reads, as it packs them: a question's text once,
@@ -71,18 +89,25 @@ class DecidePlan:
     def respond(
         self,
         model: str,
-        readouts: list[Readout],
+        readouts: Sequence[Readout],
         stats: Stats,
         warnings: list[str],
-        flags: list[dict[str, Any]] | None = None,
+        adjust: Adjust | None = None,
         spreads: list[float | None] | None = None,
     ) -> DecideResponse:
-        """The typed answers; ``flags`` are each answer's ``debiased`` / ``calibrated`` (default: raw) and, where a calibration fitted them, ``abstained`` / ``answer_set``."""
-        flags = flags if flags is not None else [{} for _ in readouts]
+        """The typed answers. ``adjust`` debiases / calibrates each readout and says what it did
+        (``debiased``, ``calibrated`` and, where a calibration fitted them, ``abstained`` /
+        ``answer_set``; default: raw); ``spreads`` are the rotated questions' ``order_spread``.
+        Candidate mass stays raw.
+        """
+        flags: list[dict[str, Any]] = [{} for _ in readouts]
+        if adjust is not None:
+            adjusted = [adjust(qid, r) for qid, r in zip(self.request.questions, readouts)]
+            readouts, flags = [r for r, _ in adjusted], [f for _, f in adjusted]
         if spreads is not None:
             flags = [f if spread is None else {**f, "order_spread": spread} for f, spread in zip(flags, spreads)]
         answers = {
-            qid: a.answer(r).model_copy(update=_named(f, a.names))
+            qid: answer_of(a.question, a.names, r).model_copy(update=_named(f, a.names))
             for qid, a, r, f in zip(self.request.questions, self.asked, readouts, flags)
         }
         masses = {qid: r.candidate_mass for qid, r in zip(self.request.questions, readouts)}
@@ -93,6 +118,20 @@ class DecidePlan:
             stats=stats,
             warnings=warnings + low_mass_warnings(masses, "question"),
         )
+
+
+def restore(asked: AskedQuestion, readout: Readout) -> Readout:
+    """A rotated question's readout with its labels back in the order the question gave them."""
+    order = asked.order
+    if order is None:
+        return readout
+    back = sorted(range(len(order)), key=lambda j: order[j])  # given index -> readout index
+    return Readout(
+        tuple(readout.logmass[j] for j in back),
+        tuple(readout.probabilities[j] for j in back),
+        readout.candidate_mass,
+        order[readout.best],
+    )
 
 
 def rotation_shifts(question: Any, order_samples: int) -> list[int]:

@@ -18,6 +18,8 @@ Unknown fields are ignored. ``tests/test_questions.py`` covers each rule without
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import (
@@ -32,6 +34,7 @@ from pydantic import (
     model_validator,
 )
 
+from .readout import Readout
 from .schema import check_distinct, normalise_option
 
 if TYPE_CHECKING:
@@ -280,3 +283,32 @@ class DecideResponse(BaseModel):
             wire["x_forward_passes"] = int(self.usage.forward_passes)
             wire["x_queue_ms"] = float(self.usage.queue_ms)  # waiting for the model (pcd_core/fairness.py)
         return wire
+
+
+def answer_of(
+    question: NoulQuestion | ChoiceQuestion | ScoreQuestion, names: Sequence[str], readout: Readout
+) -> Answer:
+    """A question's typed answer from its readout, whose labels are ``names`` (``answer_names``
+    order): probabilities by answer name, a score's expected level, the raw log masses as logits
+    (-1e30 for an impossible answer, which JSON cannot spell).
+    """
+    probabilities = dict(zip(names, readout.probabilities))
+    logits = {n: (v if v != -math.inf else -1e30) for n, v in zip(names, readout.logmass)}
+    if isinstance(question, NoulQuestion):
+        return NoulAnswer(noul=probabilities["true"], candidate_mass=readout.candidate_mass)
+    if isinstance(question, ChoiceQuestion):
+        return ChoiceAnswer(
+            choice=names[readout.best],
+            probabilities=probabilities,
+            confidence=readout.confidence,
+            candidate_mass=readout.candidate_mass,
+            logits=logits,
+        )
+    return ScoreAnswer(
+        score=sum(i * p for i, p in enumerate(readout.probabilities)),
+        legend={str(i): level for i, level in enumerate(question.criteria)},
+        probabilities=probabilities,
+        confidence=readout.confidence,
+        candidate_mass=readout.candidate_mass,
+        logits=logits,
+    )

@@ -1,4 +1,6 @@
-"""What a fill returns: the value, one decision per field, the cost, and warnings."""
+"""What the engine returns: a fill's value, one decision per field, the cost, and warnings; a
+generated reply (``Generation``) and its cost.
+"""
 
 from __future__ import annotations
 
@@ -186,3 +188,20 @@ def _label_text(spec: Field) -> str:
     assert spec.member_of is not None
     label = spec.member_of[1]
     return label if isinstance(label, str) else json.dumps(label)
+
+
+@dataclass
+class Generation:
+    """A generated reply and what it cost. ``Generation()`` is the empty record that
+    ``Engine.stream(..., result=...)`` fills as the reply is generated.
+    """
+
+    text: str = ""
+    finish_reason: Literal["stop", "length"] = "length"
+    input_tokens: int = 0
+    output_tokens: int = 0
+    forward_passes: int = 0
+    cached_tokens: int = 0
+    queue_ms: float = 0.0  # waiting for the model behind other requests, summed over the steps
+    logp_sum: float = 0.0
+    token_ids: list[int] = field(default_factory=list)

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from pcd_core import Engine, Extraction
-from pcd_core.chatting import Generation
 from pcd_core.errors import ReplyTooLongError, RequestError
+from pcd_core.result import Generation
 from pcd_core.tools import ToolDecision, choose_tool, tool_arguments
 from pcd_integrations.wire.chat import (
     AssistantReply,

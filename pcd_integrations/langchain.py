@@ -26,7 +26,7 @@ from operator import itemgetter
 from typing import Any, Literal, get_args
 
 from pcd_core import BackendUnavailableError, Engine, Extraction, PromptError
-from pcd_core.chatting import Generation
+from pcd_core.result import Generation
 from pcd_core.tools import NO_TOOL, ToolDecision, ToolSpec, choose_tool, normalise_tool_choice, tool_arguments
 
 try:

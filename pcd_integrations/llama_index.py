@@ -20,6 +20,10 @@ messages and input text, and engine results into LlamaIndex responses; prompts f
 and backends stay in `pcd_core`. `tests/test_llama_index.py` and `tests/test_llama_index_llm.py`
 prove it on the embedded model. `PCDSelector`, the router slot, lives in
 `pcd_integrations/llama_index_selector.py` and is re-exported here.
+
+Why one module of ~640 lines: ``PCDLLM`` is one LlamaIndex class whose sync, async and stream forms
+of chat, completion, tools and structured prediction must stay side by side to stay alike; the
+selector already lives in its own module.
 """
 
 from __future__ import annotations
@@ -62,8 +66,9 @@ except ImportError as error:  # pragma: no cover - exercised by a subprocess tes
     raise BackendUnavailableError("llama-index", "llama-index-core") from error
 
 from pcd_core import Engine, Extraction, PromptError, SchemaError, parse_schema
-from pcd_core.chatting import Generation, transcript
+from pcd_core.chatting import transcript
 from pcd_core.options import load_options
+from pcd_core.result import Generation
 from pcd_core.tools import (
     NO_TOOL,
     ToolChoice,

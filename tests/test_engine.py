@@ -16,9 +16,9 @@ from pcd_core.asking import render_decide_prompt
 from pcd_core.backends.base import pack_tree
 from pcd_core.deciding import plan_decide
 from pcd_core.decoding import DecisionTask, RoundStats, decode, plan_rows
-from pcd_core.engine import BYPASSED, after_head
 from pcd_core.errors import RequestError
-from pcd_core.questions import DecideRequest
+from pcd_core.questions import DecideRequest, answer_of
+from pcd_core.reading import BYPASSED, after_head
 from pcd_core.tokenizer import TextTokenizer
 
 TEXT = "I was billed twice for March ($49 each). Refund the duplicate within 12 hours or I cancel."
@@ -70,11 +70,16 @@ def test_an_unknown_strategy_is_an_option_error_that_costs_no_pass(engine):
     assert engine.backend.forward_passes == passes
 
 
-def test_options_and_the_strategy_shorthand_read_the_same(engine):
+def test_options_and_the_strategy_shorthand_read_the_same_and_both_together_are_refused(engine):
     by_options = engine.fill(Ticket, TEXT, DecodeOptions(strategy="exact"))
-    by_keyword = engine.fill(Ticket, TEXT, DecodeOptions(), strategy="exact")
+    by_keyword = engine.fill(Ticket, TEXT, strategy="exact")
     assert by_options.fields["topic"].method == by_keyword.fields["topic"].method == "exact"
     assert by_options.to_dict()["fields"] == by_keyword.to_dict()["fields"]
+    # which of the two would win is not the caller's guess to make: refused before any pass
+    passes = engine.backend.forward_passes
+    with pytest.raises(OptionError, match="not both"):
+        engine.fill(Ticket, TEXT, DecodeOptions(), strategy="exact")
+    assert engine.backend.forward_passes == passes
 
 
 def test_threads_share_one_engine_without_cross_talk(engine):
@@ -404,7 +409,7 @@ def test_one_pass_decide_equals_a_state_prefill_then_the_rows(engine):
     prefix = backend.prefill(after_head(plan.whole, plan.head_ids), parent=head)
     readouts = decode(backend, prefix, plan.tasks(), RoundStats()).readouts
     for qid, readout, asked in zip(case["questions"], readouts, plan.asked):
-        want = asked.answer(readout)
+        want = answer_of(asked.question, asked.names, readout)
         got = response.answers[qid]
         assert got.type == want.type, qid
         if want.type == "noul":

@@ -34,8 +34,8 @@ import numpy as np
 from ..backends.base import Prefix
 from ..compiler import CompiledField, CompiledSchema
 from ..decoding import DecisionTask, RoundStats, decode
-from ..engine import after_head
 from ..errors import BackendError
+from ..reading import after_head
 from .checks import ObjectScanner
 
 

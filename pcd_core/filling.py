@@ -1,0 +1,249 @@
+"""The fill planner: what ``Engine.fill`` does around the pass that reads the request.
+
+``deciding.py`` plans ``decide``; this module plans ``fill``. ``FillPlan`` is built before the model
+lock (no model needed, so a bad input costs no pass): the compiled schema, the request's ids, the
+read options. Under the lock, ``fill_passes`` reads the head and the request with the first wave's
+rows (``reading.read_request``); ``read_waves`` then reads every later ``depends_on`` wave, each
+hanging from the answer lines the wave before chose, and generates the open fields
+(``generation.py``) from the closed answers not yet written in. ``FillPlan.assemble`` orders the results as the schema does and
+rebuilds the value. The pass counts this keeps are checked by ``tests/test_engine.py`` and
+``tests/test_generation.py`` on the real model.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypedDict
+
+from .backends.base import Backend, Prefix
+from .calibration import Adjust
+from .compiler import CompiledSchema
+from .decoding import DecisionTask, Decoded, DecodeOptions, RoundStats, decode
+from .errors import OptionError, PromptError
+from .generation import GeneratedField, GenerationStats, generate_open_fields
+from .grammar import GrammarTokenizer
+from .reading import HeadLookup, count_request, ms_since, read_request
+from .result import Extraction, FieldResult, Stats, gather_memberships, mass_warnings
+from .schema import open_waves
+from .tokenizer import TextTokenizer
+
+
+class FillKeywords(TypedDict, total=False):
+    """The keywords of ``Engine.fill`` after ``schema`` and ``text``, spelt out once so that
+    ``fill_many``, ``afill`` and ``afill_many`` take exactly them (``Unpack[FillKeywords]``): a
+    misspelt one is a type error, and a ``TypeError`` at the call, not a silent default.
+    """
+
+    options: DecodeOptions | None
+    strategy: str | None
+    task: str
+    use_head_cache: bool
+    max_new_tokens: dict[str, int] | None
+    debias: bool | None
+    calibrate: bool
+    generate: bool
+
+
+def fill_options(options: DecodeOptions | None, strategy: str | None) -> DecodeOptions:
+    """The call's read options: ``options``, or ``strategy`` as its short form, never both (which of
+    the two would win is a guess the caller should not have to make).
+    """
+    if options is not None and strategy is not None:
+        raise OptionError(
+            f"give options ({options!r}) or strategy ({strategy!r}), not both; "
+            f"options=DecodeOptions(strategy={strategy!r}) says the same"
+        )
+    if options is not None:
+        return options
+    return DecodeOptions() if strategy is None else DecodeOptions(strategy=strategy)  # type: ignore[arg-type]
+
+
+def request_ids(tokenizer: TextTokenizer, compiled: CompiledSchema, text: str, context_length: int) -> tuple[int, ...]:
+    """The whole prompt's ids, tokenized in one piece, after checking that the prompt, the longest
+    answer lines and the open rows fit the context.
+    """
+    whole = tokenizer.encode_head(compiled.prompt.head + compiled.prompt.request_text(text))
+    answers = sum(max(map(len, f.answer_ids)) for f in compiled.fields)
+    budget = len(whole) + answers + max(compiled.max_variant_tokens, open_row_budget(compiled))
+    if budget > context_length:
+        raise PromptError(
+            f"the input needs {budget} tokens with the schema, over the model's context of "
+            f"{context_length}; shorten the input"
+        )
+    return whole
+
+
+def open_row_budget(compiled: CompiledSchema) -> int:
+    """Tokens the open rows may need past the closed answers: every wave but the last is written in
+    whole, and the longest row of the last wave grows to its cap.
+    """
+    if not compiled.open_rows:
+        return 0
+    size = {row.field.name: len(row.opening) + row.field.max_new_tokens for row in compiled.open_rows}
+    waves = open_waves(compiled.schema)
+    return sum(size[n] for wave in waves[:-1] for n in wave) + max(size[n] for n in waves[-1])
+
+
+@dataclass(frozen=True)
+class FillPlan:
+    """One checked fill request: the compiled schema, the prompt's ids, and how it is read."""
+
+    compiled: CompiledSchema
+    whole: tuple[int, ...]
+    options: DecodeOptions
+    generate: bool = True
+    max_new_tokens: Mapping[str, int] | None = None
+
+    @property
+    def generates(self) -> bool:
+        """Whether open fields are generated (a schema with some, and ``generate=True``)."""
+        return bool(self.compiled.open_rows) and self.generate
+
+    def tasks(self, wave_index: int) -> list[DecisionTask]:
+        """The decisions of one wave; none when the schema has only open fields (the request is
+        then read with no rows).
+        """
+        if not self.compiled.waves:
+            return []
+        compiled = self.compiled
+        return [DecisionTask(compiled.field(name).trie, self.options.strategy) for name in compiled.waves[wave_index]]
+
+    def answer_lines(self, names: set[str], chosen: Mapping[str, int]) -> list[int]:
+        """The chosen answer lines of the fields in ``names``, in schema order: the trunk that the
+        next wave's rows (or the open rows) hang from.
+        """
+        return [t for f in self.compiled.fields if f.name in names for t in f.answer_ids[chosen[f.name]]]
+
+    def assemble(self, filled: Filled, stats: Stats) -> Extraction:
+        """The result in the schema's key order; with ``generate=False`` the value is a dict of the
+        closed fields (no model object can be built without the open ones).
+        """
+        schema = self.compiled.schema
+        decided = {f.name: filled.results[f.name] for f in schema.fields}
+        everything: dict[str, Any] = {**decided, **gather_memberships(schema, decided), **filled.generated}
+        if self.compiled.open_rows and not self.generate:
+            ordered = {name: everything[name] for name in schema.keys if name in everything}
+            value: Any = {name: r.value for name, r in ordered.items()}
+        else:
+            ordered = {name: everything[name] for name in schema.keys}
+            value = schema.rebuild({name: r.value for name, r in ordered.items()})
+        return Extraction(value, ordered, stats, filled.warnings + mass_warnings(decided))
+
+
+@dataclass
+class Filled:
+    """What the passes of one fill produced: the decided and generated fields, the choices that fed
+    later waves, the open rows' warnings and row tokens (which the engine adds to its counts).
+    """
+
+    results: dict[str, FieldResult] = field(default_factory=dict)
+    chosen: dict[str, int] = field(default_factory=dict)
+    generated: dict[str, GeneratedField] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    open_row_tokens: int = 0
+
+    def record(self, plan: FillPlan, wave_index: int, decoded: Decoded, adjust: Adjust | None) -> None:
+        """One wave's readouts as field results; debiased / calibrated before the choice feeds a later wave."""
+        compiled = plan.compiled
+        names = compiled.waves[wave_index] if compiled.waves else ()  # no closed fields: no readouts
+        for name, readout in zip(names, decoded.readouts):
+            flags: dict[str, Any] = {}
+            if adjust is not None:
+                readout, flags = adjust(name, readout)
+            self.chosen[name] = readout.best
+            spec = compiled.schema.field(name)
+            self.results[name] = FieldResult.from_readout(spec, readout, plan.options.strategy, wave_index, **flags)
+
+
+def fill_passes(
+    backend: Backend,
+    lookup: HeadLookup,
+    grammar: Callable[[], GrammarTokenizer],
+    plan: FillPlan,
+    adjust: Adjust | None,
+    stats: Stats,
+    use_cache: bool,
+    pause: Callable[[], None],
+) -> Filled:
+    """Every pass of a fill: the request with the first wave's rows (``reading.read_request``), one
+    pass per later wave, then the open rows' steps; ``stats`` is counted when the last is read. The
+    caller holds the lock, whose ``pause`` hands the model over at each pass boundary.
+    """
+    passes_before = backend.counter.mine().forward_passes
+    rounds = RoundStats()
+    decoded, warnings = read_request(
+        backend, lookup, plan.compiled.head_ids, plan.whole, plan.tasks(0), stats, rounds, use_cache, pause
+    )
+    filled = read_waves(backend, grammar, plan, decoded, adjust, stats, rounds, pause)
+    filled.warnings[:0] = warnings  # the request's warnings come before the open rows'
+    # the open rows' tokens are row tokens too, read by grow
+    count_request(backend, stats, rounds, passes_before, len(plan.compiled.head_ids), filled.open_row_tokens)
+    return filled
+
+
+def read_waves(
+    backend: Backend,
+    grammar: Callable[[], GrammarTokenizer],
+    plan: FillPlan,
+    first: Decoded,
+    adjust: Adjust | None,
+    stats: Stats,
+    rounds: RoundStats,
+    pause: Callable[[], None],
+) -> Filled:
+    """Every pass of a fill after the first (whose readouts are ``first``): one per later wave, then
+    the open rows' steps. Fills ``decode_ms``, ``generate_ms``, ``open_steps``, ``output_tokens`` and
+    the answer lines' ``prompt_tokens``.
+    """
+    compiled = plan.compiled
+    filled = Filled()
+    filled.record(plan, 0, first, adjust)
+    decoded = first
+    clock = time.perf_counter()
+    for wave_index in range(1, len(compiled.waves)):
+        pause()
+        lines = plan.answer_lines(set(compiled.waves[wave_index - 1]), filled.chosen)
+        decoded = decode(backend, decoded.prefix, plan.tasks(wave_index), rounds, trunk=lines, pause=pause)
+        stats.prompt_tokens += len(lines)
+        filled.record(plan, wave_index, decoded, adjust)
+    stats.decode_ms = ms_since(clock)
+    if plan.generates:
+        clock = time.perf_counter()
+        pause()
+        _generate_open(backend, grammar(), plan, decoded.prefix, filled, stats, pause)
+        stats.generate_ms = ms_since(clock)
+    return filled
+
+
+def _generate_open(
+    backend: Backend,
+    grammar: GrammarTokenizer,
+    plan: FillPlan,
+    prefix: Prefix,
+    filled: Filled,
+    stats: Stats,
+    pause: Callable[[], None],
+) -> None:
+    """Generate every open field; the first step also writes in the closed answers not yet in the prompt."""
+    compiled = plan.compiled
+    written = {name for wave in compiled.waves[:-1] for name in wave}
+    lines = plan.answer_lines({f.name for f in compiled.fields} - written, filled.chosen)
+    stats.prompt_tokens += len(lines)
+    open_stats = GenerationStats()
+    max_new_tokens = dict(plan.max_new_tokens) if plan.max_new_tokens is not None else None
+    filled.generated, filled.warnings = generate_open_fields(
+        backend,
+        grammar,
+        prefix,
+        compiled.open_rows,
+        compiled.schema,
+        open_stats,
+        max_new_tokens,
+        pause,
+        written_in=tuple(lines),
+    )
+    stats.open_steps = open_stats.steps
+    stats.output_tokens = sum(g.n_tokens for g in filled.generated.values())
+    filled.open_row_tokens = open_stats.row_tokens

@@ -1,0 +1,136 @@
+"""The one read path: a cached head, then the request read after it, filling one ``Stats``.
+
+``fill``, ``decide`` and plain generation (``generate``/``stream``) all read a prompt the same way.
+The head (instructions, or every chat turn but the last) comes from the engine's head cache or is
+prefilled; the rest of the prompt, tokenized with the head in one piece, is the *trunk* read after
+it. When the request's first token merged with the head's last one, the cached head cannot be
+extended: nothing of it is used, and the whole prompt is the trunk (``BYPASSED``). What each read
+cost is counted by the backend's per-thread pass counter, never by hand: a request hands the model
+over between passes (``fairness.py``) and other threads' passes run in between.
+``tests/test_engine.py`` checks the pass counts and every ``Stats`` field on the real model;
+``tests/test_chatting.py`` checks a reply's cost.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from .backends.base import Backend, Prefix
+from .decoding import DecisionTask, Decoded, RoundStats, decode
+from .fairness import no_pause
+from .result import Stats
+
+#: the warning of a request whose input merged with the head's last token
+BYPASSED = "the input merged with the cached head's last token; the whole prompt was read anew"
+
+#: the head cache's lookup: (head ids, use the cache) -> (the head's prefix, whether it was cached,
+#: whether it is kept in the cache now: a miss that is kept was written for later requests)
+HeadLookup = Callable[[tuple[int, ...], bool], tuple[Prefix, bool, bool]]
+
+
+def after_head(whole: Sequence[int], head_ids: Sequence[int]) -> tuple[int, ...] | None:
+    """The ids after ``head_ids`` when ``whole`` starts with them. None when the text after the head
+    merged with the head's last token: the cached head cannot be extended, so all is read anew.
+    """
+    n_head = len(head_ids)
+    if tuple(whole[:n_head]) != tuple(head_ids):
+        return None
+    return tuple(whole[n_head:])
+
+
+def ms_since(clock: float) -> float:
+    """Milliseconds since ``clock`` (a ``time.perf_counter()`` reading): every ``*_ms`` of ``Stats``."""
+    return (time.perf_counter() - clock) * 1000.0
+
+
+@dataclass(frozen=True)
+class HeadRead:
+    """Where the trunk hangs from: the head's prefix (None when bypassed) and the ids read after it."""
+
+    head: Prefix | None
+    trunk: tuple[int, ...]
+    warnings: tuple[str, ...]
+
+
+def read_head(
+    backend: Backend,
+    lookup: HeadLookup,
+    head_ids: tuple[int, ...],
+    whole: tuple[int, ...],
+    stats: Stats,
+    use_cache: bool = True,
+) -> HeadRead:
+    """The head of ``whole`` from the cache (or prefilled), or none of it when the request merged
+    with it. Fills ``row_layout``, ``head_cache``, ``cached_tokens``, ``head_ms`` and
+    ``prompt_tokens`` (the trunk's length) of ``stats``; the caller holds the model lock.
+    """
+    stats.row_layout = backend.row_layout
+    clock = time.perf_counter()
+    rest = after_head(whole, head_ids)
+    if rest is None:
+        stats.head_cache, stats.cached_tokens = "bypassed", 0
+        read = HeadRead(None, whole, (BYPASSED,))
+    else:
+        head, hit, kept = lookup(head_ids, use_cache)
+        stats.head_cache, stats.cached_tokens = ("hit", len(head_ids)) if hit else ("miss", 0)
+        if not hit and kept:  # prefilled now and kept for the next request
+            stats.cache_write_tokens = len(head_ids)
+        read = HeadRead(head, rest, ())
+    stats.head_ms = ms_since(clock)
+    stats.prompt_tokens = len(read.trunk)
+    return read
+
+
+def read_request(
+    backend: Backend,
+    lookup: HeadLookup,
+    head_ids: tuple[int, ...],
+    whole: tuple[int, ...],
+    tasks: list[DecisionTask],
+    stats: Stats,
+    rounds: RoundStats,
+    use_cache: bool = True,
+    pause: Callable[[], None] = no_pause,
+) -> tuple[Decoded, list[str]]:
+    """Read a head and a request, with the first ``tasks``' rows in the request's pass: the trunk
+    is read in the same ``score`` call as the rows (``fill`` and ``decide``). The caller holds the
+    lock, whose ``pause`` it passes on, and calls ``count_request`` when its passes are done.
+    """
+    read = read_head(backend, lookup, head_ids, whole, stats, use_cache)
+    clock = time.perf_counter()
+    decoded = decode(backend, read.head, tasks, rounds, trunk=read.trunk, pause=pause)
+    stats.prefill_ms = ms_since(clock)
+    return decoded, list(read.warnings)
+
+
+def read_prompt(
+    backend: Backend, lookup: HeadLookup, head_ids: tuple[int, ...], whole: tuple[int, ...], stats: Stats, room: int
+) -> Prefix:
+    """Read a chat prompt for a reply, with ``room`` for the reply behind its KV so that the steps
+    write there instead of copying it (a longer reply outgrows it and the backend's buffers grow).
+    Fills and counts ``stats`` as a request with no rows; the caller holds the lock.
+    """
+    passes_before = backend.counter.mine().forward_passes
+    read = read_head(backend, lookup, head_ids, whole, stats)
+    clock = time.perf_counter()
+    prefix = backend.prefill(read.trunk, parent=read.head, room=room)
+    stats.prefill_ms = ms_since(clock)
+    count_request(backend, stats, RoundStats(), passes_before, len(head_ids))
+    return prefix
+
+
+def count_request(
+    backend: Backend, stats: Stats, rounds: RoundStats, passes_before: int, n_head: int, grown_tokens: int = 0
+) -> None:
+    """The totals of a request, once its last pass is read (under the lock). ``passes_before`` is
+    ``backend.counter.mine().forward_passes`` when the request took the model; ``grown_tokens`` are
+    tokens read by ``grow`` (open rows, a reply) rather than in decision rounds.
+    """
+    stats.forward_passes = backend.counter.mine().forward_passes - passes_before
+    stats.n_rows, stats.rounds = rounds.n_rows, rounds.rounds
+    stats.row_tokens = rounds.row_tokens + grown_tokens
+    # a bypassed head was read as part of the prompt, so it is in prompt_tokens already
+    head_tokens = 0 if stats.head_cache == "bypassed" else n_head
+    stats.input_tokens = head_tokens + stats.prompt_tokens + stats.row_tokens
