@@ -71,8 +71,8 @@ def test_multi_selection_is_one_noul_per_choice_in_one_packed_pass(
     calls: list[int] = []
     decide = engine.decide
 
-    def counting_decide(state: Any, asked: Any) -> Any:
-        response = decide(state, asked)
+    def counting_decide(state: Any, asked: Any, **keywords: Any) -> Any:
+        response = decide(state, asked, **keywords)
         calls.append(response.stats.forward_passes)
         return response
 

@@ -48,7 +48,7 @@ INVALID = [
 ]
 OVERSIZED = [
     json.dumps({"state": "word " * 20_000, "questions": {"q": NOUL}}).encode(),  # 100 KB body: 413
-    json.dumps({"state": "s", "questions": {f"q{i}": NOUL for i in range(300)}}).encode(),  # 300 questions: 422
+    json.dumps({"state": "s", "questions": {f"q{i}": NOUL for i in range(401)}}).encode(),  # 401 questions: 422
 ]
 
 
