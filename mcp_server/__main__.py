@@ -24,7 +24,7 @@ from dataclasses import replace
 
 from pcd_core.errors import PcdError
 from pcd_core.options import BACKEND_MODULES
-from pcd_integrations.commands.common import add_model_options, options_from_args
+from pcd_integrations.commands.common import add_model_options, non_negative, options_from_args
 from pcd_integrations.read_timeouts import DEFAULT_READ_TIMEOUTS, ReadTimeouts
 
 TRANSPORTS = ("stdio", "streamable-http")
@@ -40,16 +40,6 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected 0 or a positive integer, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected 0 or a positive integer, got {text!r}")
     return value
 
 
@@ -157,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
         )
     add(
         "--max-queue",
-        type=_non_negative_int,
+        type=non_negative,
         metavar="N",
         default=env("PCD_MCP_MAX_QUEUE"),
         help="streamable-http only: at most N requests wait for the model; one more gets 503 with Retry-After "

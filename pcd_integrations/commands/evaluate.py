@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from pcd_core.calibration import BIAS_SD, Calibration
+from pcd_core.engine import MAX_ORDER_SAMPLES
 from pcd_core.errors import PcdError
 from pcd_core.evaluation import datasets
 from pcd_core.evaluation.cache import AnswerCache
@@ -173,8 +174,8 @@ def _load_data(args: argparse.Namespace) -> tuple[Any, list[dict[str, Any]]]:
     if args.order_samples != 1 and args.questions is None:
         # a fill's options sit in the cached head: rotating them is K heads, not K rows (docs/trust.md)
         raise PcdError("--order-samples needs --questions: a schema's options are read in the one order it gives")
-    if not 1 <= args.order_samples <= 8:
-        raise PcdError(f"--order-samples {args.order_samples} must be 1 to 8")
+    if not 1 <= args.order_samples <= MAX_ORDER_SAMPLES:
+        raise PcdError(f"--order-samples {args.order_samples} must be 1 to {MAX_ORDER_SAMPLES}")
     if args.questions is not None:
         if args.schema or args.data in datasets.NAMES:
             raise PcdError("--questions takes a JSONL --data whose labels are keyed by question id, and no --schema")
