@@ -24,7 +24,13 @@ from dataclasses import replace
 
 from pcd_core.errors import PcdError
 from pcd_core.options import BACKEND_MODULES
-from pcd_integrations.commands.common import add_model_options, non_negative, options_from_args
+from pcd_integrations.commands.common import (
+    add_model_options,
+    non_negative,
+    options_from_args,
+    positive,
+    positive_seconds,
+)
 from pcd_integrations.read_timeouts import DEFAULT_READ_TIMEOUTS, ReadTimeouts
 
 TRANSPORTS = ("stdio", "streamable-http")
@@ -33,30 +39,10 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 logger = logging.getLogger(__name__)
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
 def _port(text: str) -> int:
-    value = _positive_int(text)
+    value = positive(text)
     if value > 65535:
         raise argparse.ArgumentTypeError(f"a port is 1 to 65535, got {text!r}")
-    return value
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
     return value
 
 
@@ -86,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="HTTP port; the endpoint is /mcp (PCD_MCP_PORT; default 8765)",
     )
     # the model flags are LoadOptions' own, each defaulting to its environment variable
-    add_model_options(parser, environment=True)
+    add_model_options(parser, environment=True, opt_in=("order_samples",))
     add(
         "--calibration",
         metavar="FILE",
@@ -119,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add(
         "--max-body-bytes",
-        type=_positive_int,
+        type=positive,
         default=env("PCD_MCP_MAX_BODY_BYTES", str(1 << 20)),
         help="streamable-http only: refuse request bodies over this many bytes with 413 "
         "(PCD_MCP_MAX_BODY_BYTES; default 1048576)",
@@ -140,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         add(
             option,
-            type=_seconds,
+            type=positive_seconds,
             metavar="S",
             default=env(variable, str(default_s)),
             help=f"streamable-http only: {meaning} ({variable}; default {default_s:g})",
@@ -155,7 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add(
         "--timeout",
-        type=_seconds,
+        type=positive_seconds,
         metavar="S",
         default=env("PCD_MCP_TIMEOUT"),
         help="streamable-http only: a request not answered within S seconds gets 504 and its work stops at its "

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from .asking import AskedQuestion, as_text, ask
 from .backends.base import Backend, pack_tree
 from .calibration import Adjust
+from .conversation import Conversation
 from .decoding import DecisionTask, Decoded, RoundStats, plan_rows
 from .errors import PromptError
 from .limits import DEFAULT_LIMITS, Limits, check_row_tokens
@@ -27,6 +28,18 @@ from .reading import HeadLookup, count_request, read_request
 from .readout import Readout
 from .result import Stats, low_mass_warnings
 from .tokenizer import TextTokenizer
+
+
+class DecideKeywords(TypedDict, total=False):
+    """The keywords of ``Engine.decide`` after ``state`` and ``questions``, spelt out once so that
+    ``adecide`` takes exactly them (``Unpack[DecideKeywords]``), as ``FillKeywords`` does for fills.
+    """
+
+    context: Conversation | None
+    cache_key: str | None
+    debias: bool | None
+    calibrate: bool
+    order_samples: int | None
 
 
 @dataclass(frozen=True)

@@ -27,14 +27,13 @@ from .chatting import Message, chat_ids, stream_tokens
 from .compiler import CompiledSchema, compile_schema
 from .conversation import Conversation, check_conversation
 from .debias import content_free_priors
-from .deciding import plan_decide
+from .deciding import DecideKeywords, plan_decide
 from .decoding import DecodeOptions
-from .errors import OptionError
 from .fairness import ModelLock
 from .filling import FillKeywords, FillPlan, fill_options, fill_passes, request_ids
 from .generation import MAX_ROOM, check_caps
 from .grammar import GrammarTokenizer
-from .limits import DEFAULT_LIMITS, Limits, check_decide, check_fill
+from .limits import DEFAULT_LIMITS, Limits, check_decide, check_fill, check_order_samples
 from .models import load_backend
 from .options import LoadOptions, load_options
 from .prompt import PromptParts
@@ -43,9 +42,6 @@ from .reading import ms_since, read_prompt
 from .result import Extraction, FieldResult, Generation, Stats
 from .schema import parse_schema
 from .tokenizer import TextTokenizer
-
-#: the most rotations of an option list one decide reads (each is one more row per question, same pass)
-MAX_ORDER_SAMPLES = 8
 
 
 class Engine:
@@ -62,12 +58,14 @@ class Engine:
         limits: Limits = DEFAULT_LIMITS,
         calibration: Calibration | None = None,
         debias: bool = False,
+        order_samples: int = 1,
     ) -> None:
         self.limits = limits  # per-request bounds, checked before any pass (pcd_core/limits.py)
         # trust (pcd_core/debias.py, pcd_core/calibration.py): per-schema content-free priors, fitted
         # calibration, and whether fill and decide debias when a call does not say
         self.calibration = calibration
         self.debias = debias
+        self.order_samples = check_order_samples(order_samples)  # decide's default (LoadOptions.order_samples)
         self._priors = Lru(schema_cache_size)
         self.backend = backend
         self.tokenizer = tokenizer
@@ -92,7 +90,13 @@ class Engine:
         fitted = chosen.fitted_calibration()
         loaded, tokenizer, name = load_backend(chosen)
         return cls(
-            loaded, tokenizer, name, head_cache_size=chosen.head_cache_size, calibration=fitted, debias=chosen.debias
+            loaded,
+            tokenizer,
+            name,
+            head_cache_size=chosen.head_cache_size,
+            calibration=fitted,
+            debias=chosen.debias,
+            order_samples=chosen.order_samples,
         )
 
     @property
@@ -283,22 +287,22 @@ class Engine:
         cache_key: str | None = None,
         debias: bool | None = None,
         calibrate: bool = True,
-        order_samples: int = 1,
+        order_samples: int | None = None,
     ) -> DecideResponse:
         """Jev-style questions over one state (``pcd_core/deciding.py``): the state is the trunk of
         every question's row, one pass warm. ``usage.input_tokens`` counts every token read: head,
         state and all rows. ``debias`` and ``calibrate`` are as in ``fill``; a calibration covers a
         question whose id and answer names (``true``/``false``, the options, the level indices) it
         was fitted on. ``order_samples`` K > 1 also reads K - 1 rotations of each choice's and score's
-        options as more rows of the same pass and averages them (``DecidePlan.merged``).
+        options as more rows of the same pass and averages them (``DecidePlan.merged``); None takes the
+        engine's default (``LoadOptions.order_samples``).
 
         ``context`` holds earlier turns and the caller's instructions (``conversation.py``). Its
         turns are cached with the head only when a ``cache_key`` is given (OpenAI's
         ``prompt_cache_key``): a caller that says it will come back with the same conversation.
         """
         started = time.perf_counter()
-        if not 1 <= order_samples <= MAX_ORDER_SAMPLES:
-            raise OptionError(f"order_samples must be 1 to {MAX_ORDER_SAMPLES}, not {order_samples!r}")
+        order_samples = self.order_samples if order_samples is None else check_order_samples(order_samples)
         # everything that needs no model runs before the lock, so concurrent requests overlap here
         request = check_decide(self.limits, state, questions)  # bounds and readable text first
         if context:
@@ -328,10 +332,10 @@ class Engine:
         return plan.respond(self.model_name, readouts, stats, warnings, adjust, spreads)
 
     async def adecide(
-        self, state: Any, questions: dict[str, Any], *, debias: bool | None = None, calibrate: bool = True
+        self, state: Any, questions: dict[str, Any], **keywords: Unpack[DecideKeywords]
     ) -> DecideResponse:
-        """``decide`` in a worker thread."""
-        return await asyncio.to_thread(self.decide, state, questions, debias=debias, calibrate=calibrate)
+        """``decide`` in a worker thread, with the same keywords."""
+        return await asyncio.to_thread(self.decide, state, questions, **keywords)
 
     def question_priors(self, questions: dict[str, Any]) -> dict[str, tuple[float, ...]]:
         """Per question (validated models, as ``DecideRequest.questions`` holds them), the mean answer

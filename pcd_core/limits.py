@@ -26,7 +26,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from .errors import LimitError, PromptError, RequestError, TextError
+from .errors import LimitError, OptionError, PromptError, RequestError, TextError
 from .questions import ChoiceQuestion, DecideRequest, ScoreQuestion
 from .schema import Schema
 
@@ -56,6 +56,20 @@ class Limits:
 
 
 DEFAULT_LIMITS = Limits()
+
+#: the most rotations of an option list one decide reads (each is one more row per question, same pass)
+MAX_ORDER_SAMPLES = 8
+
+
+def check_order_samples(order_samples: Any) -> int:
+    """``order_samples`` as a whole number 1 to ``MAX_ORDER_SAMPLES``, or an ``OptionError``."""
+    if (
+        isinstance(order_samples, bool)
+        or not isinstance(order_samples, int)
+        or not 1 <= order_samples <= MAX_ORDER_SAMPLES
+    ):
+        raise OptionError(f"order_samples must be a whole number from 1 to {MAX_ORDER_SAMPLES}, not {order_samples!r}")
+    return order_samples
 
 
 def check_body_size(limits: Limits, n_bytes: int) -> None:

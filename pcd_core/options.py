@@ -22,6 +22,7 @@ from typing import Any, Literal, get_args
 from .backends.base import LayoutChoice
 from .calibration import Calibration
 from .errors import OptionError
+from .limits import MAX_ORDER_SAMPLES, check_order_samples
 
 #: the one list of backend names: ``Engine.load``, the commands' ``--backend``, ``pcd-mcp`` and the adapters
 BackendName = Literal["torch", "mlx", "llamacpp", "vllm"]
@@ -104,6 +105,14 @@ class LoadOptions:
         None, "a calibration file written by pcd calibrate (or a Calibration), read before the model loads", flag=False
     )
     debias: bool = _option(False, "fill and decide divide out the content-free label prior by default", flag=False)
+    order_samples: int = _option(
+        1,
+        f"decide also reads K - 1 rotations of each choice's and score's options, as more rows of the same "
+        f"pass, and averages them; answers report their order spread (1 to {MAX_ORDER_SAMPLES})",
+        env="PCD_ORDER_SAMPLES",
+        opt_in=True,
+        metavar="K",
+    )
     dummy_weights: str | None = _option(
         None,
         "instead of --model, that architecture with random weights, for timing only: a shipped shape "
@@ -161,6 +170,7 @@ def _check_values(options: LoadOptions) -> None:
         raise OptionError(f"model must be a model name or path, got {options.model!r}")
     for name in ("max_tokens_per_pass", "max_pass_bytes", "threads"):
         _positive(name, getattr(options, name))
+    check_order_samples(options.order_samples)
     if isinstance(options.head_cache_size, bool) or not isinstance(options.head_cache_size, int):
         raise OptionError(f"head_cache_size must be a whole number, got {options.head_cache_size!r}")
     if options.head_cache_size < 0:

@@ -91,6 +91,7 @@ class _Trust(BaseModel):
     calibrated: bool = False
     abstained: bool = False
     answer_set: list[str] | list[int] | None = None  # a score's are level indices, as its probabilities' keys
+    order_spread: float | None = None  # read in several orders of its options: how far the top one moved
 
 
 class PCDNoulAnswer(decisions.NoulAnswer, _Trust):
@@ -185,6 +186,7 @@ def classifier_response(response: DecideResponse, asked: Mapping[str, Mapping[st
             "calibrated": answer.calibrated,
             "abstained": answer.abstained,
             "answer_set": answer.answer_set,
+            "order_spread": answer.order_spread,
         }
         if isinstance(answer, ScoreAnswer) and answer.answer_set is not None:
             trust["answer_set"] = [int(level) for level in answer.answer_set]

@@ -4,7 +4,7 @@ LangChain objects are pydantic models that users build at import time, in config
 long before (or without ever) running them; loading weights in the constructor would make that cost a
 model load. ``LazyEngine`` holds the model name and loads it once, on the first call that needs it, even
 with concurrent callers. It imports no framework, so every adapter whose objects are pydantic models can
-mix it in. ``model``, ``backend``, ``calibration=`` (a ``pcd calibrate`` file) and ``debias=`` build the
+mix it in. ``model``, ``backend``, ``calibration=`` (a ``pcd calibrate`` file), ``debias=`` and ``order_samples=`` build the
 ``LoadOptions`` it loads with; the file is read at construction. ``tests/test_langchain.py`` and ``tests/test_langchain_decisions.py`` check that
 construction loads nothing and that a shared engine names the model.
 """
@@ -35,6 +35,8 @@ class LazyEngine(BaseModel):
     when the engine loads (``Engine.load(calibration=...)``)."""
     debias: bool = False
     """Divide the model's content-free label prior out of every decision (``Engine.load(debias=...)``)."""
+    order_samples: int = 1
+    """Orders of each choice's and score's options every decision reads (``Engine.load(order_samples=...)``)."""
     engine: Engine | None = Field(default=None, exclude=True)
     """An already loaded engine to share; left out of dumps and trace parameters."""
 
@@ -53,9 +55,10 @@ class LazyEngine(BaseModel):
                 raise ValueError(
                     f"model={self.model!r} but the engine runs {self.engine.model_name!r}; pass one or the other"
                 )
-            if self.calibration is not None or self.debias:
+            if self.calibration is not None or self.debias or self.order_samples != 1:
                 raise ValueError(
-                    "calibration= and debias= apply when the engine is loaded here; pass them to Engine.load"
+                    "calibration=, debias= and order_samples= apply when the engine is loaded here; "
+                    "pass them to Engine.load"
                 )
         elif self.calibration is not None:
             # read now (it is small), so that a bad file fails at construction, not at the first call
@@ -66,7 +69,13 @@ class LazyEngine(BaseModel):
 
     def load_options(self) -> LoadOptions:
         """What ``load_engine`` loads, checked (an ``OptionError`` for an option the backend refuses)."""
-        return LoadOptions(model=self.model, backend=self.backend, calibration=self._calibration, debias=self.debias)
+        return LoadOptions(
+            model=self.model,
+            backend=self.backend,
+            calibration=self._calibration,
+            debias=self.debias,
+            order_samples=self.order_samples,
+        )
 
     def load_engine(self) -> Engine:
         """The engine, loading the weights on first use (once, even with concurrent callers)."""

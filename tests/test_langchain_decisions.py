@@ -147,6 +147,7 @@ def test_noul_choice_and_score_equal_engine_decide(dm: PCDDecisionModel, engine:
         "calibrated": False,
         "abstained": False,  # no calibration, so no threshold and no set
         "answer_set": None,
+        "order_spread": None,  # read in one order
     }
 
 

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from pcd_core.calibration import BIAS_SD, Calibration
-from pcd_core.engine import MAX_ORDER_SAMPLES
 from pcd_core.errors import PcdError
 from pcd_core.evaluation import datasets
 from pcd_core.evaluation.cache import AnswerCache
@@ -35,6 +34,7 @@ from pcd_core.evaluation.runner import (
     read_question_answers,
     variants,
 )
+from pcd_core.limits import MAX_ORDER_SAMPLES
 from pcd_core.schema import parse_schema
 
 from . import common

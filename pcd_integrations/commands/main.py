@@ -116,7 +116,7 @@ def add_decide(commands: Any) -> None:
     decide.add_argument("questions", metavar="FILE", help="JSON with 'questions' and 'state', as POST /v1/systemone")
     decide.add_argument("--state", metavar="FILE", help="the state to ask about instead (.json as JSON, else text)")
     decide.add_argument("--json", action="store_true", help="print the /v1/systemone response instead of a table")
-    common.add_model_options(decide)
+    common.add_model_options(decide, opt_in=("order_samples",))
     from .evaluate import add_trust_options
 
     add_trust_options(decide)
@@ -249,7 +249,7 @@ def add_serve(commands: Any) -> None:
         help="an OpenTelemetry span per request and per forward pass, to the tracer provider the process "
         "configures (the otel extra)",
     )
-    common.add_model_options(serve)
+    common.add_model_options(serve, opt_in=("order_samples",))
     from .evaluate import add_trust_options  # light: no model, no matplotlib
 
     add_trust_options(serve, "every answer")

@@ -15,7 +15,8 @@ in question order with their names; a choice's values keep their JSON type (``tr
 Each answer says, as on ``/v1/systemone``, whether it was debiased and calibrated (``x_debiased``,
 ``x_calibrated``); a calibration covers a question by its id here, ``questions[i]``. An answer the
 engine abstained from (a calibration fitted with ``--abstain-risk``) is OpenAI's ``refusal``, with the
-reading it declined in ``x_answer``.
+reading it declined in ``x_answer``. A choice's or a score's answer read in several orders of its
+options (``pcd serve --order-samples K``) carries ``x_order_spread``.
 A predicate is a noul; a boolean choice value is shown to the model as ``true``/``false``, so ``true``
 and ``"true"`` in one question are refused as equal options. ``tests/test_questions.py`` covers the
 translation, ``tests/test_decisions_api.py`` the route with the real ``openai`` client.
@@ -221,6 +222,7 @@ class DecisionChoiceAnswer(WireModel):
     confidence: float
     x_debiased: bool = _flag(DEBIASED)
     x_calibrated: bool = _flag(CALIBRATED)
+    x_order_spread: float | None = Field(default=None, description=systemone.ORDER_SPREAD)
 
 
 class ScoreProbability(WireModel):
@@ -237,6 +239,7 @@ class DecisionScoreAnswer(WireModel):
     confidence: float
     x_debiased: bool = _flag(DEBIASED)
     x_calibrated: bool = _flag(CALIBRATED)
+    x_order_spread: float | None = Field(default=None, description=systemone.ORDER_SPREAD)
 
 
 class RefusalAnswer(WireModel):
@@ -297,6 +300,7 @@ def _answer(question: PredicateQuestion | DecisionChoiceQuestion | DecisionScore
             choice=values[answer.choice],
             probabilities=[ChoiceProbability(value=values[n], probability=p) for n, p in answer.probabilities.items()],
             confidence=answer.confidence,
+            x_order_spread=answer.order_spread,
             **flags,
         )
     if isinstance(question, DecisionScoreQuestion) and isinstance(answer, systemone.ScoreAnswer):
@@ -305,7 +309,12 @@ def _answer(question: PredicateQuestion | DecisionChoiceQuestion | DecisionScore
             for i, level in enumerate(question.levels)
         ]
         return DecisionScoreAnswer(
-            name=question.name, score=answer.score, probabilities=levels, confidence=answer.confidence, **flags
+            name=question.name,
+            score=answer.score,
+            probabilities=levels,
+            confidence=answer.confidence,
+            x_order_spread=answer.order_spread,
+            **flags,
         )
     raise TypeError(f"a {type(answer).__name__} does not answer a {question.type} question")
 
