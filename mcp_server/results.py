@@ -1,7 +1,7 @@
 """The typed results of the MCP tools: each becomes a tool's `outputSchema` and `structured_content`.
 
-Every result carries `model` and `usage` (`pcd_core.questions.Usage`, the one usage model), so that an
-agent can see what answered and what it cost. The `decide` answers are the System One answer models of
+Every result carries `model` and `usage` (`pcd_core.questions.Usage`, rendered from the engine's one
+cost record, `pcd_core.cost.Stats`), so that an agent can see what answered and what it cost. The `decide` answers are the System One answer models of
 `pcd_core.questions` themselves, so they are the `POST /v1/systemone` wire format by construction;
 `tests/test_mcp_server.py` checks the schemas and the numbers.
 """

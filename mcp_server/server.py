@@ -53,7 +53,6 @@ from pcd_core.fairness import Cancellation, in_worker
 from pcd_core.generation import GeneratedField
 from pcd_core.limits import DEFAULT_LIMITS, Limits, check_decide, check_fill
 from pcd_core.questions import DecideResponse
-from pcd_core.questions import Usage as PcdUsage
 from pcd_core.result import Extraction, FieldResult
 from pcd_integrations.operations import Backpressure, Operations, build_metrics, trace_cost
 from pcd_integrations.read_timeouts import DEFAULT_READ_TIMEOUTS, ReadTimeouts, http_protocol
@@ -243,7 +242,7 @@ def build_server(
             raise _caller_error(exc) from exc
         if served.metrics is not None:
             served.metrics.decided(MCP_PATH, response)
-        trace_cost(response.usage)
+        trace_cost(response.stats)
         return response
 
     async def ask(ctx: Context, state: Any, question: Any) -> tuple[Any, str, Usage]:
@@ -387,7 +386,7 @@ def build_server(
             raise _caller_error(exc) from exc
         if served.metrics is not None:
             served.metrics.filled(MCP_PATH, ex)
-        trace_cost(PcdUsage.of(ex.stats))
+        trace_cost(ex.stats)
         return FillResult(
             value=dict(ex.value),
             fields=_filled_fields(ex),

@@ -6,21 +6,28 @@ last message is the *head*, prefilled once and kept in the engine's head cache, 
 that grows by one turn, or many requests behind one system prompt, re-read only what is new. Tokens
 come from the same ``Backend.grow`` primitive that generated open fields use (one row), greedily, so
 a reply is deterministic. It stops at an end-of-turn token, a stop string or ``max_new_tokens``.
+The prompt is read like any request (``reading.read_prompt``) and each step is counted there too
+(``reading.read_step``), into the reply's ``Stats``, the record ``fill`` and ``decide`` return.
 ``tests/test_chatting.py`` checks the stream against ``generate`` and against a plain decode loop.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from .backends.base import Backend, Prefix, Rows
+from .cost import Meter
 from .errors import PromptError, ReplyTooLongError
 from .fairness import ModelLock
+from .generation import MAX_ROOM
 from .limits import check_text
+from .reading import HeadLookup, ms_since, read_prompt, read_step
 from .result import Generation
 from .tokenizer import TextTokenizer
 
@@ -109,6 +116,36 @@ def render_chat(tokenizer: TextTokenizer, messages: list[Message]) -> tuple[str,
     return head, pieces[-1] + tokenizer.mark_control_tokens(text)
 
 
+def stream_reply(
+    backend: Backend,
+    tokenizer: TextTokenizer,
+    lookup: HeadLookup,
+    lock: ModelLock,
+    messages: str | Sequence[Message],
+    *,
+    max_new_tokens: int,
+    stop: Sequence[str],
+    result: Generation,
+) -> Iterator[str]:
+    """A reply's text deltas (``Engine.stream``): the prompt read like any request
+    (``reading.read_prompt``: the head cache, then the rest, with room for the reply), then the steps
+    (``stream_tokens``). ``result.stats`` holds the reply's cost so far at every step, and its
+    ``total_ms`` once the reply ends or its consumer stops pulling.
+    """
+    started = time.perf_counter()
+    head_ids, whole = chat_ids(tokenizer, messages, max_new_tokens, backend.context_length)
+    meter = Meter()
+    with lock.turn() as turn:
+        prefix = read_prompt(backend, lookup, head_ids, whole, meter, room=min(max_new_tokens, MAX_ROOM))
+    meter.stats = replace(meter.stats, queue_ms=turn.queue_ms)
+    try:
+        yield from stream_tokens(
+            backend, tokenizer, prefix, max_new_tokens=max_new_tokens, stop=stop, lock=lock, result=result, meter=meter
+        )
+    finally:
+        result.stats = replace(meter.stats, total_ms=ms_since(started))
+
+
 def stream_tokens(
     backend: Backend,
     tokenizer: TextTokenizer,
@@ -118,13 +155,14 @@ def stream_tokens(
     stop: Sequence[str],
     lock: ModelLock,
     result: Generation,
+    meter: Meter,
 ) -> Iterator[str]:
-    """Yield text deltas as tokens are chosen; ``result`` is filled in as they come.
+    """Yield text deltas as tokens are chosen; ``result`` is filled in as they come, its ``stats``
+    from ``meter`` (the prompt's read already in it) after every step.
 
     The model lock is taken per step, not for the whole reply, so a long stream does not starve other
-    requests on the same engine; the time each step waits for it adds to ``result.queue_ms``, and the
-    passes it ran, counted by the backend in this thread, to ``result.forward_passes`` (a consumer
-    may pull each step from another thread).
+    requests on the same engine; each step is counted by ``reading.read_step``: the time it waited
+    for the lock, the passes it ran, one step.
     """
     if max_new_tokens < 1:
         raise PromptError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
@@ -132,17 +170,18 @@ def stream_tokens(
     rows: Rows | None = None
     new: tuple[int, ...] = ()
     shown = ""
+
+    def step() -> np.ndarray | None:
+        nonlocal rows
+        if rows is None:  # the prompt's pass gave the first token's log-probs
+            rows = Rows(prefix, ((),), (None,))
+            return backend.next_logp(prefix)
+        rows = backend.grow(prefix, rows, [new])
+        return rows.logp[0]
+
     while True:
         with lock.turn() as turn:
-            passes_before = backend.counter.mine().forward_passes  # this step's, read in this thread
-            if rows is None:
-                read: np.ndarray | None = backend.next_logp(prefix)
-                rows = Rows(prefix, ((),), (None,))
-            else:
-                rows = backend.grow(prefix, rows, [new])
-                read = rows.logp[0]
-            result.forward_passes += backend.counter.mine().forward_passes - passes_before
-        result.queue_ms += turn.queue_ms
+            read = read_step(backend, meter, step, turn.queue_ms)
         assert read is not None  # the one row always has a new token here
         logp = read
         token = int(np.argmax(logp))
@@ -150,7 +189,8 @@ def stream_tokens(
             result.finish_reason = "stop"
             return
         result.token_ids.append(token)
-        result.output_tokens += 1
+        meter.stats = replace(meter.stats, output_tokens=meter.stats.output_tokens + 1)
+        result.stats = meter.stats
         result.logp_sum += float(logp[token]) if math.isfinite(logp[token]) else 0.0
         new = (token,)
         text = tokenizer.decode(result.token_ids)
@@ -166,7 +206,7 @@ def stream_tokens(
         if safe > len(shown) and not text[:safe].endswith("\ufffd"):
             yield text[len(shown) : safe]
             shown = text[:safe]
-        if result.output_tokens >= max_new_tokens:
+        if result.stats.output_tokens >= max_new_tokens:
             result.finish_reason = "length"
             if shown != text:
                 yield text[len(shown) :]

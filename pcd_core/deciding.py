@@ -19,14 +19,15 @@ from .asking import AskedQuestion, as_text, ask
 from .backends.base import Backend, pack_tree
 from .calibration import Adjust
 from .conversation import Conversation
+from .cost import Meter, Stats
 from .decoding import DecisionTask, Decoded, RoundStats, plan_rows
 from .errors import PromptError
 from .limits import DEFAULT_LIMITS, Limits, check_row_tokens
 from .prompt import PromptParts, normalise_input
-from .questions import DecideRequest, DecideResponse, NoulQuestion, Usage, answer_of
+from .questions import DecideRequest, DecideResponse, NoulQuestion, answer_of
 from .reading import HeadLookup, count_request, read_request
 from .readout import Readout
-from .result import Stats, low_mass_warnings
+from .result import low_mass_warnings
 from .tokenizer import TextTokenizer
 
 
@@ -78,17 +79,17 @@ class DecidePlan:
         return out, spreads
 
     def read(
-        self, backend: Backend, lookup: HeadLookup, stats: Stats, pause: Callable[[], None]
+        self, backend: Backend, lookup: HeadLookup, meter: Meter, pause: Callable[[], None]
     ) -> tuple[Decoded, list[str]]:
         """The one pass (two cold): the state as the trunk of every question's row, counted into
-        ``stats``. The caller holds the lock, whose ``pause`` it passes on.
+        ``meter``. The caller holds the lock, whose ``pause`` it passes on.
         """
         passes_before = backend.counter.mine().forward_passes
         rounds = RoundStats()
         decoded, warnings = read_request(
-            backend, lookup, self.head_ids, self.whole, self.tasks(), stats, rounds, pause=pause
+            backend, lookup, self.head_ids, self.whole, self.tasks(), meter, rounds, pause=pause
         )
-        count_request(backend, stats, rounds, passes_before, len(self.head_ids))
+        count_request(backend, meter, rounds, passes_before, len(self.head_ids))
         return decoded, warnings
 
     def row_tokens(self) -> int:
@@ -127,7 +128,6 @@ class DecidePlan:
         return DecideResponse(
             model=model,
             answers=answers,
-            usage=Usage.of(stats),
             stats=stats,
             warnings=warnings + low_mass_warnings(masses, "question"),
         )

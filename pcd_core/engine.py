@@ -4,8 +4,9 @@ The engine holds the caches (compiled schemas, head KV, content-free priors: ``c
 model lock and the timings. ``filling.py`` and ``deciding.py`` plan the passes (a warm fill is two
 forward passes whatever the number of fields, plus one per further ``depends_on`` wave; a warm decide
 is one); every prompt, a chat reply's included, is read through ``reading.py``, which fills one
-``Stats``. One FIFO lock serialises model access, so threads and async callers may share an engine;
-a request hands the model to a waiting one at each pass boundary (``fairness.py``), and its
+``Stats`` (``cost.py``): the cost record that ``fill``, ``decide``, ``generate`` and ``stream`` all
+return. One FIFO lock serialises model access, so threads and async callers may share an engine; a
+request hands the model to a waiting one at each pass boundary (``fairness.py``), and its
 ``Stats.queue_ms`` says how long it waited. ``tests/test_engine.py`` checks the pass counts, every
 ``Stats`` field and the equality with the four-pass reading this replaced, on the real model.
 """
@@ -17,29 +18,31 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import replace
 from typing import Any, Unpack
 
 from .asking import render_decide_prompt
 from .backends.base import Backend, Prefix
 from .caches import Lru, schema_key
 from .calibration import Adjust, Calibration, adjuster
-from .chatting import Message, chat_ids, stream_tokens
+from .chatting import Message, stream_reply
 from .compiler import CompiledSchema, compile_schema
 from .conversation import Conversation, check_conversation
+from .cost import Meter, Stats
 from .debias import content_free_priors
 from .deciding import DecideKeywords, plan_decide
 from .decoding import DecodeOptions
 from .fairness import ModelLock
 from .filling import FillKeywords, FillPlan, fill_options, fill_passes, request_ids
-from .generation import MAX_ROOM, check_caps
+from .generation import check_caps
 from .grammar import GrammarTokenizer
 from .limits import DEFAULT_LIMITS, Limits, check_decide, check_fill, check_order_samples
 from .models import load_backend
 from .options import LoadOptions, load_options
 from .prompt import PromptParts
 from .questions import DecideResponse, distribution
-from .reading import ms_since, read_prompt
-from .result import Extraction, FieldResult, Generation, Stats
+from .reading import ms_since
+from .result import Extraction, FieldResult, Generation
 from .schema import parse_schema
 from .tokenizer import TextTokenizer
 
@@ -176,7 +179,7 @@ class Engine:
         plan = FillPlan(compiled, self.request_ids(compiled, text), read_options, generate, max_new_tokens)
         names = {f.name: [label.text for label in f.labels] for f in compiled.schema.fields}
         adjust = self._adjuster(names, debias, calibrate, lambda: self.content_free_priors(schema, task))
-        stats = Stats(compile_ms=ms_since(started))
+        meter = Meter(Stats(compile_ms=ms_since(started)))
         with self._lock.turn() as turn:  # the grammar tokenizer is built on first use, under the lock
             filled = fill_passes(
                 self.backend,
@@ -184,13 +187,11 @@ class Engine:
                 lambda: self.grammar_tokenizer,
                 plan,
                 adjust,
-                stats,
+                meter,
                 use_head_cache,
                 turn.pause,
             )
-        stats.queue_ms = turn.queue_ms
-        stats.total_ms = ms_since(started)
-        return plan.assemble(filled, stats)
+        return plan.assemble(filled, replace(meter.stats, queue_ms=turn.queue_ms, total_ms=ms_since(started)))
 
     def request_ids(self, compiled: CompiledSchema, text: str) -> tuple[int, ...]:
         """The whole prompt's ids, tokenized in one piece, after checking that it fits the context
@@ -245,7 +246,7 @@ class Engine:
     def generate(
         self, messages: str | Sequence[Message], *, max_new_tokens: int = 256, stop: Sequence[str] = ()
     ) -> Generation:
-        """A greedy reply to chat ``messages`` (``chatting.py``): text, finish reason and cost."""
+        """A greedy reply to chat ``messages`` (``chatting.py``): text, finish reason and its ``Stats``."""
         result = Generation()
         for _ in self.stream(messages, max_new_tokens=max_new_tokens, stop=stop, result=result):
             pass
@@ -259,21 +260,18 @@ class Engine:
         stop: Sequence[str] = (),
         result: Generation | None = None,
     ) -> Iterator[str]:
-        """The same reply as text deltas, as they are generated; pass ``result`` to read the cost."""
+        """The same reply as text deltas, as they are generated; pass ``result`` to read the text and
+        the cost (``result.stats``, filled on the read path of ``fill`` and ``decide``: ``chatting.py``).
+        """
         result = result if result is not None else Generation()
-        head_ids, whole = chat_ids(self.tokenizer, messages, max_new_tokens, self.context_length)
-        stats = Stats()
-        with self._lock.turn() as turn:
-            prefix = read_prompt(self.backend, self._head, head_ids, whole, stats, room=min(max_new_tokens, MAX_ROOM))
-        result.forward_passes, result.queue_ms = stats.forward_passes, turn.queue_ms
-        result.input_tokens, result.cached_tokens = stats.input_tokens, stats.cached_tokens
-        yield from stream_tokens(
+        yield from stream_reply(
             self.backend,
             self.tokenizer,
-            prefix,
+            self._head,
+            self._lock,
+            messages,
             max_new_tokens=max_new_tokens,
             stop=stop,
-            lock=self._lock,
             result=result,
         )
 
@@ -323,11 +321,10 @@ class Engine:
         )
         names = {qid: asked.names for qid, asked in zip(request.questions, plan.asked)}
         adjust = self._adjuster(names, debias, calibrate, lambda: self.question_priors(request.questions))
-        stats = Stats(compile_ms=ms_since(started))
+        meter = Meter(Stats(compile_ms=ms_since(started)))
         with self._lock.turn() as turn:
-            decoded, warnings = plan.read(self.backend, self._head, stats, turn.pause)
-        stats.queue_ms = turn.queue_ms
-        stats.total_ms = ms_since(started)
+            decoded, warnings = plan.read(self.backend, self._head, meter, turn.pause)
+        stats = replace(meter.stats, queue_ms=turn.queue_ms, total_ms=ms_since(started))
         readouts, spreads = plan.merged(list(decoded.readouts))
         return plan.respond(self.model_name, readouts, stats, warnings, adjust, spreads)
 

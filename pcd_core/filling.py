@@ -14,18 +14,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypedDict
 
 from .backends.base import Backend, Prefix
 from .calibration import Adjust
 from .compiler import CompiledSchema
+from .cost import Meter, Stats
 from .decoding import DecisionTask, Decoded, DecodeOptions, RoundStats, decode
 from .errors import OptionError, PromptError
-from .generation import GeneratedField, GenerationStats, generate_open_fields
+from .generation import GeneratedField, generate_open_fields
 from .grammar import GrammarTokenizer
 from .reading import HeadLookup, count_request, ms_since, read_request
-from .result import Extraction, FieldResult, Stats, gather_memberships, mass_warnings
+from .result import Extraction, FieldResult, gather_memberships, mass_warnings
 from .schema import open_waves
 from .tokenizer import TextTokenizer
 
@@ -135,14 +136,13 @@ class FillPlan:
 @dataclass
 class Filled:
     """What the passes of one fill produced: the decided and generated fields, the choices that fed
-    later waves, the open rows' warnings and row tokens (which the engine adds to its counts).
+    later waves, and the open rows' warnings.
     """
 
     results: dict[str, FieldResult] = field(default_factory=dict)
     chosen: dict[str, int] = field(default_factory=dict)
     generated: dict[str, GeneratedField] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
-    open_row_tokens: int = 0
 
     def record(self, plan: FillPlan, wave_index: int, decoded: Decoded, adjust: Adjust | None) -> None:
         """One wave's readouts as field results; debiased / calibrated before the choice feeds a later wave."""
@@ -163,23 +163,22 @@ def fill_passes(
     grammar: Callable[[], GrammarTokenizer],
     plan: FillPlan,
     adjust: Adjust | None,
-    stats: Stats,
+    meter: Meter,
     use_cache: bool,
     pause: Callable[[], None],
 ) -> Filled:
     """Every pass of a fill: the request with the first wave's rows (``reading.read_request``), one
-    pass per later wave, then the open rows' steps; ``stats`` is counted when the last is read. The
+    pass per later wave, then the open rows' steps; ``meter`` is counted when the last is read. The
     caller holds the lock, whose ``pause`` hands the model over at each pass boundary.
     """
     passes_before = backend.counter.mine().forward_passes
     rounds = RoundStats()
     decoded, warnings = read_request(
-        backend, lookup, plan.compiled.head_ids, plan.whole, plan.tasks(0), stats, rounds, use_cache, pause
+        backend, lookup, plan.compiled.head_ids, plan.whole, plan.tasks(0), meter, rounds, use_cache, pause
     )
-    filled = read_waves(backend, grammar, plan, decoded, adjust, stats, rounds, pause)
+    filled = read_waves(backend, grammar, plan, decoded, adjust, meter, rounds, pause)
     filled.warnings[:0] = warnings  # the request's warnings come before the open rows'
-    # the open rows' tokens are row tokens too, read by grow
-    count_request(backend, stats, rounds, passes_before, len(plan.compiled.head_ids), filled.open_row_tokens)
+    count_request(backend, meter, rounds, passes_before, len(plan.compiled.head_ids))
     return filled
 
 
@@ -189,7 +188,7 @@ def read_waves(
     plan: FillPlan,
     first: Decoded,
     adjust: Adjust | None,
-    stats: Stats,
+    meter: Meter,
     rounds: RoundStats,
     pause: Callable[[], None],
 ) -> Filled:
@@ -206,14 +205,14 @@ def read_waves(
         pause()
         lines = plan.answer_lines(set(compiled.waves[wave_index - 1]), filled.chosen)
         decoded = decode(backend, decoded.prefix, plan.tasks(wave_index), rounds, trunk=lines, pause=pause)
-        stats.prompt_tokens += len(lines)
+        meter.stats = replace(meter.stats, prompt_tokens=meter.stats.prompt_tokens + len(lines))
         filled.record(plan, wave_index, decoded, adjust)
-    stats.decode_ms = ms_since(clock)
+    meter.stats = replace(meter.stats, decode_ms=ms_since(clock))
     if plan.generates:
         clock = time.perf_counter()
         pause()
-        _generate_open(backend, grammar(), plan, decoded.prefix, filled, stats, pause)
-        stats.generate_ms = ms_since(clock)
+        _generate_open(backend, grammar(), plan, decoded.prefix, filled, meter, pause)
+        meter.stats = replace(meter.stats, generate_ms=ms_since(clock))
     return filled
 
 
@@ -223,15 +222,14 @@ def _generate_open(
     plan: FillPlan,
     prefix: Prefix,
     filled: Filled,
-    stats: Stats,
+    meter: Meter,
     pause: Callable[[], None],
 ) -> None:
     """Generate every open field; the first step also writes in the closed answers not yet in the prompt."""
     compiled = plan.compiled
     written = {name for wave in compiled.waves[:-1] for name in wave}
     lines = plan.answer_lines({f.name for f in compiled.fields} - written, filled.chosen)
-    stats.prompt_tokens += len(lines)
-    open_stats = GenerationStats()
+    meter.stats = replace(meter.stats, prompt_tokens=meter.stats.prompt_tokens + len(lines))
     max_new_tokens = dict(plan.max_new_tokens) if plan.max_new_tokens is not None else None
     filled.generated, filled.warnings = generate_open_fields(
         backend,
@@ -239,11 +237,8 @@ def _generate_open(
         prefix,
         compiled.open_rows,
         compiled.schema,
-        open_stats,
+        meter,
         max_new_tokens,
         pause,
         written_in=tuple(lines),
     )
-    stats.open_steps = open_stats.steps
-    stats.output_tokens = sum(g.n_tokens for g in filled.generated.values())
-    filled.open_row_tokens = open_stats.row_tokens

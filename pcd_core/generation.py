@@ -23,13 +23,14 @@ import difflib
 import json
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import numpy as np
 
 from .backends.base import Backend, Prefix
 from .compiler import OpenRowSpec
+from .cost import Meter
 from .errors import GenerationError, OptionError
 from .fairness import no_pause
 from .grammar import GrammarTokenizer, RowMatcher
@@ -89,13 +90,6 @@ class GeneratedField:
         }
 
 
-@dataclass
-class GenerationStats:
-    steps: int = 0
-    row_tokens: int = 0
-    forced_tokens: int = 0
-
-
 def check_caps(schema: Schema, max_new_tokens: Mapping[str, int] | None) -> None:
     """Refuse, before any pass, a cap for a key that is not an open field (a misspelt one would be
     ignored) and a cap that is not a positive integer.
@@ -124,7 +118,7 @@ def generate_open_fields(
     prefix: Prefix,
     specs: tuple[OpenRowSpec, ...],
     schema: Schema,
-    stats: GenerationStats,
+    meter: Meter,
     max_new_tokens: dict[str, int] | None = None,
     pause: Callable[[], None] = no_pause,
     written_in: tuple[int, ...] = (),
@@ -135,6 +129,8 @@ def generate_open_fields(
     first step, as the previous wave's lines are of each later wave's: read in the same pass as the
     rows' openings, with room for the rows behind it (``Backend.grow``), so the steps never copy it.
     ``pause`` is called between two passes, where the engine may hand the model over (``fairness.py``).
+    Adds to ``meter`` the steps (``open_steps``), the row tokens they read and the tokens written
+    (``output_tokens``); the caller counts the passes.
     """
     by_name = {spec.field.name: spec for spec in specs}
     results: dict[str, GeneratedField] = {}
@@ -158,11 +154,12 @@ def generate_open_fields(
             )
             for name in wave
         ]
-        prefix = _run_rows(backend, grammar_tokenizer, prefix, rows, caps, stats, pause, tuple(ids), room)
+        prefix = _run_rows(backend, grammar_tokenizer, prefix, rows, caps, meter, pause, tuple(ids), room)
         for row in rows:
             written[row.spec.field.name] = row.generated
             result = results[row.spec.field.name] = _result(row, grammar_tokenizer, wave_index)
             warnings += row.warnings + bound_warnings(result.name, row.spec.field.value_schema, result.value)
+            meter.stats = replace(meter.stats, output_tokens=meter.stats.output_tokens + result.n_tokens)
     return results, warnings
 
 
@@ -172,7 +169,7 @@ def _run_rows(
     prefix: Prefix,
     rows: list[_Row],
     caps: dict[str, int],
-    stats: GenerationStats,
+    meter: Meter,
     pause: Callable[[], None],
     trunk: tuple[int, ...],
     room: int,
@@ -187,7 +184,7 @@ def _run_rows(
     state = None
     while True:
         for row in rows:
-            _jump_forward(row, tokenizer, caps, stats)
+            _jump_forward(row, tokenizer, caps)
         seen = state.ids if state is not None else tuple(() for _ in rows)
         new = [tuple(row.ids[len(had) :]) if not row.done else () for row, had in zip(rows, seen)]
         if state is not None and not any(new):
@@ -198,8 +195,9 @@ def _run_rows(
         read_trunk = trunk if state is None else ()  # the prompt's tokens, not row tokens
         state = backend.grow(prefix, state, new, trunk=read_trunk, room=room if state is None else 0)
         prefix = state.prefix
-        stats.steps += 1
-        stats.row_tokens += backend.counter.mine().tokens_read - tokens_before - len(read_trunk)
+        spent = meter.stats
+        read = backend.counter.mine().tokens_read - tokens_before - len(read_trunk)
+        meter.stats = replace(spent, open_steps=spent.open_steps + 1, row_tokens=spent.row_tokens + read)
         for row, logp in zip(rows, state.logp):
             if logp is None:
                 continue
@@ -223,7 +221,7 @@ def _best_allowed(row: _Row, logp: np.ndarray) -> int:
     return token
 
 
-def _jump_forward(row: _Row, tokenizer: GrammarTokenizer, caps: dict[str, int], stats: GenerationStats) -> None:
+def _jump_forward(row: _Row, tokenizer: GrammarTokenizer, caps: dict[str, int]) -> None:
     """Append forced tokens, and close a row that reached its cap where the grammar lets it close."""
     if row.done:
         return
@@ -232,7 +230,6 @@ def _jump_forward(row: _Row, tokenizer: GrammarTokenizer, caps: dict[str, int], 
         row.matcher.consume(forced)
         row.ids.extend(forced)
         row.n_forced += len(forced)
-        stats.forced_tokens += len(forced)
     name = row.spec.field.name
     if row.done or len(row.generated) < caps[name]:
         return

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -29,16 +29,15 @@ from pydantic import (
     ConfigDict,
     Field,
     JsonValue,
+    computed_field,
     field_serializer,
     field_validator,
     model_validator,
 )
 
+from .cost import Stats
 from .readout import Readout
 from .schema import check_distinct, normalise_option
-
-if TYPE_CHECKING:
-    from .result import Stats
 
 Text = str | dict[str, Any] | list[Any]
 
@@ -238,12 +237,13 @@ def distribution(answer: NoulAnswer | ChoiceAnswer | ScoreAnswer) -> list[float]
 
 
 class Usage(BaseModel):
-    """What one request cost: every token read, none generated, the model's forward passes, and
-    the milliseconds it waited for the model behind other requests (``pcd_core/fairness.py``).
+    """The System One and MCP rendering of a request's ``Stats`` (``pcd_core/cost.py``, the one cost
+    record): every token read, none generated, the model's forward passes, and the milliseconds it
+    waited for the model behind other requests (``pcd_core/fairness.py``).
 
     ``cached_tokens`` are the head tokens served from the cache. The System One wire carries only
     ``input_tokens`` and ``output_tokens`` here (passes and waiting go in ``x_forward_passes`` and
-    ``x_queue_ms``); MCP results and the OpenAI usage read all of it.
+    ``x_queue_ms``); MCP results carry all of it.
     """
 
     input_tokens: int
@@ -254,7 +254,7 @@ class Usage(BaseModel):
 
     @classmethod
     def of(cls, stats: Stats) -> Usage:
-        """A request's usage as the engine measured it in its ``Stats`` (``pcd_core/result.py``)."""
+        """A request's usage as the engine measured it in its ``Stats``."""
         return cls(
             input_tokens=stats.input_tokens,
             output_tokens=stats.output_tokens,
@@ -267,9 +267,14 @@ class Usage(BaseModel):
 class DecideResponse(BaseModel):
     model: str
     answers: dict[str, Answer]
-    usage: Usage
-    stats: Any = Field(default=None, exclude=True)
+    stats: Stats = Field(default_factory=Stats, exclude=True)  # what it cost; every wire renders its usage from it
     warnings: list[str] = Field(default_factory=list)  # a bypassed head cache, low candidate mass
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def usage(self) -> Usage:
+        """The cost as the System One wire and MCP results carry it (``Usage.of(stats)``)."""
+        return Usage.of(self.stats)
 
     @field_serializer("usage")
     def _system_one_usage(self, usage: Usage) -> dict[str, int]:
@@ -279,9 +284,8 @@ class DecideResponse(BaseModel):
         """The ``POST /v1/systemone`` body: floats everywhere, engine extras as ``x_`` fields."""
         wire = self.model_dump(mode="json")
         wire["x_warnings"] = wire.pop("warnings")  # an engine extra, like every field outside the contract
-        if self.stats is not None:
-            wire["x_forward_passes"] = int(self.usage.forward_passes)
-            wire["x_queue_ms"] = float(self.usage.queue_ms)  # waiting for the model (pcd_core/fairness.py)
+        wire["x_forward_passes"] = int(self.stats.forward_passes)
+        wire["x_queue_ms"] = float(self.stats.queue_ms)  # waiting for the model (pcd_core/fairness.py)
         return wire
 
 

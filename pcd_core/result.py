@@ -1,5 +1,5 @@
 """What the engine returns: a fill's value, one decision per field, the cost, and warnings; a
-generated reply (``Generation``) and its cost.
+generated reply (``Generation``) and its cost. The cost is ``Stats`` (``cost.py``) for both.
 """
 
 from __future__ import annotations
@@ -8,47 +8,13 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from .backends.base import RowLayout
+from .cost import Stats
 from .readout import Readout
 from .schema import Field, JsonValue, Schema
 from .trie import Strategy
 
-#: where a request's head came from: the cache, a fresh prefill, or neither when the input merged
-#: with the head's last token and the whole prompt was read anew
-HeadCache = Literal["hit", "miss", "bypassed"]
-
 #: below this candidate mass a field carries a warning: the model wanted to write something else
 LOW_MASS = 0.5
-
-
-@dataclass
-class Stats:
-    """The cost of one ``fill`` or ``decide``, filled by the engine's one read path for both."""
-
-    forward_passes: int = 0
-    input_tokens: int = 0  # every token read: the head (cached or not), the request and every row
-    prompt_tokens: int = 0  # request and answer-line tokens read outside the head (all of it if bypassed)
-    cached_tokens: int = 0  # head tokens served from the cache (0 on a miss or a bypass)
-    cache_write_tokens: int = 0  # head tokens prefilled on a miss and kept in the cache for later requests
-    row_tokens: int = 0  # distinct row tokens read
-    n_rows: int = 0
-    rounds: int = 0
-    compile_ms: float = 0.0  # schema compile (cached after the first call) or question rendering
-    # waiting for the model, before the first pass and after each hand-over (pcd_core/fairness.py);
-    # a hand-over's wait also falls inside the phase below that was running when it happened
-    queue_ms: float = 0.0
-    head_ms: float = 0.0  # the head: a cache lookup, or its prefill on a miss
-    prefill_ms: float = 0.0  # the pass that reads the request, with the first decision points in it
-    decode_ms: float = 0.0  # every later wave
-    generate_ms: float = 0.0  # the open rows: the closed answers written in, then every step
-    open_steps: int = 0  # forward passes that extended the open rows, one token each
-    output_tokens: int = 0  # tokens generated for open fields (0 for a closed-only schema)
-    total_ms: float = 0.0
-    row_layout: RowLayout = "packed"
-    head_cache: HeadCache = "miss"
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @dataclass
@@ -193,15 +159,34 @@ def _label_text(spec: Field) -> str:
 @dataclass
 class Generation:
     """A generated reply and what it cost. ``Generation()`` is the empty record that
-    ``Engine.stream(..., result=...)`` fills as the reply is generated.
+    ``Engine.stream(..., result=...)`` fills as the reply is generated: ``stats`` is replaced by an
+    updated frozen record after each step, so it holds what the reply cost so far.
     """
 
     text: str = ""
     finish_reason: Literal["stop", "length"] = "length"
-    input_tokens: int = 0
-    output_tokens: int = 0
-    forward_passes: int = 0
-    cached_tokens: int = 0
-    queue_ms: float = 0.0  # waiting for the model behind other requests, summed over the steps
     logp_sum: float = 0.0
     token_ids: list[int] = field(default_factory=list)
+    stats: Stats = field(default_factory=Stats)
+
+    # the names a reply's cost had before ``stats`` held it, kept for callers that read them
+    @property
+    def input_tokens(self) -> int:
+        return self.stats.input_tokens
+
+    @property
+    def output_tokens(self) -> int:
+        return self.stats.output_tokens
+
+    @property
+    def cached_tokens(self) -> int:
+        return self.stats.cached_tokens
+
+    @property
+    def forward_passes(self) -> int:
+        return self.stats.forward_passes
+
+    @property
+    def queue_ms(self) -> float:
+        """Waiting for the model behind other requests, summed over the steps."""
+        return self.stats.queue_ms

@@ -25,8 +25,9 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from .cost import Stats
 from .errors import RequestError
-from .questions import ChoiceAnswer, Usage
+from .questions import ChoiceAnswer
 from .result import Extraction
 
 if TYPE_CHECKING:
@@ -112,15 +113,15 @@ def normalise_tool_choice(tool_choice: Any, names: Collection[str]) -> ToolChoic
 class ToolDecision:
     """What `choose_tool` chose, and how: the tool (None: answer directly) and the PCD choice behind it.
 
-    ``answer`` is None when nothing was asked (a named tool, ``none``, or one option left); ``usage``
-    is then zero.
+    ``answer`` is None when nothing was asked (a named tool, ``none``, or one option left); ``stats``
+    (what the decision cost, ``pcd_core/cost.py``) is then zero.
     """
 
     tool: ToolSpec | None
     offered: tuple[str, ...]
     called_this_turn: tuple[str, ...]
     answer: ChoiceAnswer | None = None
-    usage: Usage = field(default_factory=lambda: Usage(input_tokens=0))
+    stats: Stats = field(default_factory=Stats)
     warnings: tuple[str, ...] = ()  # the decision's own (a low candidate mass, a bypassed head)
 
     @property
@@ -144,7 +145,7 @@ class ToolDecision:
                 "probabilities": dict(self.answer.probabilities),
                 "confidence": self.answer.confidence,
                 "candidate_mass": self.answer.candidate_mass,
-                "input_tokens": self.usage.input_tokens,
+                "input_tokens": self.stats.input_tokens,
             }
         return record
 
@@ -185,7 +186,7 @@ def choose_tool(
     answer = response.answers["tool"]
     assert isinstance(answer, ChoiceAnswer)  # a choice question gets a choice answer
     return ToolDecision(
-        by_name.get(answer.choice), tuple(offered), spent, answer, response.usage, tuple(response.warnings)
+        by_name.get(answer.choice), tuple(offered), spent, answer, response.stats, tuple(response.warnings)
     )
 
 

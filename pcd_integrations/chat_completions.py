@@ -23,9 +23,10 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from pcd_core import Engine, Extraction
+from pcd_core.cost import Stats
 from pcd_core.errors import ReplyTooLongError, RequestError
 from pcd_core.result import Generation
 from pcd_core.tools import ToolDecision, choose_tool, tool_arguments
@@ -47,36 +48,6 @@ from pcd_integrations.wire.chat import (
 __all__ = ["Reply", "chunks", "completion", "reply_steps"]
 
 
-class _Spent(Protocol):
-    """What an engine call reports it cost: ``Usage``, ``Stats`` and ``Generation`` all read so."""
-
-    input_tokens: int
-    output_tokens: int
-    cached_tokens: int
-    forward_passes: int
-    queue_ms: float
-
-
-@dataclass
-class _Cost:
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cached_tokens: int = 0
-    forward_passes: int = 0
-    queue_ms: float = 0.0
-
-    def add(self, spent: _Spent) -> None:
-        """Count one engine call: a tool decision's usage, a fill's stats or a generation."""
-        self.prompt_tokens += spent.input_tokens
-        self.completion_tokens += spent.output_tokens
-        self.cached_tokens += spent.cached_tokens
-        self.forward_passes += spent.forward_passes
-        self.queue_ms += spent.queue_ms
-
-    def usage(self) -> CompletionUsage:
-        return CompletionUsage.of(self.prompt_tokens, self.completion_tokens, self.cached_tokens)
-
-
 @dataclass
 class Reply:
     """One request's answer, before it is shaped as a body or as chunks."""
@@ -93,53 +64,51 @@ def _fields(extraction: Extraction) -> dict[str, dict[str, object]]:
     return {name: result.to_dict() for name, result in extraction.fields.items()}
 
 
-def _tool_reply(engine: Engine, text: str, decision: ToolDecision, cost: _Cost, warnings: list[str]) -> Reply:
+def _tool_reply(engine: Engine, text: str, decision: ToolDecision, costs: list[Stats], warnings: list[str]) -> Reply:
     tool = decision.tool
     assert tool is not None  # only a chosen tool is called
     extraction = tool_arguments(engine, text, tool)
     if extraction is not None:
-        cost.add(extraction.stats)
+        costs.append(extraction.stats)
         warnings += extraction.warnings
     arguments = dict(extraction.values) if extraction is not None else {}
     call = ToolCall.of(f"call_{uuid.uuid4().hex[:24]}", tool.name, arguments)
-    pcd = PcdExtension(
+    pcd = PcdExtension.of(
+        costs,
         method="tool_call",
         tool_choice=decision.to_dict(),
         fields=_fields(extraction) if extraction is not None else {},
-        forward_passes=cost.forward_passes,
-        queue_ms=cost.queue_ms,
         warnings=warnings,
     )
-    return Reply(content=None, finish_reason="tool_calls", usage=cost.usage(), pcd=pcd, tool_call=call)
+    return Reply(content=None, finish_reason="tool_calls", usage=CompletionUsage.of(costs), pcd=pcd, tool_call=call)
 
 
 def reply_steps(engine: Engine, request: ChatCompletionRequest) -> Iterator[str | Reply]:
     """Text deltas as they are generated, then the `Reply`; see the module docstring for the order."""
-    cost = _Cost()
+    costs: list[Stats] = []  # each engine call's cost record; the wire's usage and x_pcd add them up
     warnings = request.warnings()
     choice, decision = request.choice(), None
     if choice.mode != "none":
         decision = choose_tool(engine, request.transcript(), request.tool_specs(), choice, request.called_this_turn())
-        cost.add(decision.usage)  # all zero when nothing was asked
+        costs.append(decision.stats)  # all zero when nothing was asked
         warnings += decision.warnings
         if decision.tool is not None:
-            yield _tool_reply(engine, request.transcript(), decision, cost, warnings)
+            yield _tool_reply(engine, request.transcript(), decision, costs, warnings)
             return
     recorded = decision.to_dict() if decision is not None and not decision.forced else None
     schema = request.response_schema()
     if schema is not None:
         extraction = engine.fill(schema, request.transcript())
-        cost.add(extraction.stats)
+        costs.append(extraction.stats)
         content = json.dumps(extraction.values, ensure_ascii=False)
-        pcd = PcdExtension(
+        pcd = PcdExtension.of(
+            costs,
             method="filled",
             fields=_fields(extraction),
             tool_choice=recorded,
-            forward_passes=cost.forward_passes,
-            queue_ms=cost.queue_ms,
             warnings=[*warnings, *extraction.warnings],
         )
-        yield Reply(content=content, finish_reason="stop", usage=cost.usage(), pcd=pcd)
+        yield Reply(content=content, finish_reason="stop", usage=CompletionUsage.of(costs), pcd=pcd)
         return
     generation = Generation()
     try:
@@ -151,16 +120,14 @@ def reply_steps(engine: Engine, request: ChatCompletionRequest) -> Iterator[str 
         )
     except ReplyTooLongError as error:
         raise _over_context(request, error) from error
-    cost.add(generation)
-    pcd = PcdExtension(
-        method="generated",
-        tool_choice=recorded,
-        forward_passes=cost.forward_passes,
-        queue_ms=cost.queue_ms,
-        warnings=warnings,
-    )
+    costs.append(generation.stats)
+    pcd = PcdExtension.of(costs, method="generated", tool_choice=recorded, warnings=warnings)
     yield Reply(
-        content=generation.text, finish_reason=generation.finish_reason, usage=cost.usage(), pcd=pcd, streamed=True
+        content=generation.text,
+        finish_reason=generation.finish_reason,
+        usage=CompletionUsage.of(costs),
+        pcd=pcd,
+        streamed=True,
     )
 
 

@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from operator import itemgetter
 from typing import Any, Literal, get_args
 
-from pcd_core import BackendUnavailableError, Engine, Extraction, PromptError
+from pcd_core import BackendUnavailableError, Engine, Extraction, PromptError, Stats
 from pcd_core.result import Generation
 from pcd_core.tools import NO_TOOL, ToolDecision, ToolSpec, choose_tool, normalise_tool_choice, tool_arguments
 
@@ -40,7 +40,6 @@ try:
         HumanMessage,
         get_buffer_string,
     )
-    from langchain_core.messages.ai import UsageMetadata
     from langchain_core.messages.tool import ToolCall, tool_call_chunk
     from langchain_core.output_parsers import JsonOutputParser, PydanticOutputParser
     from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
@@ -51,7 +50,7 @@ try:
 except ImportError as error:  # pragma: no cover - exercised by a subprocess test without the extra
     raise BackendUnavailableError("langchain", "langchain-core") from error
 
-from .langchain_decisions import PCDDecisionModel
+from .langchain_decisions import PCDDecisionModel, usage_metadata
 from .lazy_engine import LazyEngine
 from .threads import iterate_in_thread
 
@@ -115,19 +114,6 @@ def _field_metadata(extraction: Extraction) -> dict[str, dict[str, Any]]:
     their text and log-prob stats, so that a chain can gate on confidence without parsing text.
     """
     return {name: result.to_dict() for name, result in extraction.fields.items()}
-
-
-def _generated_tokens(extraction: Extraction) -> int:
-    return sum(getattr(result, "n_tokens", 0) for result in extraction.fields.values())
-
-
-def _usage(input_tokens: int, output_tokens: int, cached: int) -> UsageMetadata:
-    return UsageMetadata(
-        input_tokens=input_tokens,
-        output_tokens=output_tokens,
-        total_tokens=input_tokens + output_tokens,
-        input_token_details={"cache_read": cached},
-    )
 
 
 def _parameters(schema: Any) -> Any:
@@ -301,7 +287,7 @@ class ChatPCD(LazyEngine, BaseChatModel):
                 "pcd": pcd,
                 "pcd_warnings": list(extraction.warnings),
             },
-            usage_metadata=_usage(stats.input_tokens, _generated_tokens(extraction), stats.cached_tokens),
+            usage_metadata=usage_metadata(stats),
             chunk_position="last",
         )
 
@@ -320,7 +306,7 @@ class ChatPCD(LazyEngine, BaseChatModel):
             chunk = self._filled(extraction, engine, "", {"arguments": _field_metadata(extraction)})
         else:  # nothing to fill
             args = {}
-            chunk = AIMessageChunk(content="", usage_metadata=_usage(0, 0, 0), chunk_position="last")
+            chunk = AIMessageChunk(content="", usage_metadata=usage_metadata(Stats()), chunk_position="last")
             chunk.response_metadata = {"model_name": engine.model_name, "pcd": {"arguments": {}}}
         chunk.response_metadata["finish_reason"] = "tool_calls"
         chunk.response_metadata["pcd"]["tool_choice"] = decision.to_dict()
@@ -350,11 +336,11 @@ class ChatPCD(LazyEngine, BaseChatModel):
             response_metadata={
                 "model_name": engine.model_name,
                 "finish_reason": result.finish_reason,
-                "forward_passes": result.forward_passes,
-                "queue_ms": result.queue_ms,
+                "forward_passes": result.stats.forward_passes,
+                "queue_ms": result.stats.queue_ms,
                 "pcd": {"generated": True, **pcd},
             },
-            usage_metadata=_usage(result.input_tokens, result.output_tokens, result.cached_tokens),
+            usage_metadata=usage_metadata(result.stats),
             chunk_position="last",
         )
 

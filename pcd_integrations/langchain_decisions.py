@@ -39,6 +39,7 @@ from pcd_core import (
     PromptError,
     SchemaError,
     ScoreAnswer,
+    Stats,
 )
 
 try:
@@ -177,6 +178,18 @@ def pcd_questions(questions: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     return asked
 
 
+def usage_metadata(stats: Stats) -> UsageMetadata:
+    """LangChain's usage from a call's cost record (``pcd_core/cost.py``): tokens read, tokens generated
+    (none for a decision) and the head tokens served from the cache; ``ChatPCD`` reports the same.
+    """
+    return UsageMetadata(
+        input_tokens=stats.input_tokens,
+        output_tokens=stats.output_tokens,
+        total_tokens=stats.input_tokens + stats.output_tokens,
+        input_token_details={"cache_read": stats.cached_tokens},
+    )
+
+
 def classifier_response(response: DecideResponse, asked: Mapping[str, Mapping[str, Any]]) -> ClassifierResponse:
     """The engine's answers as LangChain's, in the order of the questions."""
     answers: dict[str, decisions.Answer] = {}
@@ -213,12 +226,7 @@ def classifier_response(response: DecideResponse, asked: Mapping[str, Mapping[st
                 candidate_mass=answer.candidate_mass,
                 **trust,
             )
-    tokens = response.usage.input_tokens
-    cached = response.stats.cached_tokens if response.stats is not None else 0
-    usage = UsageMetadata(
-        input_tokens=tokens, output_tokens=0, total_tokens=tokens, input_token_details={"cache_read": cached}
-    )
-    return ClassifierResponse(model=response.model, answers=answers, usage=usage)
+    return ClassifierResponse(model=response.model, answers=answers, usage=usage_metadata(response.stats))
 
 
 class PCDDecisionModel(LazyEngine, BaseDecisionModel):

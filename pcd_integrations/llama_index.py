@@ -67,6 +67,7 @@ except ImportError as error:  # pragma: no cover - exercised by a subprocess tes
 
 from pcd_core import Engine, Extraction, PromptError, SchemaError, parse_schema
 from pcd_core.chatting import transcript
+from pcd_core.cost import Stats
 from pcd_core.options import load_options
 from pcd_core.result import Generation
 from pcd_core.tools import (
@@ -135,23 +136,26 @@ def _engine_content(message: ChatMessage) -> str:
     return text
 
 
-def _usage(generation: Generation) -> dict[str, int]:
-    # the names LlamaIndex's token counting reads from a response's additional_kwargs
+def _usage(stats: Stats) -> dict[str, int]:
+    """A reply's cost record (``pcd_core/cost.py``) in the names LlamaIndex's token counting reads
+    from a response's additional_kwargs.
+    """
     return {
-        "prompt_tokens": generation.input_tokens,
-        "completion_tokens": generation.output_tokens,
-        "total_tokens": generation.input_tokens + generation.output_tokens,
+        "prompt_tokens": stats.input_tokens,
+        "completion_tokens": stats.output_tokens,
+        "total_tokens": stats.input_tokens + stats.output_tokens,
     }
 
 
 def _raw(generation: Generation) -> dict[str, Any]:
+    stats = generation.stats
     return {
         "text": generation.text,
         "finish_reason": generation.finish_reason,
-        "usage": _usage(generation),
-        "cached_tokens": generation.cached_tokens,
-        "forward_passes": generation.forward_passes,
-        "queue_ms": generation.queue_ms,
+        "usage": _usage(stats),
+        "cached_tokens": stats.cached_tokens,
+        "forward_passes": stats.forward_passes,
+        "queue_ms": stats.queue_ms,
         "method": "generated",
     }
 
@@ -420,12 +424,12 @@ class PCDLLM(FunctionCallingLLM, LazyEngine):
             message=ChatMessage(role=MessageRole.ASSISTANT, content=generation.text),
             delta=delta,
             raw=_raw(generation),
-            additional_kwargs={**_usage(generation), **extra},
+            additional_kwargs={**_usage(generation.stats), **extra},
         )
 
     def _completion(self, generation: Generation, delta: str | None = None) -> CompletionResponse:
         return CompletionResponse(
-            text=generation.text, delta=delta, raw=_raw(generation), additional_kwargs=_usage(generation)
+            text=generation.text, delta=delta, raw=_raw(generation), additional_kwargs=_usage(generation.stats)
         )
 
     def _chat(self, messages: Sequence[ChatMessage], kwargs: dict[str, Any]) -> ChatResponse:

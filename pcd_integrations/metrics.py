@@ -20,8 +20,9 @@ from collections.abc import Callable, Iterable, Mapping
 from types import ModuleType
 from typing import Any
 
-from pcd_core.questions import DecideResponse, Usage
-from pcd_core.result import Extraction, Stats
+from pcd_core.cost import Stats
+from pcd_core.questions import DecideResponse
+from pcd_core.result import Extraction
 
 __all__ = ["INSTALL_HINT", "Metrics", "prometheus_available"]
 
@@ -141,15 +142,16 @@ class Metrics:
         self.output_tokens.labels(route).inc(output_tokens)
         self.queue_time.labels(route).observe(queue_ms / 1000.0)
 
-    def spent(self, path: str, cost: Usage | Stats) -> None:
-        """A request's cost as its ``Usage`` or its ``Stats`` reports it (the two name it alike)."""
+    def spent(self, path: str, stats: Stats) -> None:
+        """A request's cost record (``pcd_core/cost.py``) and the head cache's answer to it."""
         self.cost(
             path,
-            passes=cost.forward_passes,
-            input_tokens=cost.input_tokens,
-            output_tokens=cost.output_tokens,
-            queue_ms=cost.queue_ms,
+            passes=stats.forward_passes,
+            input_tokens=stats.input_tokens,
+            output_tokens=stats.output_tokens,
+            queue_ms=stats.queue_ms,
         )
+        self.head_cache.labels(stats.head_cache).inc()
 
     def decision(self, kind: str, field: str, candidate_mass: float, confidence: float | None) -> None:
         self.candidate_mass.labels(kind, field).observe(candidate_mass)
@@ -158,16 +160,13 @@ class Metrics:
 
     def decided(self, path: str, response: DecideResponse) -> None:
         """A question route's answers (System One, OpenAI Decisions, MCP tools): one decision per question."""
-        self.spent(path, response.usage)
-        if response.stats is not None:
-            self.head_cache.labels(response.stats.head_cache).inc()
+        self.spent(path, response.stats)
         for answer in response.answers.values():
             self.decision(answer.type, "", answer.candidate_mass, getattr(answer, "confidence", None))
 
     def filled(self, path: str, extraction: Extraction) -> None:
         """A schema fill's cost and its decided fields (the MCP ``fill`` tool)."""
         self.spent(path, extraction.stats)
-        self.head_cache.labels(extraction.stats.head_cache).inc()
         for name, field in extraction.fields.items():
             self._field(name, field.to_dict())
 

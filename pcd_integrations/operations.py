@@ -35,8 +35,9 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+from pcd_core.cost import Stats
 from pcd_core.hooks import listening
-from pcd_core.questions import DecideResponse, Usage
+from pcd_core.questions import DecideResponse
 from pcd_integrations.loading import EngineLoader
 
 from .guards import App, Message, Receive, Scope, Send, send_body, send_error
@@ -292,16 +293,16 @@ def observe_decided(response: DecideResponse) -> None:
     metrics = request.operations.metrics
     if metrics is not None:
         metrics.decided(request.path, response)
-    trace_cost(response.usage)
+    trace_cost(response.stats)
 
 
-def trace_cost(usage: Usage) -> None:
+def trace_cost(stats: Stats) -> None:
     """An answer's cost onto its request's span, when the request is traced (``pcd-mcp``'s tools
     report their metrics themselves, and their cost here).
     """
     request = _current.get()
     if request is not None and request.span is not None:
-        request.span.annotate(_cost(usage.forward_passes, usage.input_tokens, usage.output_tokens, usage.queue_ms))
+        request.span.annotate(_cost(stats.forward_passes, stats.input_tokens, stats.output_tokens, stats.queue_ms))
 
 
 def observe_reply(usage: Any, pcd: Any) -> None:

@@ -1,10 +1,15 @@
 """Plain generation on the real embedded model: the stream, stop strings, caps and the head cache."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
+from pcd_core import Engine
 from pcd_core.chatting import as_messages, render_chat
 from pcd_core.errors import PromptError
+from pcd_core.reading import after_head
+from pcd_core.result import Generation
 
 CHAT = [
     {"role": "system", "content": "You are a terse assistant."},
@@ -81,3 +86,50 @@ def test_control_tokens_typed_in_a_message_stay_text(engine):
     # exactly the template's own control tokens: the typed ones added none
     assert (ids.count(start), ids.count(end)) == (clean.count(start), clean.count(end))
     assert len(ids) > len(clean) + 4
+
+
+def test_a_reply_cost_is_the_read_path_record_and_agrees_with_the_backend(engine):
+    """generate reads its prompt on the read path of fill and decide: one Stats, cold then warm,
+    whose token counts are what the backend itself read (the prompt, then one token per step).
+    """
+    cold = Engine(engine.backend, engine.tokenizer, engine.model_name)  # empty head cache
+    head, rest = render_chat(cold.tokenizer, as_messages(CHAT))
+    head_ids, whole = cold.tokenizer.encode_head(head), cold.tokenizer.encode_head(head + rest)
+    n_prompt = len(after_head(whole, head_ids))
+    for head_cache in ("miss", "hit"):
+        before = cold.backend.counter.tokens_read
+        reply = cold.generate(CHAT, max_new_tokens=4)
+        stats, read = reply.stats, cold.backend.counter.tokens_read - before
+        assert stats.head_cache == head_cache
+        assert stats.cached_tokens == (len(head_ids) if head_cache == "hit" else 0)
+        assert stats.cache_write_tokens == (len(head_ids) if head_cache == "miss" else 0)
+        assert (stats.prompt_tokens, stats.input_tokens) == (n_prompt, len(head_ids) + n_prompt)
+        assert stats.output_tokens == len(reply.token_ids) == 4 and reply.finish_reason == "length"
+        # the first token comes from the prompt's pass; each later one is one grow step of one token
+        assert stats.open_steps == stats.output_tokens - 1
+        assert stats.forward_passes == (2 if head_cache == "miss" else 1) + stats.open_steps
+        assert read == stats.input_tokens - stats.cached_tokens + stats.open_steps
+        assert (stats.n_rows, stats.row_tokens, stats.queue_ms) == (0, 0, 0.0)
+        assert stats.total_ms >= stats.head_ms + stats.prefill_ms + stats.generate_ms > 0
+        # the names a reply's cost had before it was one record still read it
+        assert (reply.input_tokens, reply.output_tokens, reply.forward_passes) == (
+            stats.input_tokens,
+            stats.output_tokens,
+            stats.forward_passes,
+        )
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            stats.forward_passes = 0  # type: ignore[misc]
+
+
+def test_a_stream_left_early_still_reports_what_it_spent(engine):
+    engine.generate(CHAT, max_new_tokens=1)  # the head is cached from here on
+    result = Generation()
+    pieces = engine.stream(CHAT, max_new_tokens=12, result=result)
+    next(pieces)
+    partway = result.stats
+    assert partway.output_tokens >= 1 and partway.total_ms == 0.0  # still going
+    pieces.close()  # the consumer leaves
+    assert result.stats.output_tokens == partway.output_tokens
+    assert result.stats.forward_passes == 1 + result.stats.open_steps
+    assert result.stats.total_ms > 0.0
+    assert partway.total_ms == 0.0  # a record handed out is never written again

@@ -9,8 +9,9 @@ import pytest
 from pydantic import BaseModel, Field
 
 from pcd_core import parse_schema
+from pcd_core.cost import Meter
 from pcd_core.errors import BackendError, GenerationError, OptionError
-from pcd_core.generation import GenerationStats, generate_open_fields
+from pcd_core.generation import generate_open_fields
 from pcd_core.grammar import GrammarTokenizer
 from pcd_core.prompt import INSTRUCTIONS, MIXED_INSTRUCTIONS
 from pcd_core.testing import check_grow, oracle_engine
@@ -155,11 +156,9 @@ def test_parallel_rows_equal_each_field_generated_alone(engine):
     compiled = engine.compile(Mixed)
     prefix = engine.backend.prefill(engine.request_ids(compiled, TICKET))
     grammar = GrammarTokenizer(engine.tokenizer.hf, engine.tokenizer.eos_ids)
-    together, _ = generate_open_fields(
-        engine.backend, grammar, prefix, compiled.open_rows, compiled.schema, GenerationStats()
-    )
+    together, _ = generate_open_fields(engine.backend, grammar, prefix, compiled.open_rows, compiled.schema, Meter())
     for spec in compiled.open_rows:
-        alone, _ = generate_open_fields(engine.backend, grammar, prefix, (spec,), compiled.schema, GenerationStats())
+        alone, _ = generate_open_fields(engine.backend, grammar, prefix, (spec,), compiled.schema, Meter())
         assert alone[spec.field.name].text == together[spec.field.name].text
         assert alone[spec.field.name].logp_sum == pytest.approx(together[spec.field.name].logp_sum, abs=1e-3)
 

@@ -15,6 +15,7 @@ from pydantic import ValidationError
 
 from pcd_core.asking import question_block
 from pcd_core.conversation import Conversation, Turn
+from pcd_core.cost import Stats
 from pcd_core.questions import (
     ChoiceAnswer,
     ChoiceQuestion,
@@ -27,7 +28,6 @@ from pcd_core.questions import (
     Usage,
     normalise_option,
 )
-from pcd_core.result import Stats
 from pcd_integrations.wire import accepts_model
 from pcd_integrations.wire.body import BodyError, loads_strict
 from pcd_integrations.wire.decisions import DecisionRequest, decision_response
@@ -100,9 +100,8 @@ def test_rows_never_show_the_question_id() -> None:
     assert "secret_id_42" not in question_block(request.questions["secret_id_42"], [])
 
 
-def response(answers: dict[str, Any], stats: Stats | None = None) -> DecideResponse:
-    usage = Usage.of(stats) if stats is not None else Usage(input_tokens=40)
-    return DecideResponse(model="m", answers=answers, usage=usage, stats=stats)
+def response(answers: dict[str, Any], stats: Stats) -> DecideResponse:
+    return DecideResponse(model="m", answers=answers, stats=stats)
 
 
 def test_system_one_wire_has_floats_x_extensions_and_usage_without_engine_fields() -> None:

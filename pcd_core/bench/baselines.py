@@ -114,7 +114,8 @@ def decide_sequential(engine: Any, compiled: CompiledSchema, head: Prefix, text:
 
 def fill_sequential(engine: Any, compiled: CompiledSchema, head: Prefix, text: str) -> BaselineRun:
     """Closed fields one by one (``decide_sequential``), then each open field alone after them."""
-    from ..generation import GenerationStats, generate_open_fields
+    from ..cost import Meter
+    from ..generation import generate_open_fields
 
     if compiled.fields:
         run = decide_sequential(engine, compiled, head, text)
@@ -124,7 +125,7 @@ def fill_sequential(engine: Any, compiled: CompiledSchema, head: Prefix, text: s
     assert prefix is not None
     grammar = engine.grammar_tokenizer
     for spec in compiled.open_rows:
-        done, _ = generate_open_fields(engine.backend, grammar, prefix, (spec,), compiled.schema, GenerationStats())
+        done, _ = generate_open_fields(engine.backend, grammar, prefix, (spec,), compiled.schema, Meter())
         generated = done[spec.field.name]
         run.values[spec.field.name] = generated.value
         run.tokens += generated.n_tokens

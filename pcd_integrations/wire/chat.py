@@ -24,7 +24,7 @@ and the request's refusals name fields of the answer types, so they are kept sid
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -44,6 +44,7 @@ from pydantic import (
 )
 
 from pcd_core.chatting import Message, transcript
+from pcd_core.cost import Stats
 from pcd_core.tools import ToolChoice, ToolChoiceError, ToolSpec, normalise_tool_choice
 
 #: The most tokens a generated reply has when the request sets no ``max_tokens``.
@@ -438,12 +439,17 @@ class CompletionUsage(_Model):
     completion_tokens_details: CompletionTokensDetails = Field(default_factory=CompletionTokensDetails)
 
     @classmethod
-    def of(cls, prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> CompletionUsage:
+    def of(cls, costs: Sequence[Stats]) -> CompletionUsage:
+        """One reply's usage from the ``Stats`` of each engine call behind it (a tool choice, then the
+        fill of its arguments): their tokens add up.
+        """
+        prompt_tokens = sum(cost.input_tokens for cost in costs)
+        completion_tokens = sum(cost.output_tokens for cost in costs)
         return cls(
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
             total_tokens=prompt_tokens + completion_tokens,
-            prompt_tokens_details=PromptTokensDetails(cached_tokens=cached_tokens),
+            prompt_tokens_details=PromptTokensDetails(cached_tokens=sum(cost.cached_tokens for cost in costs)),
         )
 
 
@@ -463,6 +469,12 @@ class PcdExtension(_Model):
     request_id: str | None = Field(
         default=None, description="The request's X-Request-Id (pcd serve): the id its log lines carry."
     )
+
+    @classmethod
+    def of(cls, costs: Sequence[Stats], **parts: Any) -> PcdExtension:
+        """``x_pcd`` with the passes and waiting of every engine call behind the reply (``costs``)."""
+        passes = sum(cost.forward_passes for cost in costs)
+        return cls(forward_passes=passes, queue_ms=sum(cost.queue_ms for cost in costs), **parts)
 
 
 class ChatCompletion(_Model):

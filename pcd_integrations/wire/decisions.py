@@ -39,6 +39,7 @@ from pydantic import (
 
 from pcd_core import questions as systemone
 from pcd_core.conversation import Conversation
+from pcd_core.cost import Stats
 from pcd_core.questions import (
     CALIBRATED,
     DEBIASED,
@@ -276,6 +277,18 @@ class DecisionUsage(WireModel):
     output_tokens_details: OutputTokensDetails = Field(default_factory=OutputTokensDetails)
     total_tokens: int
 
+    @classmethod
+    def of(cls, stats: Stats) -> DecisionUsage:
+        """A decision's usage from its cost record (``pcd_core/cost.py``): no token is generated."""
+        return cls(
+            input_tokens=stats.input_tokens,
+            input_tokens_details=InputTokensDetails(
+                cached_tokens=stats.cached_tokens, cache_write_tokens=stats.cache_write_tokens
+            ),
+            output_tokens=stats.output_tokens,
+            total_tokens=stats.input_tokens + stats.output_tokens,
+        )
+
 
 class DecisionResponse(WireModel):
     """The answer of ``POST /v1/decisions``; the ``x_`` fields here and on the answers are this engine's
@@ -329,18 +342,10 @@ def decision_response(request: DecisionRequest, response: DecideResponse) -> Dec
     becomes a refusal.
     """
     answers = [_answer_or_refusal(q, response.answers[question_id(i)]) for i, q in enumerate(request.questions)]
-    usage = response.usage
     return DecisionResponse(
         model=response.model,
         answers=answers,
-        usage=DecisionUsage(
-            input_tokens=usage.input_tokens,
-            input_tokens_details=InputTokensDetails(
-                cached_tokens=usage.cached_tokens,
-                cache_write_tokens=response.stats.cache_write_tokens if response.stats is not None else 0,
-            ),
-            total_tokens=usage.input_tokens + usage.output_tokens,
-        ),
-        x_forward_passes=usage.forward_passes,
-        x_queue_ms=response.stats.queue_ms if response.stats is not None else 0.0,
+        usage=DecisionUsage.of(response.stats),
+        x_forward_passes=response.stats.forward_passes,
+        x_queue_ms=response.stats.queue_ms,
     )
