@@ -91,6 +91,8 @@ class _Trust(BaseModel):
     calibrated: bool = False
     abstained: bool = False
     answer_set: list[str] | list[int] | None = None  # a score's are level indices, as its probabilities' keys
+    method: str = "trie"  # "head": a trained head answered (x_method), its zero-shot reading in zero_shot
+    zero_shot: dict[str, float] | None = None
 
 
 class PCDNoulAnswer(decisions.NoulAnswer, _Trust):
@@ -185,6 +187,8 @@ def classifier_response(response: DecideResponse, asked: Mapping[str, Mapping[st
             "calibrated": answer.calibrated,
             "abstained": answer.abstained,
             "answer_set": answer.answer_set,
+            "method": answer.method,
+            "zero_shot": answer.zero_shot,
         }
         if isinstance(answer, ScoreAnswer) and answer.answer_set is not None:
             trust["answer_set"] = [int(level) for level in answer.answer_set]
