@@ -12,7 +12,17 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, JsonValue
 
-from pcd_core.questions import ABSTAINED, ANSWER_SET, CALIBRATED, DEBIASED, ORDER_SPREAD, Answer, Usage
+from pcd_core.questions import (
+    ABSTAINED,
+    ANSWER_SET,
+    CALIBRATED,
+    DEBIASED,
+    METHOD,
+    ORDER_SPREAD,
+    ZERO_SHOT,
+    Answer,
+    Usage,
+)
 
 __all__ = [
     "NO_AT",
@@ -57,6 +67,8 @@ class Trust(BaseModel):
     abstained: bool = Field(default=False, description=ABSTAINED)
     answer_set: list[JsonValue] | None = Field(default=None, description=ANSWER_SET)
     order_spread: float | None = Field(default=None, description=ORDER_SPREAD)
+    method: str = Field(default="trie", description=METHOD)
+    zero_shot: dict[str, float] | None = Field(default=None, description=ZERO_SHOT)
 
 
 class NoulResult(Trust):

@@ -139,7 +139,7 @@ def _trust(answer: Any) -> dict[str, Any]:
     """An answer's or a field's ``debiased`` / ``calibrated`` / ``abstained`` flags, answer set and order
     spread, for its tool result.
     """
-    flags = ("debiased", "calibrated", "abstained", "answer_set")
+    flags = ("debiased", "calibrated", "abstained", "answer_set", "method", "zero_shot")
     # a fill's field is read in one order: only a question's answer has an order spread
     return {flag: getattr(answer, flag) for flag in flags} | {"order_spread": getattr(answer, "order_spread", None)}
 

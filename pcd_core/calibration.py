@@ -18,6 +18,12 @@ calibration=path)`` applies to every decision whose name and labels it knows, in
 ``decide`` (a question id is the name there); the others stay raw and say so (``FieldResult.calibrated``,
 ``x_calibrated`` on the wire). ``tests/test_calibration.py`` round-trips the file, reads a version-1
 file, and recovers a known temperature and known per-label biases from synthetic answers.
+
+Version 4 adds trained heads (pcd_core/heads.py, ``pcd calibrate --head probe``): a field with a head
+is answered from the model's hidden state at its first decision point, read in the same pass
+(``method: "head"``), with the zero-shot reading kept beside it (``zero_shot``); a field without one
+is read zero-shot as before. A head names its model; ``check_heads`` refuses another one at load.
+``tests/test_heads_engine.py`` checks both on the real model.
 """
 
 from __future__ import annotations
@@ -32,7 +38,8 @@ from typing import Any
 import numpy as np
 
 from .debias import debiased, log_probabilities, with_probabilities
-from .errors import PcdError
+from .errors import HiddenStatesUnavailableError, OptionError, PcdError
+from .heads import Head
 from .readout import Readout
 from .selective import answer_set
 
@@ -41,8 +48,9 @@ from .selective import answer_set
 #: per field, whether it is debiased (the cross-validated choice, pcd_core/calibration_choice.py), the
 #: abstention threshold and the answer-set threshold (pcd_core/selective.py); a file without them
 #: debiases every field or none, as its top-level ``debias`` says, and never abstains.
-CALIBRATION_VERSION = 3
-READABLE_VERSIONS = (1, 2, 3)
+#: Version 4 adds ``heads``: per field, a trained head (``Head.to_dict``); none in a version-3 file.
+CALIBRATION_VERSION = 4
+READABLE_VERSIONS = (1, 2, 3, 4)
 
 #: log-probabilities below this are clipped: a zero probability would make the fit infinite
 LOG_FLOOR = -30.0
@@ -85,10 +93,34 @@ class Calibration:
     bias_sd: float | None = None  # the biases' prior, when they were fitted; None: temperatures only
     abstain_risk: float | None = None  # the target error among answered examples (--abstain-risk)
     coverage: float | None = None  # the answer sets' target coverage (--coverage)
+    heads: Mapping[str, Head] = field(default_factory=dict)  # per field, a trained head (version 4)
 
     def for_field(self, name: str, labels: Sequence[str]) -> FieldCalibration | None:
         found = self.fields.get(name)
         return found if found is not None and found.labels == tuple(labels) else None
+
+    def head_for(self, name: str, labels: Sequence[str]) -> Head | None:
+        """The field's head when it was fitted on these labels, in this order; None: read zero-shot."""
+        found = self.heads.get(name)
+        return found if found is not None and found.labels == tuple(labels) else None
+
+    def check_heads(self, model: str, backend: str, reads_hidden: bool) -> None:
+        """Refuse, when an engine loads, heads of another model or a backend that cannot read hidden
+        states (vLLM): a head applied to another model's states would answer confidently and wrongly.
+        """
+        if not self.heads:
+            return
+        if not reads_hidden:
+            raise HiddenStatesUnavailableError(
+                f"the calibration holds heads for {sorted(self.heads)}, but the {backend} backend cannot read "
+                "hidden states; load the model with the torch, llamacpp or mlx backend"
+            )
+        for name, head in self.heads.items():
+            if head.model != model:
+                raise OptionError(
+                    f"the head of field {name!r} was fitted on {head.model!r}, not {model!r}; refit it with "
+                    f"pcd calibrate --head probe --model {model}"
+                )
 
     def debiases(self, found: FieldCalibration) -> bool:
         """Whether ``found`` (one of this calibration's fields) applies to debiased answers."""
@@ -115,6 +147,7 @@ class Calibration:
                 for name, f in self.fields.items()
             },
             "fitted_on": dict(self.fitted_on),
+            "heads": {name: head.to_dict() for name, head in self.heads.items()},
         }
 
     def save(self, path: str | Path) -> None:
@@ -143,6 +176,7 @@ class Calibration:
             }
             bias_sd = _optional_float(data.get("bias_sd"))
             abstain_risk, coverage = _optional_float(data.get("abstain_risk")), _optional_float(data.get("coverage"))
+            heads = {str(name): Head.from_dict(spec) for name, spec in (data.get("heads") or {}).items()}
         except (KeyError, TypeError, ValueError, AttributeError) as error:
             raise PcdError(f"a calibration file's fields are malformed: {error!r}") from error
         for name, f in fields.items():
@@ -164,6 +198,7 @@ class Calibration:
             bias_sd,
             abstain_risk,
             coverage,
+            heads,
         )
 
     @classmethod
@@ -300,9 +335,6 @@ def fit(
     return temperature, tuple(map(float, theta[1:])) if bias else tuple(0.0 for _ in range(k))
 
 
-Adjust = Callable[[str, Readout], tuple[Readout, dict[str, Any]]]
-
-
 def decision_flags(found: FieldCalibration | None, readout: Readout) -> dict[str, Any]:
     """What a fitted field adds to its answer: ``abstained`` (its top probability is below the field's
     threshold) and ``answer_set`` (the label indices of its conformal set), each only where fitted.
@@ -313,6 +345,40 @@ def decision_flags(found: FieldCalibration | None, readout: Readout) -> dict[str
     if found is not None and found.set_threshold is not None:
         flags["answer_set"] = answer_set(readout.probabilities, found.set_threshold)
     return flags
+
+
+@dataclass(frozen=True)
+class Adjust:
+    """The per-decision readout transform of one request (``adjuster`` builds it): called with a
+    decision's name and raw readout, it returns the readout to answer with and the flags every answer
+    reports (``debiased``, ``calibrated``, and ``decision_flags`` where fitted). A decision with a head
+    is answered from it (``method: "head"``, its zero-shot probabilities as ``zero_shot``) when its
+    readout carries the hidden state, which the request reads exactly when ``reads_hidden``.
+    """
+
+    covered: Mapping[str, FieldCalibration | None]
+    use_prior: Mapping[str, bool]
+    measured: Mapping[str, Sequence[float]]
+    heads: Mapping[str, Head]
+
+    @property
+    def reads_hidden(self) -> bool:
+        return bool(self.heads)
+
+    def __call__(self, name: str, readout: Readout) -> tuple[Readout, dict[str, Any]]:
+        if self.use_prior[name]:
+            readout = debiased(readout, self.measured[name])
+        found = self.covered[name]
+        if found is not None:
+            readout = found.apply(readout)
+        flags = {"debiased": self.use_prior[name], "calibrated": found is not None}
+        head = self.heads.get(name)
+        if head is None or readout.hidden is None:
+            return readout, {**flags, **decision_flags(found, readout)}
+        # the head's probabilities are fitted on the user's labels (cross-validated log loss): calibrated;
+        # the thresholds were fitted on the zero-shot answers, so they are not applied to the head's
+        answered = with_probabilities(readout, list(np.log(np.maximum(head.probabilities(readout.hidden), 1e-300))))
+        return answered, {**flags, "calibrated": True, "method": "head", "zero_shot": list(readout.probabilities)}
 
 
 def adjuster(
@@ -326,28 +392,22 @@ def adjuster(
     ``labels`` names each decision (a field, a question id) with its labels in readout order. A
     decision the calibration covers is debiased exactly when the calibration was fitted on debiased
     answers of it, whatever ``debias`` says; the others are debiased when ``debias`` is set. ``priors``
-    (the content-free priors, pcd_core/debias.py) is called only when some decision needs them. The
-    transform returns the readout and the ``debiased`` / ``calibrated`` flags every answer reports,
-    plus ``decision_flags`` where the calibration fitted them.
+    (the content-free priors, pcd_core/debias.py) is called only when some decision needs them. A
+    decision whose head (``Calibration.head_for``) was fitted on its labels is answered by the head.
     """
     covered = {
         name: calibration.for_field(name, names) if calibration is not None else None for name, names in labels.items()
+    }
+    heads = {
+        name: head
+        for name, names in labels.items()
+        if calibration is not None and (head := calibration.head_for(name, names)) is not None
     }
     use_prior = {
         name: calibration.debiases(found) if calibration is not None and found is not None else debias
         for name, found in covered.items()
     }
-    if not any(use_prior.values()) and all(found is None for found in covered.values()):
+    if not any(use_prior.values()) and all(found is None for found in covered.values()) and not heads:
         return None
     measured = priors() if any(use_prior.values()) else {}
-
-    def adjust(name: str, readout: Readout) -> tuple[Readout, dict[str, Any]]:
-        if use_prior[name]:
-            readout = debiased(readout, measured[name])
-        found = covered[name]
-        if found is not None:
-            readout = found.apply(readout)
-        flags = {"debiased": use_prior[name], "calibrated": found is not None}
-        return readout, {**flags, **decision_flags(found, readout)}
-
-    return adjust
+    return Adjust(covered, use_prior, measured, heads)

@@ -74,20 +74,21 @@ class DecidePlan:
             mean = [sum(r.probabilities[i] for r in samples) / len(samples) for i in range(len(first.probabilities))]
             top = max(range(len(mean)), key=lambda i: (mean[i], -i))
             candidate_mass = sum(r.candidate_mass for r in samples) / len(samples)
-            out.append(Readout(first.logmass, tuple(mean), candidate_mass, top))
+            out.append(Readout(first.logmass, tuple(mean), candidate_mass, top, first.hidden))
             spreads.append(max(r.probabilities[top] for r in samples) - min(r.probabilities[top] for r in samples))
         return out, spreads
 
     def read(
-        self, backend: Backend, lookup: HeadLookup, meter: Meter, pause: Callable[[], None]
+        self, backend: Backend, lookup: HeadLookup, meter: Meter, pause: Callable[[], None], hidden: bool = False
     ) -> tuple[Decoded, list[str]]:
         """The one pass (two cold): the state as the trunk of every question's row, counted into
-        ``meter``. The caller holds the lock, whose ``pause`` it passes on.
+        ``meter``. The caller holds the lock, whose ``pause`` it passes on. ``hidden`` (a head answers
+        some question) keeps each question's hidden state at its first decision point, same pass.
         """
         passes_before = backend.counter.mine().forward_passes
         rounds = RoundStats()
         decoded, warnings = read_request(
-            backend, lookup, self.head_ids, self.whole, self.tasks(), meter, rounds, pause=pause
+            backend, lookup, self.head_ids, self.whole, self.tasks(), meter, rounds, pause=pause, hidden=hidden
         )
         count_request(backend, meter, rounds, passes_before, len(self.head_ids))
         return decoded, warnings
@@ -158,10 +159,15 @@ def rotation_shifts(question: Any, order_samples: int) -> list[int]:
 
 
 def _named(flags: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
-    """An answer's flags with its answer set's label indices (``calibration.decision_flags``) as names."""
-    if flags.get("answer_set") is None:
-        return flags
-    return {**flags, "answer_set": [names[i] for i in flags["answer_set"]]}
+    """An answer's flags with its answer set's label indices (``calibration.decision_flags``) as names,
+    and a head's ``zero_shot`` probabilities keyed by them.
+    """
+    named = dict(flags)
+    if flags.get("answer_set") is not None:
+        named["answer_set"] = [names[i] for i in flags["answer_set"]]
+    if flags.get("zero_shot") is not None:
+        named["zero_shot"] = dict(zip(names, flags["zero_shot"]))
+    return named
 
 
 def plan_decide(

@@ -50,6 +50,7 @@ class DecisionTask:
     branch_norm: bool = False
     reads: dict[Path, dict[int, float]] = field(default_factory=dict)
     pending: list[Path] = field(default_factory=list)
+    hidden: Any = None  # the final hidden state at the first decision point, when the pass read it
 
     def __post_init__(self) -> None:
         if self.strategy == "trie":
@@ -74,7 +75,7 @@ class DecisionTask:
             logmass = exact_logmass(self.trie, self.reads, n)
         else:
             logmass = settled_logmass(self.trie, self.reads, n, self.branch_norm)
-        return make_readout(logmass, self.reads[()])
+        return dataclasses.replace(make_readout(logmass, self.reads[()]), hidden=self.hidden)
 
 
 @dataclass
@@ -122,10 +123,13 @@ def decode(
     stats: RoundStats,
     trunk: Sequence[int] = (),
     pause: Callable[[], None] = no_pause,
+    hidden: bool = False,
 ) -> Decoded:
     """Run rounds until no task has pending reads; one ``score`` call per round for all tasks, the
     first carrying ``trunk``. ``prefix`` may be None when the trunk is the whole prompt. ``pause`` is
     called at every pass boundary, between rounds and between the chunks of one (``fairness.py``).
+    With ``hidden``, the round that reads a task's first decision point (its root, path ``()``) also
+    keeps the final hidden state there (``Readout.hidden``): the same passes, no more.
     """
     trunk = tuple(trunk)
     n_rounds = 0
@@ -142,12 +146,15 @@ def decode(
             for (task, path), (row, position) in zip(requests, placed)
         ]
         tokens_before = backend.counter.mine().tokens_read  # this thread's: others read between chunks
-        scored = backend.score(prefix, rows, queries, trunk=trunk, pause=pause)
+        roots = hidden and any(not path for _, path in requests)
+        scored = backend.score(prefix, rows, queries, trunk=trunk, pause=pause, hidden=roots)
         stats.rounds += 1 if requests else 0
         stats.n_rows += len(rows)
         stats.row_tokens += backend.counter.mine().tokens_read - tokens_before - len(trunk)  # distinct row tokens
         prefix, trunk = scored.prefix, ()
-        for (task, path), query, logp in zip(requests, queries, scored.values):
+        for k, ((task, path), query, logp) in enumerate(zip(requests, queries, scored.values)):
             task.absorb(path, dict(zip(query.ids, logp.tolist())))
+            if roots and not path and scored.hidden is not None:
+                task.hidden = scored.hidden[k]
     assert prefix is not None  # score refuses a call with neither a prefix nor a trunk
     return Decoded([task.readout() for task in tasks], prefix)

@@ -69,6 +69,8 @@ class Engine:
         self.calibration = calibration
         self.debias = debias
         self.order_samples = check_order_samples(order_samples)  # decide's default (LoadOptions.order_samples)
+        if calibration is not None:  # heads of another model, or a backend without hidden states
+            calibration.check_heads(model_name, backend.name, backend.reads_hidden)
         self._priors = Lru(schema_cache_size)
         self.backend = backend
         self.tokenizer = tokenizer
@@ -156,6 +158,7 @@ class Engine:
         debias: bool | None = None,
         calibrate: bool = True,
         generate: bool = True,
+        hidden: bool = False,
     ) -> Extraction:
         """Decide every closed field of ``schema`` for ``text`` and generate every open one; see the
         module docstring for the cost, ``filling.py`` for the plan, and ``generation.py`` for open
@@ -168,6 +171,8 @@ class Engine:
         fills; None: the engine's default); ``calibrate`` applies the engine's fitted calibration where
         it covers a field.
         ``generate=False`` decides the closed fields only, on the same prompt (the value is then a dict).
+        ``hidden=True`` keeps each field's hidden state at its first decision point (``FieldResult.hidden``,
+        the same passes): what ``pcd calibrate --head probe`` fits heads on.
         """
         parsed = parse_schema(schema)
         check_fill(self.limits, parsed, text)  # bounds and readable text first
@@ -176,7 +181,7 @@ class Engine:
         started = time.perf_counter()
         compiled = self.compile(schema, task)
         # before the lock: no model needed, and a bad input costs none
-        plan = FillPlan(compiled, self.request_ids(compiled, text), read_options, generate, max_new_tokens)
+        plan = FillPlan(compiled, self.request_ids(compiled, text), read_options, generate, max_new_tokens, hidden)
         names = {f.name: [label.text for label in f.labels] for f in compiled.schema.fields}
         adjust = self._adjuster(names, debias, calibrate, lambda: self.content_free_priors(schema, task))
         meter = Meter(Stats(compile_ms=ms_since(started)))
@@ -323,7 +328,9 @@ class Engine:
         adjust = self._adjuster(names, debias, calibrate, lambda: self.question_priors(request.questions))
         meter = Meter(Stats(compile_ms=ms_since(started)))
         with self._lock.turn() as turn:
-            decoded, warnings = plan.read(self.backend, self._head, meter, turn.pause)
+            decoded, warnings = plan.read(
+                self.backend, self._head, meter, turn.pause, adjust is not None and adjust.reads_hidden
+            )
         stats = replace(meter.stats, queue_ms=turn.queue_ms, total_ms=ms_since(started))
         readouts, spreads = plan.merged(list(decoded.readouts))
         return plan.respond(self.model_name, readouts, stats, warnings, adjust, spreads)

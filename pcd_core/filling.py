@@ -45,6 +45,7 @@ class FillKeywords(TypedDict, total=False):
     debias: bool | None
     calibrate: bool
     generate: bool
+    hidden: bool
 
 
 def fill_options(options: DecodeOptions | None, strategy: str | None) -> DecodeOptions:
@@ -96,6 +97,11 @@ class FillPlan:
     options: DecodeOptions
     generate: bool = True
     max_new_tokens: Mapping[str, int] | None = None
+    hidden: bool = False  # keep each field's hidden state at its first decision point (FieldResult.hidden)
+
+    def reads_hidden(self, adjust: Adjust | None) -> bool:
+        """Whether the passes read hidden states: asked for, or a head answers some field."""
+        return self.hidden or (adjust is not None and adjust.reads_hidden)
 
     @property
     def generates(self) -> bool:
@@ -154,7 +160,9 @@ class Filled:
                 readout, flags = adjust(name, readout)
             self.chosen[name] = readout.best
             spec = compiled.schema.field(name)
-            self.results[name] = FieldResult.from_readout(spec, readout, plan.options.strategy, wave_index, **flags)
+            kept = readout.hidden if plan.hidden else None
+            method = flags.pop("method", plan.options.strategy)  # "head" where a trained head answered
+            self.results[name] = FieldResult.from_readout(spec, readout, method, wave_index, hidden=kept, **flags)
 
 
 def fill_passes(
@@ -174,7 +182,16 @@ def fill_passes(
     passes_before = backend.counter.mine().forward_passes
     rounds = RoundStats()
     decoded, warnings = read_request(
-        backend, lookup, plan.compiled.head_ids, plan.whole, plan.tasks(0), meter, rounds, use_cache, pause
+        backend,
+        lookup,
+        plan.compiled.head_ids,
+        plan.whole,
+        plan.tasks(0),
+        meter,
+        rounds,
+        use_cache,
+        pause,
+        plan.reads_hidden(adjust),
     )
     filled = read_waves(backend, grammar, plan, decoded, adjust, meter, rounds, pause)
     filled.warnings[:0] = warnings  # the request's warnings come before the open rows'
@@ -204,7 +221,10 @@ def read_waves(
     for wave_index in range(1, len(compiled.waves)):
         pause()
         lines = plan.answer_lines(set(compiled.waves[wave_index - 1]), filled.chosen)
-        decoded = decode(backend, decoded.prefix, plan.tasks(wave_index), rounds, trunk=lines, pause=pause)
+        tasks = plan.tasks(wave_index)
+        decoded = decode(
+            backend, decoded.prefix, tasks, rounds, trunk=lines, pause=pause, hidden=plan.reads_hidden(adjust)
+        )
         meter.stats = replace(meter.stats, prompt_tokens=meter.stats.prompt_tokens + len(lines))
         filled.record(plan, wave_index, decoded, adjust)
     meter.stats = replace(meter.stats, decode_ms=ms_since(clock))

@@ -179,6 +179,12 @@ ANSWER_SET = (
     "(pcd calibrate --coverage), most probable first: for a noul true/false, for a score level indices."
 )
 
+METHOD = (
+    "How the answer was read: 'trie', the model's next-token probabilities (zero-shot), or 'head', a "
+    "head trained on labelled data (pcd calibrate --head probe) on the hidden state of the same pass."
+)
+ZERO_SHOT = "With method 'head': the zero-shot probabilities of the same pass, for comparison; else null."
+
 ORDER_SPREAD = (
     "With order_samples > 1: how far the top answer's probability moved across the rotations of the "
     "option list that were averaged (max - min); null when the options were read in one order."
@@ -200,6 +206,8 @@ class _Answer(BaseModel):
     abstained: bool = _extension("abstained", ABSTAINED, default=False)
     answer_set: list[str] | None = _extension("answer_set", ANSWER_SET, default=None)
     order_spread: float | None = _extension("order_spread", ORDER_SPREAD, default=None)
+    method: Literal["trie", "head"] = _extension("method", METHOD, default="trie")
+    zero_shot: dict[str, float] | None = _extension("zero_shot", ZERO_SHOT, default=None)
 
 
 class NoulAnswer(_Answer):

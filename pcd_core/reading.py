@@ -103,14 +103,16 @@ def read_request(
     rounds: RoundStats,
     use_cache: bool = True,
     pause: Callable[[], None] = no_pause,
+    hidden: bool = False,
 ) -> tuple[Decoded, list[str]]:
     """Read a head and a request, with the first ``tasks``' rows in the request's pass: the trunk
     is read in the same ``score`` call as the rows (``fill`` and ``decide``). The caller holds the
     lock, whose ``pause`` it passes on, and calls ``count_request`` when its passes are done.
+    ``hidden`` keeps each task's hidden state at its first decision point (``decoding.decode``).
     """
     read = read_head(backend, lookup, head_ids, whole, meter, use_cache)
     clock = time.perf_counter()
-    decoded = decode(backend, read.head, tasks, rounds, trunk=read.trunk, pause=pause)
+    decoded = decode(backend, read.head, tasks, rounds, trunk=read.trunk, pause=pause, hidden=hidden)
     meter.stats = replace(meter.stats, prefill_ms=ms_since(clock))
     return decoded, list(read.warnings)
 

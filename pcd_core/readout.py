@@ -16,7 +16,8 @@ the masses against brute force on an oracle model.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from .trie import LabelTrie, Node, Path
 
@@ -27,6 +28,9 @@ class Readout:
     probabilities: tuple[float, ...]
     candidate_mass: float
     best: int
+    # the model's final hidden state at the decision's first point (a numpy vector), when the pass was
+    # asked for it (``decode(..., hidden=True)``): what a trained head reads (pcd_core/heads.py)
+    hidden: Any = field(default=None, compare=False, repr=False)
 
     @property
     def confidence(self) -> float:

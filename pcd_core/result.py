@@ -5,13 +5,18 @@ generated reply (``Generation``) and its cost. The cost is ``Stats`` (``cost.py`
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
+
+import numpy as np
 
 from .cost import Stats
 from .readout import Readout
 from .schema import Field, JsonValue, Schema
 from .trie import Strategy
+
+#: how a decision was answered: a decode strategy's zero-shot reading, or a trained head (pcd_core/heads.py)
+Method = Strategy | Literal["head"]
 
 #: below this candidate mass a field carries a warning: the model wanted to write something else
 LOW_MASS = 0.5
@@ -26,7 +31,7 @@ class FieldResult:
     candidate_mass: float
     confidence: float
     top: list[tuple[JsonValue, float]]
-    method: Strategy  # the decode strategy that read it (pcd_core/decoding.py)
+    method: Method  # the decode strategy that read it (pcd_core/decoding.py), or "head"
     wave: int
     debiased: bool = False  # the content-free prior was divided out (pcd_core/debias.py)
     calibrated: bool = False  # a fitted calibration was applied (pcd_core/calibration.py)
@@ -34,20 +39,29 @@ class FieldResult:
     # the value and probabilities are still the model's reading
     abstained: bool = False
     answer_set: list[JsonValue] | None = None  # the conformal set's values, most probable first; None: not fitted
+    # with method "head": the zero-shot probabilities read in the same pass, for comparison
+    zero_shot: dict[str, float] | None = None
+    # with Engine.fill(..., hidden=True): the final hidden state at the field's first decision point,
+    # what pcd calibrate --head probe fits a head on; never serialised
+    hidden: np.ndarray | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def from_readout(
         cls,
         spec: Field,
         readout: Readout,
-        method: Strategy,
+        method: Method,
         wave: int,
         debiased: bool = False,
         calibrated: bool = False,
         abstained: bool = False,
         answer_set: list[int] | None = None,
+        zero_shot: list[float] | None = None,
+        hidden: np.ndarray | None = None,
     ) -> FieldResult:
-        """``answer_set`` holds label indices (``calibration.decision_flags``); the result holds their values."""
+        """``answer_set`` holds label indices (``calibration.decision_flags``); the result holds their
+        values. ``zero_shot`` is in label order, as the readout's probabilities.
+        """
         ranked = readout.ranked()
         return cls(
             name=spec.name,
@@ -63,10 +77,13 @@ class FieldResult:
             calibrated=calibrated,
             abstained=abstained,
             answer_set=None if answer_set is None else [spec.labels[i].value for i in answer_set],
+            zero_shot=None if zero_shot is None else {label.text: p for label, p in zip(spec.labels, zero_shot)},
+            hidden=hidden,
         )
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
+        data = asdict(replace(self, hidden=None))
+        del data["hidden"]
         data["top"] = [list(pair) for pair in self.top]
         return data
 

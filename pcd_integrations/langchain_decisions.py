@@ -93,6 +93,8 @@ class _Trust(BaseModel):
     abstained: bool = False
     answer_set: list[str] | list[int] | None = None  # a score's are level indices, as its probabilities' keys
     order_spread: float | None = None  # read in several orders of its options: how far the top one moved
+    method: str = "trie"  # "head": a trained head answered (x_method), its zero-shot reading in zero_shot
+    zero_shot: dict[str, float] | None = None
 
 
 class PCDNoulAnswer(decisions.NoulAnswer, _Trust):
@@ -200,6 +202,8 @@ def classifier_response(response: DecideResponse, asked: Mapping[str, Mapping[st
             "abstained": answer.abstained,
             "answer_set": answer.answer_set,
             "order_spread": answer.order_spread,
+            "method": answer.method,
+            "zero_shot": answer.zero_shot,
         }
         if isinstance(answer, ScoreAnswer) and answer.answer_set is not None:
             trust["answer_set"] = [int(level) for level in answer.answer_set]

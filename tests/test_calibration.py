@@ -85,7 +85,7 @@ def test_a_calibration_file_round_trips(tmp_path):
     path = tmp_path / "cal.json"
     original.save(path)
     assert Calibration.load(path) == original
-    assert json.loads(path.read_text())["version"] == CALIBRATION_VERSION == 3
+    assert json.loads(path.read_text())["version"] == CALIBRATION_VERSION == 4
 
 
 def test_a_version_3_file_keeps_each_fields_choice_and_thresholds(tmp_path):

@@ -36,6 +36,10 @@ class FieldAnswers:
     candidate_mass: list[float] = field(default_factory=list)
     gold: list[int] = field(default_factory=list)
     constrained_ar: list[int] = field(default_factory=list)  # the AR-constrained baseline's label index
+    hidden: list[np.ndarray] = field(default_factory=list)  # read with hidden states: one per gold label
+
+    def states(self) -> np.ndarray:
+        return np.asarray(self.hidden, dtype=np.float64)
 
     def array(self) -> np.ndarray:
         return np.asarray(self.probabilities, dtype=np.float64).reshape(-1, len(self.labels))
@@ -66,10 +70,12 @@ def read_answers(
     constrained: int | None = None,
     progress: bool = True,
     cache: AnswerCache | None = None,
+    hidden: bool = False,
 ) -> Answers:
     """Fill every record raw; the first ``constrained`` records (all when None) are also decided by AR
     constrained by the schema's grammar, which costs a forward pass per written token. A record whose
-    answer ``cache`` holds (pcd_core/evaluation/cache.py) is not read again.
+    answer ``cache`` holds (pcd_core/evaluation/cache.py) is not read again. ``hidden`` also keeps
+    each field's hidden state at its first decision point, from the same fill (what heads fit on).
     """
     from ..bench.baselines import ar_cap, generate_grammar
     from ..bench.checks import parse_lenient
@@ -85,10 +91,11 @@ def read_answers(
     for number, record in enumerate(tqdm(records, desc="eval", unit="ex", disable=not progress, mininterval=2.0)):
         with_ar = constrained is None or number < constrained
         key = answer_key(engine.model_name, schema, record["text"])
-        answer = cache.get(key, needs_constrained=with_ar) if cache is not None else None
+        answer = cache.get(key, needs_constrained=with_ar, needs_hidden=hidden) if cache is not None else None
         reused += answer is not None
         if answer is None:
-            result = engine.fill(schema, record["text"], debias=False, calibrate=False)  # raw, whatever the defaults
+            # raw, whatever the defaults
+            result = engine.fill(schema, record["text"], debias=False, calibrate=False, hidden=hidden)
             picks = None
             if with_ar:
                 # AR under llguidance's mask over the whole object, as pcd bench runs it; its written values
@@ -100,11 +107,15 @@ def read_answers(
                 {name: list(result.fields[name].probabilities.values()) for name in names},
                 {name: result.fields[name].candidate_mass for name in names},
                 picks,
+                # as the answers file keeps them (float16), so that a refit from it is the same fit
+                {name: np.asarray(result.fields[name].hidden, np.float16).astype(np.float32) for name in names}
+                if hidden
+                else None,
             )
             if cache is not None:
                 cache.put(key, answer)
         gold = {name: gold_index(parsed, name, record["labels"][name]) for name in names if name in record["labels"]}
-        _keep(answers, gold, answer, with_ar)
+        _keep(answers, gold, answer, with_ar, hidden)
     return Answers(parsed, answers, priors, time.perf_counter() - started, reused)
 
 
@@ -116,7 +127,9 @@ def _written_label(schema: Schema, name: str, written: Mapping[str, Any]) -> int
     return -1 if picked is None else picked
 
 
-def _keep(answers: dict[str, FieldAnswers], gold: Mapping[str, int], answer: CachedAnswer, with_ar: bool) -> None:
+def _keep(
+    answers: dict[str, FieldAnswers], gold: Mapping[str, int], answer: CachedAnswer, with_ar: bool, hidden: bool
+) -> None:
     """Add one example's answer to every decision it has a gold label for."""
     for name, index in gold.items():
         out = answers[name]
@@ -125,6 +138,8 @@ def _keep(answers: dict[str, FieldAnswers], gold: Mapping[str, int], answer: Cac
         out.gold.append(index)
         if with_ar and answer.constrained_ar is not None:
             out.constrained_ar.append(answer.constrained_ar[name])
+        if hidden and answer.hidden is not None:
+            out.hidden.append(answer.hidden[name])
 
 
 def read_question_answers(
@@ -173,7 +188,7 @@ def read_question_answers(
             if name not in out.labels:
                 raise PcdError(f"question {qid!r}: gold value {value!r} is not one of {list(out.labels)}")
             gold[qid] = out.labels.index(name)
-        _keep(answers, gold, answer, False)
+        _keep(answers, gold, answer, False, False)
     return Answers(None, answers, priors, time.perf_counter() - started, reused)
 
 
@@ -197,6 +212,9 @@ def variants(answers: Answers, name: str, calibration: Calibration | None) -> di
     found = calibration.for_field(name, out.labels) if calibration is not None else None
     if calibration is not None and found is not None:
         rows["calibrated"] = calibrate_rows(rows["debiased" if calibration.debiases(found) else "raw"], found)
+    head = calibration.head_for(name, out.labels) if calibration is not None else None
+    if head is not None and len(out.hidden) == len(out.gold):
+        rows["head"] = head.probabilities(out.states())
     return rows
 
 
@@ -270,7 +288,7 @@ def build_report(answers: Answers, calibration: Calibration | None = None) -> di
             }
         entry["prior"] = dict(zip(out.labels, answers.priors[name]))
         report["fields"][name] = entry
-    for variant in ("raw", "debiased", "calibrated"):
+    for variant in ("raw", "debiased", "calibrated", "head"):
         if any(variant in rows for rows in per_field.values()):
             report["overall"][variant] = _pooled(per_field, answers, variant)
     ar = [(a, g) for out in answers.fields.values() for a, g in zip(out.constrained_ar, out.gold)]

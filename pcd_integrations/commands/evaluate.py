@@ -4,7 +4,8 @@ Arguments, the data file and the schema are checked before the model loads. ``pc
 the train split, fits per field (by default the cross-validated choice of pcd_core/calibration_choice.py;
 ``--debias`` / ``--bias`` / ``--no-top-label`` a fixed fit), adds the ``--abstain-risk`` and
 ``--coverage`` thresholds (pcd_core/evaluation/decisions.py), saves the file, then reports on the test
-split with it applied, so one command gives raw, debiased and calibrated numbers on held-out data,
+split with it applied, so one command gives raw, debiased and calibrated numbers on held-out data
+(with ``--head probe`` also a trained head per field and its learning curve, pcd_core/evaluation/probing.py),
 ending with the held-out ECE beside its yardstick; beside them it reports the fixed fits it did not
 save, from the same train answers (debiased or not, with per-label biases or not).
 Both commands say on stderr how many examples each split gave, of how many it has.
@@ -17,6 +18,7 @@ import json
 import math
 import platform
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -26,6 +28,7 @@ from pcd_core.evaluation import datasets
 from pcd_core.evaluation.cache import AnswerCache
 from pcd_core.evaluation.decisions import choose_calibration, decision_report, too_few, with_decisions, write_risk_plot
 from pcd_core.evaluation.metrics import reliability
+from pcd_core.evaluation.probing import CURVE_SIZES, fit_heads, learning_curve, write_curve_plot
 from pcd_core.evaluation.runner import (
     Answers,
     build_report,
@@ -166,6 +169,19 @@ def add_eval_parsers(subparsers: Any) -> None:
         "(a fixed fit, as --debias)",
     )
     calibrate.add_argument("--risk-plot", metavar="PNG", help="write the held-out risk-coverage curve")
+    calibrate.add_argument(
+        "--head",
+        choices=("probe",),
+        help="also fit a trained head per field (a linear probe on the hidden state at the field's first "
+        "decision point, read in the same pass) and save it in the file: a field with a head is then "
+        "answered by it (needs scikit-learn: pip install 'pcd-engine[heads]'); --answers keeps the states",
+    )
+    calibrate.add_argument(
+        "--curve",
+        metavar="PNG",
+        help=f"with --head: plot held-out accuracy of heads fitted on {', '.join(map(str, CURVE_SIZES))} train "
+        "examples (the learning curve, also in the --json report)",
+    )
     calibrate.set_defaults(run=run_calibrate)
 
 
@@ -216,12 +232,15 @@ def _read(
     records: list[dict[str, Any]],
     constrained: int | None,
     cache: AnswerCache | None,
+    hidden: bool = False,
 ) -> Answers:
-    """Fill (a schema) or decide (``--questions``) every record raw; AR-constrained only for schemas."""
+    """Fill (a schema) or decide (``--questions``) every record raw; AR-constrained only for schemas.
+    ``hidden`` keeps each field's hidden state for heads (schemas only: ``_load_data`` checks).
+    """
     if args.questions is not None:
         answers = read_question_answers(engine, source, records, cache=cache, order_samples=args.order_samples)
     else:
-        answers = read_answers(engine, source, records, constrained=constrained, cache=cache)
+        answers = read_answers(engine, source, records, constrained=constrained, cache=cache, hidden=hidden)
     if cache is not None:
         read = len(records) - answers.reused
         print(f"{answers.reused} of {len(records)} answers were in {cache.path}; {read} read now", file=sys.stderr)
@@ -281,8 +300,11 @@ def run_eval(args: argparse.Namespace) -> int:
     schema, records = _load_data(args)
     chosen = _selected(args, records, args.split, args.limit)
     cache = AnswerCache(args.answers) if args.answers else None
+    heads = calibration is not None and bool(calibration.heads)
+    if heads and args.questions is not None:
+        raise PcdError("heads are fitted and measured on schema fields; --questions has none")
     engine = common.load_engine(args)
-    answers = _read(args, engine, schema, chosen, args.constrained_limit, cache)
+    answers = _read(args, engine, schema, chosen, args.constrained_limit, cache, hidden=heads)
     report = {"meta": _meta(args, engine, args.split, len(chosen)), **build_report(answers, calibration)}
     _finish(args, report, answers, calibration)
     return 0
@@ -294,13 +316,18 @@ def run_calibrate(args: argparse.Namespace) -> int:
     for flag, value in (("--abstain-risk", args.abstain_risk), ("--coverage", args.coverage)):
         if value is not None and not 0 < value < 1:
             raise PcdError(f"{flag} {value} must lie strictly between 0 and 1")
+    if args.head is not None and args.questions is not None:
+        raise PcdError("--head fits heads on schema fields; it does not take --questions")
+    if args.curve is not None and args.head is None:
+        raise PcdError("--curve plots the heads' learning curve: it needs --head probe")
     schema, records = _load_data(args)
     train = _selected(args, records, "train", args.train_limit)
     test = _selected(args, records, "test", args.limit)
     cache = AnswerCache(args.answers) if args.answers else None
     engine = common.load_engine(args)
     fitted_on = {"data": args.data, "split": "train", "seed": args.seed, "n": len(train), "top_label": args.top_label}
-    train_answers = _read(args, engine, schema, train, 0, cache)
+    hidden = args.head is not None
+    train_answers = _read(args, engine, schema, train, 0, cache, hidden)
 
     def fitted(debias: bool, bias: bool) -> Calibration:
         return fit_calibration(
@@ -319,6 +346,8 @@ def run_calibrate(args: argparse.Namespace) -> int:
     else:
         calibration = choose_calibration(train_answers, engine.model_name, fitted_on, args.seed)
     calibration = with_decisions(calibration, train_answers, args.abstain_risk, args.coverage)
+    if hidden:
+        calibration = replace(calibration, heads=fit_heads(train_answers, engine.model_name, args.seed))
     calibration.save(args.out)
     for name, found in calibration.fields.items():
         biases = f", biases {', '.join(f'{b:+.2f}' for b in found.bias)}" if any(found.bias) else ""
@@ -330,9 +359,14 @@ def run_calibrate(args: argparse.Namespace) -> int:
     warning = too_few(len(train), args.abstain_risk)
     if warning:
         print(warning, file=sys.stderr)
-    answers = _read(args, engine, schema, test, args.constrained_limit, cache)
+    answers = _read(args, engine, schema, test, args.constrained_limit, cache, hidden)
     report = {"meta": _meta(args, engine, "test", len(test)), **build_report(answers, calibration)}
-    report["meta"]["calibration"] = calibration.to_dict()
+    report["meta"]["calibration"] = {**calibration.to_dict(), "heads": _head_summary(calibration)}
+    if hidden:
+        report["learning_curve"] = learning_curve(train_answers, answers, engine.model_name, seed=args.seed)
+        if args.curve:
+            title = f"{engine.model_name} on {args.data}: trained head"
+            write_curve_plot(report["learning_curve"], answers, calibration, args.curve, title)
     # the other choices, fitted on the same train answers and reported on the same held-out ones:
     # whether debiasing first helps calibration, and whether the per-label biases do
     debias, bias = args.debias, args.bias
@@ -351,16 +385,26 @@ def run_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _head_summary(calibration: Calibration) -> dict[str, Any]:
+    """What the report keeps of each head: not its weights (the calibration file has them)."""
+    return {
+        name: {"model": h.model, "n_train": h.n_train, "strength": h.strength, "width": h.width}
+        for name, h in calibration.heads.items()
+    }
+
+
 def held_out_summary(overall: dict[str, Any]) -> str:
     """One line: the saved calibration's held-out ECE beside the ECE its confidences would show by
     chance alone if they were exact (``metrics.ece_if_calibrated``, the yardstick), and the accuracy
     beside the raw and debiased readings'.
     """
     calibrated, raw, debiased = overall["calibrated"], overall["raw"], overall["debiased"]
+    head = overall.get("head")
+    with_head = f"; head: accuracy {head['accuracy']:.3f}, ECE {head['ece']:.3f}" if head else ""
     return (
         f"held-out (n {calibrated['n']:.0f}): ECE {calibrated['ece']:.3f} (yardstick: "
         f"{calibrated['ece_if_calibrated']:.3f} if every confidence were exact), accuracy {calibrated['accuracy']:.3f} "
-        f"(raw {raw['accuracy']:.3f}, debiased {debiased['accuracy']:.3f})"
+        f"(raw {raw['accuracy']:.3f}, debiased {debiased['accuracy']:.3f}){with_head}"
     )
 
 
@@ -374,6 +418,7 @@ VARIANTS = (
     "calibrated_debiased",
     "calibrated_temperature_only",
     "calibrated_with_bias",
+    "head",
     "constrained_ar",
 )
 

@@ -20,6 +20,8 @@ LOW_MASS_MARK = "!"
 
 #: what a probability means, by what was done to it (FieldResult and the answers carry the flags)
 MEANING = {
+    "head": "read by a trained head (pcd calibrate --head probe) from the hidden state of the same pass, "
+    "fitted on labelled data; the zero-shot reading is kept as zero_shot",
     "calibrated": "calibrated by a pcd calibrate fit (on data like its train split, a 0.8 is right about 80% "
     "of the time)",
     "debiased": "debiased (the model's lean on content-free inputs divided out), not calibrated: beliefs, "
@@ -108,6 +110,7 @@ def trust_line(decisions: Mapping[str, Any]) -> str | None:
     for name, decision in decisions.items():
         if hasattr(decision, "calibrated"):  # generated fields and multi-label lists carry no probability
             kind = "calibrated" if decision.calibrated else "debiased" if decision.debiased else "raw"
+            kind = "head" if getattr(decision, "method", None) == "head" else kind
             groups.setdefault(kind, []).append(name)
     if not groups:
         return None

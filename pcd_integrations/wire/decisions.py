@@ -202,7 +202,17 @@ def _flag(description: str) -> Any:
     return Field(default=False, description=description)
 
 
-class PredicateAnswer(WireModel):
+class _HowRead(WireModel):
+    """How an answer was read (``x_method``: zero-shot ``trie`` or a trained ``head``) and, from a head,
+    the zero-shot probabilities of the same pass (``x_zero_shot``, keyed by the answer names of
+    ``/v1/systemone``), as there.
+    """
+
+    x_method: Literal["trie", "head"] = Field(default="trie", description=systemone.METHOD)
+    x_zero_shot: dict[str, float] | None = Field(default=None, description=systemone.ZERO_SHOT)
+
+
+class PredicateAnswer(_HowRead):
     type: Literal["predicate"] = "predicate"
     name: str | None
     probability: float
@@ -215,7 +225,7 @@ class ChoiceProbability(WireModel):
     probability: float
 
 
-class DecisionChoiceAnswer(WireModel):
+class DecisionChoiceAnswer(_HowRead):
     type: Literal["choice"] = "choice"
     name: str | None
     choice: ChoiceValue
@@ -232,7 +242,7 @@ class ScoreProbability(WireModel):
     probability: float
 
 
-class DecisionScoreAnswer(WireModel):
+class DecisionScoreAnswer(_HowRead):
     type: Literal["score"] = "score"
     name: str | None
     score: float = Field(description="Expected level index, sum of i * p_i.")
@@ -303,7 +313,12 @@ class DecisionResponse(WireModel):
 
 
 def _answer(question: PredicateQuestion | DecisionChoiceQuestion | DecisionScoreQuestion, answer: Any) -> Any:
-    flags = {"x_debiased": answer.debiased, "x_calibrated": answer.calibrated}
+    flags = {
+        "x_debiased": answer.debiased,
+        "x_calibrated": answer.calibrated,
+        "x_method": answer.method,
+        "x_zero_shot": answer.zero_shot,
+    }
     if isinstance(question, PredicateQuestion) and isinstance(answer, systemone.NoulAnswer):
         return PredicateAnswer(name=question.name, probability=answer.noul, **flags)
     if isinstance(question, DecisionChoiceQuestion) and isinstance(answer, systemone.ChoiceAnswer):

@@ -1,0 +1,104 @@
+"""Heads fitted on answers read with hidden states, and how their accuracy grows with the train split.
+
+``fit_heads`` fits one head per field (pcd_core/heads.py) on the train answers' states, which
+``read_answers(..., hidden=True)`` kept from the fills it ran anyway: fitting reads nothing.
+``learning_curve`` refits on the first n train examples for each n and scores every fit on the same
+held-out answers, beside the zero-shot readings of those answers, so that the curve says how many
+labels a head needs to beat them. ``tests/test_eval_heads.py`` runs both on the real model's states.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..calibration import Calibration
+from ..errors import OptionError
+from ..heads import Head, fit_head
+from . import metrics
+from .runner import Answers, FieldAnswers, variants
+
+#: the train sizes of the learning curve (issue 27); sizes over the train split are left out
+CURVE_SIZES = (16, 64, 256, 1000)
+
+
+def _fit(out: FieldAnswers, model: str, n: int | None = None, seed: int = 0) -> Head:
+    if len(out.hidden) != len(out.gold):
+        raise OptionError("heads need answers read with hidden states (pcd calibrate --head probe)")
+    end = len(out.gold) if n is None else n
+    return fit_head(out.states()[:end], out.gold[:end], out.labels, model, seed=seed)
+
+
+def fit_heads(answers: Answers, model: str, seed: int = 0) -> dict[str, Head]:
+    """One head per field with gold labels, fitted on every train answer's state."""
+    return {name: _fit(out, model, seed=seed) for name, out in answers.fields.items() if out.gold}
+
+
+def learning_curve(
+    train: Answers, test: Answers, model: str, sizes: Sequence[int] = CURVE_SIZES, seed: int = 0
+) -> list[dict[str, Any]]:
+    """Per train size n (those the train split holds): the held-out accuracy and ECE of heads fitted on
+    the first n train examples, pooled over fields. A size too small to hold two examples of every
+    label gets ``error`` instead of numbers (a head cannot learn a label it has not seen).
+    """
+    available = min(len(out.gold) for out in train.fields.values() if out.gold)
+    points = []
+    for n in [size for size in sizes if size <= available] or [available]:
+        try:
+            heads = {name: _fit(out, model, n, seed) for name, out in train.fields.items() if out.gold}
+        except OptionError as error:
+            points.append({"n_train": n, "error": str(error)})
+            continue
+        rows, gold = [], []
+        for name, head in heads.items():
+            out = test.fields[name]
+            rows.append(head.probabilities(out.states()))
+            gold.append(np.asarray(out.gold))
+        width = max(r.shape[1] for r in rows)
+        pooled = np.concatenate([np.pad(r, ((0, 0), (0, width - r.shape[1]))) for r in rows])
+        truth = np.concatenate(gold)
+        points.append(
+            {
+                "n_train": n,
+                "accuracy": metrics.accuracy(metrics.predictions(pooled), truth),
+                "ece": metrics.ece(pooled, truth),
+            }
+        )
+    return points
+
+
+def write_curve_plot(
+    curve: list[dict[str, Any]], test: Answers, calibration: Calibration | None, path: str, title: str
+) -> None:
+    """Held-out accuracy of the head against train examples (log scale), with the zero-shot variants'
+    held-out accuracy as flat lines: what n labels buy over reading the model's next-token beliefs.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(5, 4))
+    fitted = [point for point in curve if "accuracy" in point]
+    axes.plot([p["n_train"] for p in fitted], [p["accuracy"] for p in fitted], marker="o", label="head")
+    for variant in ("raw", "debiased", "calibrated"):
+        hits = [
+            metrics.predictions(rows[variant]) == np.asarray(test.fields[name].gold)
+            for name in test.fields
+            if test.fields[name].gold and variant in (rows := variants(test, name, calibration))
+        ]
+        if hits:
+            axes.axhline(float(np.mean(np.concatenate(hits))), linestyle=":", label=f"zero-shot {variant}")
+    axes.set(
+        xscale="log" if fitted else "linear",
+        xlabel="train examples",
+        ylabel="held-out accuracy",
+        title=title,
+        ylim=(0, 1),
+    )
+    axes.legend(loc="lower right")
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
