@@ -6,6 +6,7 @@ passes, instead of letting the model write JSON token by token.
 
 import logging
 
+from .cost import Stats
 from .decoding import DecodeOptions
 from .engine import Engine
 from .errors import (
@@ -35,7 +36,7 @@ from .questions import (
     ScoreQuestion,
     Usage,
 )
-from .result import Extraction, FieldResult, Stats
+from .result import Extraction, FieldResult
 from .schema import Field, Label, Schema, parse_schema
 
 __version__ = "0.1.0"

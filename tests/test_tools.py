@@ -76,7 +76,7 @@ def test_auto_is_a_pcd_choice_over_the_tools_and_answering_directly(engine: Engi
     assert sum(record["probabilities"].values()) == pytest.approx(1.0, abs=1e-6)
     assert record["choice"] == max(record["probabilities"], key=record["probabilities"].get)
     assert decision.choice == (decision.tool.name if decision.tool else NO_TOOL)
-    assert record["input_tokens"] == decision.usage.input_tokens > 0
+    assert record["input_tokens"] == decision.stats.input_tokens > 0
 
 
 def test_required_leaves_out_answering_directly(engine: Engine) -> None:
@@ -99,7 +99,7 @@ def test_one_option_left_is_taken_without_a_forward_pass(
     passes = engine.backend.forward_passes
     decision = choose_tool(engine, ASK, TOOLS, choice, called)
     assert engine.backend.forward_passes == passes
-    assert (decision.tool, decision.offered, decision.forced, decision.usage.input_tokens) == (tool, offered, True, 0)
+    assert (decision.tool, decision.offered, decision.forced, decision.stats.input_tokens) == (tool, offered, True, 0)
     assert "probabilities" not in decision.to_dict()
 
 

@@ -12,9 +12,10 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from pcd_core.cost import Stats
 from pcd_core.generation import GeneratedField
 from pcd_core.questions import ChoiceAnswer, DecideResponse, NoulAnswer, ScoreAnswer
-from pcd_core.result import LOW_MASS, Extraction, FieldResult, MembershipResult, Stats
+from pcd_core.result import LOW_MASS, Extraction, FieldResult, MembershipResult
 
 LOW_MASS_MARK = "!"
 
@@ -93,9 +94,8 @@ def _answer_cells(answer: NoulAnswer | ChoiceAnswer | ScoreAnswer) -> list[str]:
     return [shown, confidence, f"{answer.candidate_mass:.4f}", _mark(answer.candidate_mass)]
 
 
-def cost_line(stats: Stats | None) -> str:
-    if stats is None:
-        return "cost: not reported"
+def cost_line(stats: Stats) -> str:
+    """The table's last line, from the call's cost record (``pcd_core/cost.py``)."""
     return (
         f"cost: {stats.forward_passes} forward passes, {stats.input_tokens} input tokens "
         f"({stats.cached_tokens} from the head cache), {stats.total_ms:.0f} ms"
@@ -123,9 +123,7 @@ def _mark(candidate_mass: float) -> str:
     return LOW_MASS_MARK if candidate_mass < LOW_MASS else ""
 
 
-def _with_footer(
-    table: str, masses: Sequence[float], warnings: Sequence[str], stats: Stats | None, trust: str | None
-) -> str:
+def _with_footer(table: str, masses: Sequence[float], warnings: Sequence[str], stats: Stats, trust: str | None) -> str:
     lines = [table, ""]
     if any(mass < LOW_MASS for mass in masses):
         lines.append(f"{LOW_MASS_MARK} candidate mass below {LOW_MASS}: the model wanted to write something else")
