@@ -4,7 +4,7 @@
 ``read_answers(..., hidden=True)`` kept from the fills it ran anyway: fitting reads nothing.
 ``learning_curve`` refits on the first n train examples for each n and scores every fit on the same
 held-out answers, beside the zero-shot readings of those answers, so that the curve says how many
-labels a head needs to beat them. ``tests/test_eval_heads.py`` runs both on the real model's states.
+labels a head needs to beat them. ``tests/test_eval_heads.py`` runs both on states of known structure.
 """
 
 from __future__ import annotations
@@ -39,13 +39,13 @@ def fit_heads(answers: Answers, model: str, seed: int = 0) -> dict[str, Head]:
 def learning_curve(
     train: Answers, test: Answers, model: str, sizes: Sequence[int] = CURVE_SIZES, seed: int = 0
 ) -> list[dict[str, Any]]:
-    """Per train size n (those the train split holds): the held-out accuracy and ECE of heads fitted on
-    the first n train examples, pooled over fields. A size too small to hold two examples of every
-    label gets ``error`` instead of numbers (a head cannot learn a label it has not seen).
+    """Per train size n (those the train split holds, and the whole split): the held-out accuracy and
+    ECE of heads fitted on the first n train examples, pooled over fields. A size too small to hold two
+    examples of every label gets ``error`` instead of numbers (a head cannot learn a label it has not seen).
     """
     available = min(len(out.gold) for out in train.fields.values() if out.gold)
     points = []
-    for n in [size for size in sizes if size <= available] or [available]:
+    for n in sorted({size for size in sizes if size <= available} | {available}):
         try:
             heads = {name: _fit(out, model, n, seed) for name, out in train.fields.items() if out.gold}
         except OptionError as error:
