@@ -16,7 +16,7 @@ from .schema import Field, JsonValue, Schema
 from .trie import Strategy
 
 #: how a decision was answered: a decode strategy's zero-shot reading, or a trained head (pcd_core/heads.py)
-Method = Strategy | Literal["head"]
+Method = Literal[Strategy, "head"]
 
 #: below this candidate mass a field carries a warning: the model wanted to write something else
 LOW_MASS = 0.5

@@ -41,7 +41,7 @@ def test_the_record_is_frozen_and_its_states_are_literals():
     literals = {
         "head_cache": (hints["head_cache"], {"hit", "miss", "bypassed"}),
         "row_layout": (hints["row_layout"], {"packed", "copies"}),
-        "method": (get_type_hints(FieldResult)["method"], {"trie", "greedy", "exact"}),
+        "method": (get_type_hints(FieldResult)["method"], {"trie", "greedy", "exact", "head"}),
     }
     for name, (hint, values) in literals.items():
         assert get_origin(hint) is Literal and set(get_args(hint)) == values, name
