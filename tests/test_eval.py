@@ -243,23 +243,36 @@ def test_questions_take_a_jsonl_file_and_no_schema(tmp_path, capsys):
     assert "question file" in capsys.readouterr().err
 
 
-def test_the_readme_quality_table_is_the_recorded_runs():
-    """Every docs/eval report is a row of the README's decision-quality table, as quality_row renders it."""
+def _page_and_reports(page: str, folder: str, skipped: tuple[str, ...]) -> tuple[str, list[dict]]:
+    """A docs page's text and the JSON reports recorded in a docs folder (those ending in ``skipped`` left out)."""
     from pathlib import Path
 
+    root = Path(__file__).resolve().parents[1]
+    paths = sorted((root / folder).glob("*.json"))
+    reports = [json.loads(p.read_text()) for p in paths if not p.name.endswith(skipped)]
+    assert reports
+    return (root / page).read_text(), reports
+
+
+def test_the_readme_quality_table_is_the_recorded_runs():
+    """Every docs/eval report is a row of the README's decision-quality table, as quality_row renders it."""
     from pcd_integrations.commands.evaluate import QUALITY_HEAD, quality_row
 
-    root = Path(__file__).resolve().parents[1]
-    readme = (root / "docs" / "quality.md").read_text()
+    readme, reports = _page_and_reports("docs/quality.md", "docs/eval", (".calibration.json", ".ticket.json"))
     assert QUALITY_HEAD in readme
-    reports = [
-        json.loads(p.read_text())
-        for p in sorted((root / "docs" / "eval").glob("*.json"))
-        if not p.name.endswith((".calibration.json", ".ticket.json"))
-    ]
-    assert reports
     for report in reports:
         assert quality_row(report) in readme, quality_row(report)
+
+
+def test_the_heads_table_is_the_recorded_runs():
+    """Every docs/eval/heads report is a row of docs/heads.md's table, as head_row renders it."""
+    from pcd_integrations.commands.evaluate import HEADS_HEAD, head_row
+
+    page, reports = _page_and_reports("docs/heads.md", "docs/eval/heads", (".calibration.json",))
+    assert HEADS_HEAD in page
+    for report in reports:
+        assert head_row(report) in page, head_row(report)
+        assert report["meta"]["command"].startswith("pcd calibrate") and "--head probe" in report["meta"]["command"]
 
 
 class _Unreadable:

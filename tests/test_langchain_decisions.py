@@ -148,6 +148,8 @@ def test_noul_choice_and_score_equal_engine_decide(dm: PCDDecisionModel, engine:
         "abstained": False,  # no calibration, so no threshold and no set
         "answer_set": None,
         "order_spread": None,  # read in one order
+        "method": "trie",  # read zero-shot: no trained head (docs/heads.md)
+        "zero_shot": None,
     }
 
 

@@ -124,6 +124,7 @@ def test_system_one_wire_has_floats_x_extensions_and_usage_without_engine_fields
     # an answer says it is raw, and that no threshold or set was fitted, not by leaving it out
     raw = {"x_debiased": False, "x_calibrated": False, "x_abstained": False, "x_answer_set": None}
     raw["x_order_spread"] = None  # read in one order
+    raw |= {"x_method": "trie", "x_zero_shot": None}  # read zero-shot, no trained head
     assert wire["answers"]["n"] == {"x_candidate_mass": 0.5, "type": "noul", "noul": 1.0, **raw}
     assert set(wire["answers"]["c"]) == {
         "type",
@@ -211,6 +212,8 @@ def test_openai_answers_keep_order_names_and_value_types() -> None:
         "probability": 0.25,
         "x_debiased": False,
         "x_calibrated": True,
+        "x_method": "trie",  # read zero-shot: no trained head
+        "x_zero_shot": None,
     }
     assert (choice["x_debiased"], choice["x_calibrated"]) == (True, False)
     assert (score["x_debiased"], score["x_calibrated"]) == (False, False)

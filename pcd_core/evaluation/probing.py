@@ -82,15 +82,16 @@ def write_curve_plot(
 
     figure, axes = plt.subplots(figsize=(5, 4))
     fitted = [point for point in curve if "accuracy" in point]
-    axes.plot([p["n_train"] for p in fitted], [p["accuracy"] for p in fitted], marker="o", label="head")
-    for variant in ("raw", "debiased", "calibrated"):
+    axes.plot([p["n_train"] for p in fitted], [p["accuracy"] for p in fitted], marker="o", label="head", color="C0")
+    for variant, colour in (("raw", "C1"), ("debiased", "C2"), ("calibrated", "C3")):
         hits = [
             metrics.predictions(rows[variant]) == np.asarray(test.fields[name].gold)
             for name in test.fields
             if test.fields[name].gold and variant in (rows := variants(test, name, calibration))
         ]
         if hits:
-            axes.axhline(float(np.mean(np.concatenate(hits))), linestyle=":", label=f"zero-shot {variant}")
+            accuracy = float(np.mean(np.concatenate(hits)))
+            axes.axhline(accuracy, linestyle=":", color=colour, label=f"zero-shot {variant}")
     axes.set(
         xscale="log" if fitted else "linear",
         xlabel="train examples",
@@ -98,6 +99,9 @@ def write_curve_plot(
         title=title,
         ylim=(0, 1),
     )
+    if fitted:  # the sizes themselves as ticks, not powers of ten
+        axes.set_xticks([p["n_train"] for p in fitted], [str(p["n_train"]) for p in fitted])
+        axes.minorticks_off()
     axes.legend(loc="lower right")
     figure.tight_layout()
     figure.savefig(path, dpi=120)

@@ -499,3 +499,29 @@ def quality_row(report: dict[str, Any]) -> str:
         f"| {temperature_only.get('ece', nan):.3f} | {calibrated.get('ece', nan):.3f} | {on_raw.get('ece', nan):.3f} "
         f"| {calibrated.get('ece_if_calibrated', nan):.3f} | {raw['brier']:.3f} | {calibrated.get('brier', nan):.3f} | {raw['auroc_candidate_mass']:.3f} |"
     )
+
+
+#: the trained-heads table head of docs/heads.md; ``head_row`` renders its rows
+HEADS_HEAD = (
+    "| model | data | n held-out / train | accuracy raw | debiased | calibrated | head | ECE calibrated | ECE head "
+    "| head accuracy at n train |\n|" + "---|" * 10
+)
+
+
+def head_row(report: dict[str, Any]) -> str:
+    """The trained-heads row (docs/heads.md) of one ``pcd calibrate --head probe --json`` report
+    (tests/test_eval.py checks that every row there is one of docs/eval/heads/*.json): held-out accuracy
+    of each variant, the ECE of the zero-shot calibration and of the head, and the learning curve.
+    """
+    meta, overall = report["meta"], report["overall"]
+    curve = ", ".join(
+        f"{point['n_train']}: {point['accuracy']:.3f}" if "accuracy" in point else f"{point['n_train']}: –"
+        for point in report.get("learning_curve", [])
+    )
+    trained = meta.get("calibration", {}).get("fitted_on", {}).get("n", "–")
+    calibrated, head, nan = overall.get("calibrated", {}), overall.get("head", {}), math.nan
+    return (
+        f"| {meta['model']} | {meta['data']} | {meta['n']} / {trained} | {overall['raw']['accuracy']:.3f} "
+        f"| {overall['debiased']['accuracy']:.3f} | {calibrated.get('accuracy', nan):.3f} "
+        f"| {head.get('accuracy', nan):.3f} | {calibrated.get('ece', nan):.3f} | {head.get('ece', nan):.3f} | {curve} |"
+    )
