@@ -21,13 +21,14 @@ from typing import Any, Unpack
 
 from .asking import render_decide_prompt
 from .backends.base import Backend, Prefix
+from .batching import BatchRead, Prepared
 from .caches import Lru, schema_key
 from .calibration import Adjust, Calibration, adjuster
 from .chatting import Message, chat_ids, stream_tokens
 from .compiler import CompiledSchema, compile_schema
 from .conversation import Conversation, check_conversation
 from .debias import content_free_priors
-from .deciding import plan_decide
+from .deciding import DecidePlan, plan_decide
 from .decoding import DecodeOptions
 from .errors import OptionError
 from .fairness import ModelLock
@@ -162,17 +163,10 @@ class Engine:
         it covers a field.
         ``generate=False`` decides the closed fields only, on the same prompt (the value is then a dict).
         """
-        parsed = parse_schema(schema)
-        check_fill(self.limits, parsed, text)  # bounds and readable text first
-        check_caps(parsed, max_new_tokens)
-        read_options = fill_options(options, strategy)
         started = time.perf_counter()
-        compiled = self.compile(schema, task)
-        # before the lock: no model needed, and a bad input costs none
-        plan = FillPlan(compiled, self.request_ids(compiled, text), read_options, generate, max_new_tokens)
-        names = {f.name: [label.text for label in f.labels] for f in compiled.schema.fields}
-        adjust = self._adjuster(names, debias, calibrate, lambda: self.content_free_priors(schema, task))
-        stats = Stats(compile_ms=ms_since(started))
+        keywords = FillKeywords(options=options, strategy=strategy, task=task, max_new_tokens=max_new_tokens)
+        keywords.update(FillKeywords(debias=debias, calibrate=calibrate, generate=generate))
+        plan, adjust, stats = self._plan_fill(schema, text, **keywords)
         with self._lock.turn() as turn:  # the grammar tokenizer is built on first use, under the lock
             filled = fill_passes(
                 self.backend,
@@ -187,6 +181,24 @@ class Engine:
         stats.queue_ms = turn.queue_ms
         stats.total_ms = ms_since(started)
         return plan.assemble(filled, stats)
+
+    def _plan_fill(self, schema: Any, text: str, **keywords: Unpack[FillKeywords]) -> Prepared[FillPlan]:
+        """A fill made ready before the lock (no model needed, so a bad input costs no pass): its plan,
+        its debias / calibration step, its ``Stats`` with ``compile_ms``. ``use_head_cache`` is the
+        caller's business (a keyword of ``fill_many`` passed on whole).
+        """
+        parsed, task, caps = parse_schema(schema), keywords.get("task", ""), keywords.get("max_new_tokens")
+        check_fill(self.limits, parsed, text)  # bounds and readable text first
+        check_caps(parsed, caps)
+        read_options = fill_options(keywords.get("options"), keywords.get("strategy"))
+        started = time.perf_counter()
+        compiled = self.compile(schema, task)
+        whole = self.request_ids(compiled, text)
+        plan = FillPlan(compiled, whole, read_options, keywords.get("generate", True), caps)
+        names = {f.name: [label.text for label in f.labels] for f in compiled.schema.fields}
+        priors = lambda: self.content_free_priors(schema, task)  # noqa: E731
+        adjust = self._adjuster(names, keywords.get("debias"), keywords.get("calibrate", True), priors)
+        return plan, adjust, Stats(compile_ms=ms_since(started))
 
     def request_ids(self, compiled: CompiledSchema, text: str) -> tuple[int, ...]:
         """The whole prompt's ids, tokenized in one piece, after checking that it fits the context
@@ -226,9 +238,13 @@ class Engine:
             return priors
 
     def fill_many(self, schema: Any, texts: list[str], **keywords: Unpack[FillKeywords]) -> list[Extraction]:
-        """Many inputs against one schema: the head is compiled and prefilled once for all of them."""
-        self.warmup(schema, keywords.get("task", ""))
-        return [self.fill(schema, text, **keywords) for text in texts]
+        """Many inputs against one schema, read together (``batching.py``): one pass per wave for all
+        of them, the answers of their solo calls. Every input is checked before any pass; a fill that
+        generates open fields runs solo.
+        """
+        prepared = [self._plan_fill(schema, text, **keywords) for text in texts]
+        batch = BatchRead(self.backend, self._head, self._lock, keywords.get("use_head_cache", True))
+        return batch.fill_many(prepared, lambda k: self.fill(schema, texts[k], **keywords))
 
     async def afill(self, schema: Any, text: str, **keywords: Unpack[FillKeywords]) -> Extraction:
         """``fill`` in a worker thread, so that the event loop keeps running while the model reads."""
@@ -297,9 +313,32 @@ class Engine:
         ``prompt_cache_key``): a caller that says it will come back with the same conversation.
         """
         started = time.perf_counter()
+        # everything that needs no model runs before the lock, so concurrent requests overlap here
+        plan, adjust, stats = self._plan_decide(
+            state,
+            questions,
+            context=context,
+            cache_key=cache_key,
+            order_samples=order_samples,
+            debias=debias,
+            calibrate=calibrate,
+        )
+        with self._lock.turn() as turn:
+            decoded, warnings = plan.read(self.backend, self._head, stats, turn.pause)
+        stats.queue_ms = turn.queue_ms
+        stats.total_ms = ms_since(started)
+        readouts, spreads = plan.merged(list(decoded.readouts))
+        return plan.respond(self.model_name, readouts, stats, warnings, adjust, spreads)
+
+    def _plan_decide(self, state: Any, questions: dict[str, Any], **keywords: Any) -> Prepared[DecidePlan]:
+        """A decide made ready before the lock: its plan, debias / calibration step and ``Stats``;
+        ``keywords`` are ``decide``'s after the questions.
+        """
+        started = time.perf_counter()
+        context, cache_key = keywords.get("context"), keywords.get("cache_key")
+        order_samples = keywords.get("order_samples", 1)
         if not 1 <= order_samples <= MAX_ORDER_SAMPLES:
             raise OptionError(f"order_samples must be 1 to {MAX_ORDER_SAMPLES}, not {order_samples!r}")
-        # everything that needs no model runs before the lock, so concurrent requests overlap here
         request = check_decide(self.limits, state, questions)  # bounds and readable text first
         if context:
             check_conversation(self.limits, context, request.state)
@@ -318,14 +357,32 @@ class Engine:
             order_samples=order_samples,
         )
         names = {qid: asked.names for qid, asked in zip(request.questions, plan.asked)}
-        adjust = self._adjuster(names, debias, calibrate, lambda: self.question_priors(request.questions))
-        stats = Stats(compile_ms=ms_since(started))
-        with self._lock.turn() as turn:
-            decoded, warnings = plan.read(self.backend, self._head, stats, turn.pause)
-        stats.queue_ms = turn.queue_ms
-        stats.total_ms = ms_since(started)
-        readouts, spreads = plan.merged(list(decoded.readouts))
-        return plan.respond(self.model_name, readouts, stats, warnings, adjust, spreads)
+        priors = lambda: self.question_priors(request.questions)  # noqa: E731
+        adjust = self._adjuster(names, keywords.get("debias"), keywords.get("calibrate", True), priors)
+        return plan, adjust, Stats(compile_ms=ms_since(started))
+
+    def decide_many(
+        self,
+        states: Sequence[Any],
+        questions: dict[str, Any],
+        *,
+        debias: bool | None = None,
+        calibrate: bool = True,
+        order_samples: int = 1,
+    ) -> list[DecideResponse]:
+        """One question set over many states, read together (``batching.py``): one pass warm for all
+        of them, each the answers of its own ``decide``. Every state is checked before any pass.
+        """
+        keywords: dict[str, Any] = {"debias": debias, "calibrate": calibrate, "order_samples": order_samples}
+        prepared = [self._plan_decide(state, questions, **keywords) for state in states]
+        batch = BatchRead(self.backend, self._head, self._lock)
+        return batch.decide_many(prepared, self.model_name, lambda k: self.decide(states[k], questions, **keywords))
+
+    async def adecide_many(
+        self, states: Sequence[Any], questions: dict[str, Any], **keywords: Any
+    ) -> list[DecideResponse]:
+        """``decide_many`` in a worker thread."""
+        return await asyncio.to_thread(self.decide_many, states, questions, **keywords)
 
     async def adecide(
         self, state: Any, questions: dict[str, Any], *, debias: bool | None = None, calibrate: bool = True
