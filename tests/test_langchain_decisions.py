@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import asyncio
-import threading
 import warnings
 from typing import Any
 
