@@ -3,9 +3,10 @@
 The engine holds the caches (compiled schemas, head KV, content-free priors: ``caches.py``), the
 model lock and the timings. ``filling.py`` and ``deciding.py`` plan the passes (a warm fill is two
 forward passes whatever the number of fields, plus one per further ``depends_on`` wave; a warm decide
-is one); every prompt, a chat reply's included, is read through ``reading.py``, which fills one
-``Stats``. One FIFO lock serialises model access, so threads and async callers may share an engine;
-a request hands the model to a waiting one at each pass boundary (``fairness.py``), and its
+is one; ``fill_many`` / ``decide_many`` read a whole batch in those passes, ``batching.py``); every
+prompt, a chat reply's included, is read through ``reading.py``, which fills one ``Stats``. One FIFO
+lock serialises model access, so threads and async callers may share an engine; a request hands the
+model to a waiting one at each pass boundary (``fairness.py``), and its
 ``Stats.queue_ms`` says how long it waited. ``tests/test_engine.py`` checks the pass counts, every
 ``Stats`` field and the equality with the four-pass reading this replaced, on the real model.
 """
