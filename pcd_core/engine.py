@@ -3,11 +3,11 @@
 The engine holds the caches (compiled schemas, head KV, content-free priors: ``caches.py``), the
 model lock and the timings. ``filling.py`` and ``deciding.py`` plan the passes (a warm fill is two
 forward passes whatever the number of fields, plus one per further ``depends_on`` wave; a warm decide
-is one); every prompt, a chat reply's included, is read through ``reading.py``, which fills one
-``Stats`` (``cost.py``): the cost record that ``fill``, ``decide``, ``generate`` and ``stream`` all
-return. One FIFO lock serialises model access, so threads and async callers may share an engine; a
-request hands the model to a waiting one at each pass boundary (``fairness.py``), and its
-``Stats.queue_ms`` says how long it waited. ``tests/test_engine.py`` checks the pass counts, every
+is one; ``fill_many`` / ``decide_many`` read a whole batch in those passes, ``batching.py``); every
+prompt, a chat reply's included, is read through ``reading.py``, which fills one ``Stats``
+(``cost.py``): the cost record that ``fill``, ``decide``, ``generate`` and ``stream`` all return. One
+FIFO lock serialises model access, so threads and async callers may share an engine; a request hands
+the model to a waiting one at each pass boundary (``fairness.py``), and its ``Stats.queue_ms`` says how long it waited. ``tests/test_engine.py`` checks the pass counts, every
 ``Stats`` field and the equality with the four-pass reading this replaced, on the real model.
 """
 
@@ -23,6 +23,7 @@ from typing import Any, Unpack
 
 from .asking import render_decide_prompt
 from .backends.base import Backend, Prefix
+from .batching import BatchRead, Prepared
 from .caches import Lru, schema_key
 from .calibration import Adjust, Calibration, adjuster
 from .chatting import Message, stream_reply
@@ -30,7 +31,7 @@ from .compiler import CompiledSchema, compile_schema
 from .conversation import Conversation, check_conversation
 from .cost import Meter, Stats
 from .debias import content_free_priors
-from .deciding import DecideKeywords, plan_decide
+from .deciding import DecideKeywords, DecidePlan, plan_decide
 from .decoding import DecodeOptions
 from .fairness import ModelLock
 from .filling import FillKeywords, FillPlan, fill_options, fill_passes, request_ids
@@ -174,17 +175,10 @@ class Engine:
         ``hidden=True`` keeps each field's hidden state at its first decision point (``FieldResult.hidden``,
         the same passes): what ``pcd calibrate --head probe`` fits heads on.
         """
-        parsed = parse_schema(schema)
-        check_fill(self.limits, parsed, text)  # bounds and readable text first
-        check_caps(parsed, max_new_tokens)
-        read_options = fill_options(options, strategy)
         started = time.perf_counter()
-        compiled = self.compile(schema, task)
-        # before the lock: no model needed, and a bad input costs none
-        plan = FillPlan(compiled, self.request_ids(compiled, text), read_options, generate, max_new_tokens, hidden)
-        names = {f.name: [label.text for label in f.labels] for f in compiled.schema.fields}
-        adjust = self._adjuster(names, debias, calibrate, lambda: self.content_free_priors(schema, task))
-        meter = Meter(Stats(compile_ms=ms_since(started)))
+        keywords = FillKeywords(options=options, strategy=strategy, task=task, max_new_tokens=max_new_tokens)
+        keywords.update(FillKeywords(debias=debias, calibrate=calibrate, generate=generate, hidden=hidden))
+        plan, adjust, meter = self._plan_fill(schema, text, **keywords)
         with self._lock.turn() as turn:  # the grammar tokenizer is built on first use, under the lock
             filled = fill_passes(
                 self.backend,
@@ -197,6 +191,26 @@ class Engine:
                 turn.pause,
             )
         return plan.assemble(filled, replace(meter.stats, queue_ms=turn.queue_ms, total_ms=ms_since(started)))
+
+    def _plan_fill(self, schema: Any, text: str, **keywords: Unpack[FillKeywords]) -> Prepared[FillPlan]:
+        """A fill made ready before the lock (no model needed, so a bad input costs no pass): its plan,
+        its debias / calibration step, its ``Meter`` with ``compile_ms``. ``use_head_cache`` is the
+        caller's business (a keyword of ``fill_many`` passed on whole).
+        """
+        parsed, task, caps = parse_schema(schema), keywords.get("task", ""), keywords.get("max_new_tokens")
+        check_fill(self.limits, parsed, text)  # bounds and readable text first
+        check_caps(parsed, caps)
+        read_options = fill_options(keywords.get("options"), keywords.get("strategy"))
+        started = time.perf_counter()
+        compiled = self.compile(schema, task)
+        whole = self.request_ids(compiled, text)
+        plan = FillPlan(
+            compiled, whole, read_options, keywords.get("generate", True), caps, keywords.get("hidden", False)
+        )
+        names = {f.name: [label.text for label in f.labels] for f in compiled.schema.fields}
+        priors = lambda: self.content_free_priors(schema, task)  # noqa: E731
+        adjust = self._adjuster(names, keywords.get("debias"), keywords.get("calibrate", True), priors)
+        return plan, adjust, Meter(Stats(compile_ms=ms_since(started)))
 
     def request_ids(self, compiled: CompiledSchema, text: str) -> tuple[int, ...]:
         """The whole prompt's ids, tokenized in one piece, after checking that it fits the context
@@ -236,9 +250,13 @@ class Engine:
             return priors
 
     def fill_many(self, schema: Any, texts: list[str], **keywords: Unpack[FillKeywords]) -> list[Extraction]:
-        """Many inputs against one schema: the head is compiled and prefilled once for all of them."""
-        self.warmup(schema, keywords.get("task", ""))
-        return [self.fill(schema, text, **keywords) for text in texts]
+        """Many inputs against one schema, read together (``batching.py``): one pass per wave for all
+        of them, the answers of their solo calls. Every input is checked before any pass; a fill that
+        generates open fields runs solo.
+        """
+        prepared = [self._plan_fill(schema, text, **keywords) for text in texts]
+        batch = BatchRead(self.backend, self._head, self._lock, keywords.get("use_head_cache", True))
+        return batch.fill_many(prepared, lambda k: self.fill(schema, texts[k], **keywords))
 
     async def afill(self, schema: Any, text: str, **keywords: Unpack[FillKeywords]) -> Extraction:
         """``fill`` in a worker thread, so that the event loop keeps running while the model reads."""
@@ -305,8 +323,32 @@ class Engine:
         ``prompt_cache_key``): a caller that says it will come back with the same conversation.
         """
         started = time.perf_counter()
-        order_samples = self.order_samples if order_samples is None else check_order_samples(order_samples)
         # everything that needs no model runs before the lock, so concurrent requests overlap here
+        plan, adjust, meter = self._plan_decide(
+            state,
+            questions,
+            context=context,
+            cache_key=cache_key,
+            order_samples=order_samples,
+            debias=debias,
+            calibrate=calibrate,
+        )
+        with self._lock.turn() as turn:
+            decoded, warnings = plan.read(
+                self.backend, self._head, meter, turn.pause, adjust is not None and adjust.reads_hidden
+            )
+        stats = replace(meter.stats, queue_ms=turn.queue_ms, total_ms=ms_since(started))
+        readouts, spreads = plan.merged(list(decoded.readouts))
+        return plan.respond(self.model_name, readouts, stats, warnings, adjust, spreads)
+
+    def _plan_decide(self, state: Any, questions: dict[str, Any], **keywords: Any) -> Prepared[DecidePlan]:
+        """A decide made ready before the lock: its plan, debias / calibration step and ``Meter``;
+        ``keywords`` are ``decide``'s after the questions.
+        """
+        started = time.perf_counter()
+        context, cache_key = keywords.get("context"), keywords.get("cache_key")
+        order_samples = keywords.get("order_samples")
+        order_samples = self.order_samples if order_samples is None else check_order_samples(order_samples)
         request = check_decide(self.limits, state, questions)  # bounds and readable text first
         if context:
             check_conversation(self.limits, context, request.state)
@@ -325,15 +367,32 @@ class Engine:
             order_samples=order_samples,
         )
         names = {qid: asked.names for qid, asked in zip(request.questions, plan.asked)}
-        adjust = self._adjuster(names, debias, calibrate, lambda: self.question_priors(request.questions))
-        meter = Meter(Stats(compile_ms=ms_since(started)))
-        with self._lock.turn() as turn:
-            decoded, warnings = plan.read(
-                self.backend, self._head, meter, turn.pause, adjust is not None and adjust.reads_hidden
-            )
-        stats = replace(meter.stats, queue_ms=turn.queue_ms, total_ms=ms_since(started))
-        readouts, spreads = plan.merged(list(decoded.readouts))
-        return plan.respond(self.model_name, readouts, stats, warnings, adjust, spreads)
+        priors = lambda: self.question_priors(request.questions)  # noqa: E731
+        adjust = self._adjuster(names, keywords.get("debias"), keywords.get("calibrate", True), priors)
+        return plan, adjust, Meter(Stats(compile_ms=ms_since(started)))
+
+    def decide_many(
+        self,
+        states: Sequence[Any],
+        questions: dict[str, Any],
+        *,
+        debias: bool | None = None,
+        calibrate: bool = True,
+        order_samples: int | None = None,
+    ) -> list[DecideResponse]:
+        """One question set over many states, read together (``batching.py``): one pass warm for all
+        of them, each the answers of its own ``decide``. Every state is checked before any pass.
+        """
+        keywords: dict[str, Any] = {"debias": debias, "calibrate": calibrate, "order_samples": order_samples}
+        prepared = [self._plan_decide(state, questions, **keywords) for state in states]
+        batch = BatchRead(self.backend, self._head, self._lock)
+        return batch.decide_many(prepared, self.model_name, lambda k: self.decide(states[k], questions, **keywords))
+
+    async def adecide_many(
+        self, states: Sequence[Any], questions: dict[str, Any], **keywords: Any
+    ) -> list[DecideResponse]:
+        """``decide_many`` in a worker thread."""
+        return await asyncio.to_thread(self.decide_many, states, questions, **keywords)
 
     async def adecide(
         self, state: Any, questions: dict[str, Any], **keywords: Unpack[DecideKeywords]

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable, Mapping, Sequence
+from contextvars import ContextVar
 from functools import partial
 from typing import Any
 
@@ -36,6 +37,7 @@ from pcd_core import (
     ChoiceAnswer,
     DecideResponse,
     NoulAnswer,
+    PcdError,
     PromptError,
     SchemaError,
     ScoreAnswer,
@@ -239,9 +241,11 @@ class PCDDecisionModel(LazyEngine, BaseDecisionModel):
     ``PCDDecisionModel(model="smollm2-135m")`` loads the weights on first use;
     ``PCDDecisionModel(engine=engine)`` shares a loaded ``pcd_core.Engine``. Each request is one
     ``engine.decide`` call; async calls await ``engine.adecide``, which runs in a worker thread, so the
-    event loop keeps running. ``batch`` and ``abatch`` answer the requests one after another (one
-    engine call each, each its own traced run) instead of a thread per input: the engine serialises
-    model access anyway.
+    event loop keeps running. ``batch`` and ``abatch`` first read the requests that share a question
+    set together (``engine.decide_many``: one forward pass for all of their states, each answer its
+    own ``decide``'s to 1e-5), then run each request as its own traced run, which takes its answer
+    from that read; a group whose read fails is decided request by request, so each error stays with
+    its own request.
 
     Answers are ``PCDNoulAnswer``/``PCDChoiceAnswer``/``PCDScoreAnswer``, subclasses of LangChain's
     answer types that add ``candidate_mass``; ``model_dump(serialize_as_any=True)`` keeps it.
@@ -255,12 +259,34 @@ class PCDDecisionModel(LazyEngine, BaseDecisionModel):
 
     def _classify(self, state: State, questions: dict[str, Any]) -> ClassifierResponse:
         asked, text = pcd_questions(questions), render_state(state)
-        return classifier_response(self.load_engine().decide(text, asked), asked)
+        read = _take(text, asked)
+        return classifier_response(read if read is not None else self.load_engine().decide(text, asked), asked)
 
     async def _aclassify(self, state: State, questions: dict[str, Any]) -> ClassifierResponse:
         asked, text = pcd_questions(questions), render_state(state)
-        engine = await self.aload_engine()
-        return classifier_response(await engine.adecide(text, asked), asked)
+        read = _take(text, asked)
+        if read is None:
+            read = await (await self.aload_engine()).adecide(text, asked)
+        return classifier_response(read, asked)
+
+    def _read_together(self, inputs: Sequence[ClassifierRequest]) -> dict[tuple[str, str], list[Any]]:
+        """The answers of every group of requests that share a question set, read with one
+        ``decide_many`` per group, keyed by (questions, state) for ``_take``.
+        """
+        read: dict[tuple[str, str], list[Any]] = {}
+        for asked, key, texts in _groups(inputs):
+            try:
+                responses = self.load_engine().decide_many(texts, asked)
+            except PcdError:
+                continue  # each request decides alone, and its own error goes to it
+            for text, response in zip(texts, responses):
+                read.setdefault((key, _state_key(text)), []).append(response)
+        return read
+
+    async def _aread_together(self, inputs: Sequence[ClassifierRequest]) -> dict[tuple[str, str], list[Any]]:
+        """``_read_together`` with the engine loaded and the reads run in worker threads."""
+        await self.aload_engine()
+        return await asyncio.to_thread(self._read_together, inputs)
 
     def batch(
         self,
@@ -271,7 +297,11 @@ class PCDDecisionModel(LazyEngine, BaseDecisionModel):
         **kwargs: Any,
     ) -> list[Any]:
         configs = get_config_list(config, len(inputs))
-        return [_outcome(partial(self.invoke, r, c), return_exceptions) for r, c in zip(inputs, configs)]
+        token = _READ.set(self._read_together(inputs))
+        try:
+            return [_outcome(partial(self.invoke, r, c), return_exceptions) for r, c in zip(inputs, configs)]
+        finally:
+            _READ.reset(token)
 
     async def abatch(
         self,
@@ -282,11 +312,47 @@ class PCDDecisionModel(LazyEngine, BaseDecisionModel):
         **kwargs: Any,
     ) -> list[Any]:
         outputs = []
-        for request, request_config in zip(inputs, get_config_list(config, len(inputs))):
-            task = asyncio.ensure_future(self.ainvoke(request, request_config))
-            await asyncio.wait([task])  # one request at a time; its error is re-raised or kept below
-            outputs.append(_outcome(task.result, return_exceptions))
+        token = _READ.set(await self._aread_together(inputs))  # the tasks below copy this context
+        try:
+            for request, request_config in zip(inputs, get_config_list(config, len(inputs))):
+                task = asyncio.ensure_future(self.ainvoke(request, request_config))
+                await asyncio.wait([task])  # one request at a time; its error is re-raised or kept below
+                outputs.append(_outcome(task.result, return_exceptions))
+        finally:
+            _READ.reset(token)
         return outputs
+
+
+#: a batch's answers read together, keyed by (questions, state): each request takes its own
+_READ: ContextVar[dict[tuple[str, str], list[Any]] | None] = ContextVar("pcd_decisions_read", default=None)
+
+
+def _state_key(text: Any) -> str:
+    return json.dumps(text, sort_keys=True, default=str)
+
+
+def _groups(inputs: Sequence[Any]) -> list[tuple[dict[str, Any], str, list[Any]]]:
+    """The states of the requests that can be read, grouped by their question set; a request whose
+    state or questions are refused is left to its own ``invoke``, which raises the error for it.
+    """
+    groups: dict[str, tuple[dict[str, Any], list[Any]]] = {}
+    for request in inputs:
+        try:
+            asked, text = pcd_questions(dict(request["questions"])), render_state(request["state"])
+        except (PcdError, KeyError, TypeError):
+            continue
+        key = json.dumps(asked, sort_keys=True, default=str)
+        groups.setdefault(key, (asked, []))[1].append(text)
+    return [(asked, key, texts) for key, (asked, texts) in groups.items()]
+
+
+def _take(text: Any, asked: dict[str, Any]) -> Any:
+    """The answer a batch read for this request, once (None outside a batch or when none was read)."""
+    read = _READ.get()
+    key = (json.dumps(asked, sort_keys=True, default=str), _state_key(text))
+    if read is None or not read.get(key):
+        return None
+    return read[key].pop(0)
 
 
 def _outcome(call: Callable[[], Any], keep_errors: bool) -> Any:

@@ -200,3 +200,23 @@ def test_choice_counts_are_checked_before_a_model_loads(capsys):
     assert pcd(["bench", "--choices", "8,256"]) == 2
     assert pcd(["bench", "--choices", "eight"]) == 2
     assert capsys.readouterr().err.count("pcd: error: --choices") == 3
+
+
+def test_throughput_times_the_solo_loop_and_the_batch_on_one_engine(engine, tmp_path, monkeypatch, capsys):
+    from pcd_core.engine import Engine
+
+    monkeypatch.setattr(Engine, "load", classmethod(lambda cls, *args, **kwargs: engine))
+    schema_file, inputs, out = tmp_path / "tiny.json", tmp_path / "inputs.jsonl", tmp_path / "out.json"
+    schema_file.write_text(json.dumps(TINY))
+    inputs.write_text("\n".join(json.dumps({"text": t}) for t in (INPUT, "All good here, thanks.", "Refund me.")))
+    argv = ["bench", "--schema", str(schema_file), "--throughput", "5", "--throughput-inputs", str(inputs)]
+    assert pcd([*argv, "--json", str(out)]) == 0
+    (record,) = json.loads(out.read_text())["records"]
+    assert record["documents"] == 5 and record["same_answers"] is True
+    assert record["solo_forward_passes"] == 5 * 2 and record["forward_passes"] == 2  # TINY: two waves
+    assert record["speedup"] == record["solo_ms"] / record["total_ms"] > 0
+    assert record["peak_rss_mb"] >= record["solo_peak_rss_mb"] > 0
+    assert "| tiny | torch | 3 | 5 |" in capsys.readouterr().out
+    inputs.write_text('{"words": "no text key"}\n')
+    assert pcd([*argv]) == 2
+    assert "--throughput-inputs" in capsys.readouterr().err

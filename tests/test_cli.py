@@ -133,8 +133,9 @@ def test_fill_jsonl_answers_each_line_in_order(use_engine, capsys, tmp_path):
     for record, text in zip(records, texts, strict=True):
         expected = use_engine.fill(schema, text)
         assert record["value"] == expected.values
+        # --jsonl reads its lines together (fill_many): each is its solo fill to 1e-5 (tests/test_batching.py)
         assert {n: f["probability"] for n, f in record["fields"].items()} == pytest.approx(
-            {n: f.probability for n, f in expected.fields.items()}, abs=1e-6
+            {n: f.probability for n, f in expected.fields.items()}, abs=1e-5
         )
 
 

@@ -385,3 +385,18 @@ def test_every_repository_path_the_page_names_exists(path):
         assert (ROOT / name).exists(), f"{path.name} names {name}, which is not in the repository"
     for dotted in DOTTED.findall(text):
         assert _resolves(dotted), f"{path.name} names {dotted}, which does not import"
+
+
+def test_the_throughput_table_is_the_recorded_runs():
+    """Each row of the many-inputs table is the record its `pcd bench --throughput` command wrote."""
+    text = page("docs/benchmarks.md")
+    for name in ("throughput_sentiment.json", "throughput_ticket.json"):
+        assert f"--json docs/bench/{name}" in text
+        (record,) = bench_records(name)
+        row = (
+            f"| {record['schema']} | {record['backend']} | {record['fields']} | {record['documents']} "
+            f"| {record['solo_docs_per_s']:.2f} | {record['docs_per_s']:.2f} | {record['speedup']:.2f}x "
+            f"| {record['solo_forward_passes']} | {record['forward_passes']} | {record['solo_peak_rss_mb']:.0f} "
+            f"| {record['peak_rss_mb']:.0f} | {record['same_answers']} |"
+        )
+        assert row in text, row

@@ -283,7 +283,7 @@ class _Unreadable:
         self.model_name = engine.model_name
 
     def __getattr__(self, name):
-        if name in ("fill", "decide"):
+        if name in ("fill", "decide", "fill_many", "decide_many"):
             raise AssertionError(f"engine.{name} was called for an answer the file holds")
         return getattr(self._engine, name)
 
@@ -368,3 +368,17 @@ def test_calibrate_with_an_answers_file_reads_each_example_once_and_reports_the_
     expected, _ = fit(np.log(rows.array()), rows.gold, top_label=False)
     assert plain.fitted_on["top_label"] is False and plain.fields["colour"].temperature == pytest.approx(expected)
     assert expected != pytest.approx(fit(np.log(rows.array()), rows.gold)[0])  # the step did move this one
+
+
+def test_batched_reading_gives_the_answers_of_one_at_a_time_on_the_real_model(engine):
+    """``--batch-size``: the same report, probabilities to 1e-5 (torch fp32), fills and decides."""
+    one = read_answers(engine, SCHEMA, RECORDS, constrained=0, progress=False)
+    four = read_answers(engine, SCHEMA, RECORDS, constrained=0, progress=False, batch_size=4)
+    for name in SCHEMA:
+        assert four.fields[name].gold == one.fields[name].gold
+        assert np.abs(four.fields[name].array() - one.fields[name].array()).max() <= 1e-5
+    assert build_report(four)["fields"].keys() == build_report(one)["fields"].keys()
+    asked = read_question_answers(engine, QUESTIONS, QUESTION_RECORDS, progress=False)
+    batched = read_question_answers(engine, QUESTIONS, QUESTION_RECORDS, progress=False, batch_size=3)
+    for qid in QUESTIONS:
+        assert np.abs(batched.fields[qid].array() - asked.fields[qid].array()).max() <= 1e-5

@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import asyncio
-import threading
 import warnings
 from typing import Any
 
@@ -208,17 +207,22 @@ def test_box_questions_and_media_are_typed_errors_before_any_load() -> None:
 # -- batch and async --------------------------------------------------------------------------
 
 
-def test_batch_is_one_engine_call_per_request_on_the_calling_thread(
+def test_batch_reads_requests_that_share_questions_in_one_decide_many(
     dm: PCDDecisionModel, engine: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    threads: list[int] = []
-    decide = engine.decide
+    calls: list[tuple[str, int]] = []
+    decide, decide_many = engine.decide, engine.decide_many
 
     def recording_decide(state: Any, questions: Any) -> Any:
-        threads.append(threading.get_ident())
+        calls.append(("decide", 1))
         return decide(state, questions)
 
+    def recording_decide_many(states: Any, questions: Any) -> Any:
+        calls.append(("decide_many", len(states)))
+        return decide_many(states, questions)
+
     monkeypatch.setattr(engine, "decide", recording_decide)
+    monkeypatch.setattr(engine, "decide_many", recording_decide_many)
     runs = ClassifierRuns()
     requests: list[Any] = [
         {"state": REFUND, "questions": {"team": QUESTIONS["team"]}},
@@ -226,11 +230,11 @@ def test_batch_is_one_engine_call_per_request_on_the_calling_thread(
         {"state": CRASH, "questions": {"team": QUESTIONS["team"]}},
     ]
     results = dm.batch(requests, config={"callbacks": [runs]}, return_exceptions=True)
-    assert threads == [threading.get_ident()] * 2
+    assert calls == [("decide_many", 2)]  # the Box request is refused by its own run, unread
     assert isinstance(results[1], UnsupportedQuestionError)
     assert runs.responses == [results[0], results[2]] and len(runs.requests) == 3
     single = dm.invoke(requests[2])
-    assert results[2].choices["team"].probabilities == pytest.approx(single.choices["team"].probabilities, abs=1e-9)
+    assert results[2].choices["team"].probabilities == pytest.approx(single.choices["team"].probabilities, abs=1e-5)
     with pytest.raises(UnsupportedQuestionError):
         dm.batch(requests)
 
@@ -249,8 +253,8 @@ def test_async_calls_agree_and_leave_the_event_loop_free(dm: PCDDecisionModel) -
 
     ticks, responses = asyncio.run(run())
     assert ticks > 1
-    for response in responses:
-        assert response.choices["team"].probabilities == pytest.approx(expected, abs=1e-9)
+    for response in responses:  # the two of abatch read together: their solo call's to 1e-5
+        assert response.choices["team"].probabilities == pytest.approx(expected, abs=1e-5)
 
 
 # -- construction -----------------------------------------------------------------------------

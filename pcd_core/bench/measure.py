@@ -39,6 +39,13 @@ def rss_bytes() -> int:
     return int(psutil.Process().memory_info().rss)
 
 
+def peak_rss_mb() -> float:
+    """The process's peak resident set so far, in MiB (Linux reports ``ru_maxrss`` in KiB)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
 def _return_free_memory() -> None:
     """Hand the allocator's free pages back to the system (glibc), so that the next call's RSS rise
     counts the memory it allocates, not only what it needs beyond memory freed by the call before.

@@ -31,14 +31,19 @@ _COLUMNS = (
     ("prefill_peak_mem_mb", "prefill +MB", "{:.0f}"),
 )
 
-_THROUGHPUT = (
+_THROUGHPUT = (  # pcd bench --throughput: one at a time, then read together, on the same engine
     ("schema", "schema", "{}"),
     ("backend", "backend", "{}"),
     ("fields", "fields", "{}"),
     ("documents", "documents", "{}"),
-    ("docs_per_s", "docs/s", "{:.2f}"),
-    ("ms_per_doc", "ms/doc", "{:.0f}"),
-    ("forward_passes", "passes", "{}"),
+    ("solo_docs_per_s", "solo docs/s", "{:.2f}"),
+    ("docs_per_s", "batched docs/s", "{:.2f}"),
+    ("speedup", "speedup", "{:.2f}x"),
+    ("solo_forward_passes", "solo passes", "{}"),
+    ("forward_passes", "batched passes", "{}"),
+    ("solo_peak_rss_mb", "solo peak RSS MB", "{:.0f}"),
+    ("peak_rss_mb", "batched peak RSS MB", "{:.0f}"),
+    ("same_answers", "same answers", "{}"),
 )
 _CHOICES = (  # pcd bench --choices
     ("backend", "backend", "{}"),

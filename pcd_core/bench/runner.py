@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +30,7 @@ from .baselines import (
     scripted_document,
 )
 from .checks import agreement, json_object_end, parse_lenient, valid_output
-from .measure import Timed, timed
+from .measure import Timed, peak_rss_mb, timed
 
 BASELINES = ("ar", "arc", "seq")
 #: how AR-constrained is implemented, written into every record
@@ -217,11 +217,18 @@ def _baseline_fields(
     return fields
 
 
-def bench_throughput(engine: Any, case: BenchCase, n_docs: int) -> dict[str, Any]:
-    """``fill_many`` over ``n_docs`` distinct inputs on one warm schema: documents per second."""
-    texts = [f"(document {k + 1} of {n_docs})\n{case.text}" for k in range(n_docs)]
-    engine.fill(case.schema, texts[0], task=case.task)
-    run = timed(engine.backend, lambda: engine.fill_many(case.schema, texts, task=case.task))
+def bench_throughput(engine: Any, case: BenchCase, n_docs: int, texts: Sequence[str] = ()) -> dict[str, Any]:
+    """``n_docs`` inputs on one warm schema, one at a time (``fill`` in a loop) and then read together
+    (``fill_many``, ``pcd_core/batching.py``), on the same engine: documents per second of each, the
+    ratio, the passes, and the peak RSS of each (the rise over the run and the process's peak after
+    it). ``texts`` are the inputs, taken in turn up to ``n_docs``; none: numbered copies of the case's.
+    """
+    given = list(texts) or [f"(document {k + 1} of {n_docs})\n{case.text}" for k in range(n_docs)]
+    inputs = [given[k % len(given)] for k in range(n_docs)]
+    engine.fill(case.schema, inputs[0], task=case.task)  # compiled, head cached, priors measured
+    solo = timed(engine.backend, lambda: [engine.fill(case.schema, text, task=case.task) for text in inputs])
+    solo_peak = peak_rss_mb()
+    batch = timed(engine.backend, lambda: engine.fill_many(case.schema, inputs, task=case.task))
     return {
         "mode": "throughput",
         "schema": case.name,
@@ -229,11 +236,20 @@ def bench_throughput(engine: Any, case: BenchCase, n_docs: int) -> dict[str, Any
         "model": engine.model_name,
         "fields": case.n_fields,
         "documents": n_docs,
-        "total_ms": run.ms,
-        "ms_per_doc": run.ms / n_docs,
-        "docs_per_s": n_docs / (run.ms / 1000.0),
-        "forward_passes": run.forward_passes,
-        "peak_mem_mb": run.peak_mem_mb,
+        "max_tokens_per_pass": engine.backend.max_tokens_per_pass,
+        "solo_ms": solo.ms,
+        "total_ms": batch.ms,
+        "ms_per_doc": batch.ms / n_docs,
+        "solo_docs_per_s": n_docs / (solo.ms / 1000.0),
+        "docs_per_s": n_docs / (batch.ms / 1000.0),
+        "speedup": solo.ms / batch.ms,
+        "same_answers": [r.values for r in solo.result] == [r.values for r in batch.result],
+        "solo_forward_passes": solo.forward_passes,
+        "forward_passes": batch.forward_passes,
+        "solo_peak_mem_mb": solo.peak_mem_mb,
+        "peak_mem_mb": batch.peak_mem_mb,
+        "solo_peak_rss_mb": solo_peak,
+        "peak_rss_mb": peak_rss_mb(),
     }
 
 

@@ -71,11 +71,14 @@ def read_answers(
     progress: bool = True,
     cache: AnswerCache | None = None,
     hidden: bool = False,
+    batch_size: int = 1,
 ) -> Answers:
     """Fill every record raw; the first ``constrained`` records (all when None) are also decided by AR
     constrained by the schema's grammar, which costs a forward pass per written token. A record whose
     answer ``cache`` holds (pcd_core/evaluation/cache.py) is not read again. ``hidden`` also keeps
     each field's hidden state at its first decision point, from the same fill (what heads fit on).
+    The records not cached are read ``batch_size`` at a time with ``fill_many``
+    (``pcd_core/batching.py``: the answers of one-at-a-time fills, in fewer passes).
     """
     from ..bench.baselines import ar_cap, generate_grammar
     from ..bench.checks import parse_lenient
@@ -88,34 +91,47 @@ def read_answers(
     priors = engine.content_free_priors(schema)
     compiled = engine.compile(schema)
     reused = 0
-    for number, record in enumerate(tqdm(records, desc="eval", unit="ex", disable=not progress, mininterval=2.0)):
-        with_ar = constrained is None or number < constrained
-        key = answer_key(engine.model_name, schema, record["text"])
-        answer = cache.get(key, needs_constrained=with_ar, needs_hidden=hidden) if cache is not None else None
-        reused += answer is not None
-        if answer is None:
-            # raw, whatever the defaults
-            result = engine.fill(schema, record["text"], debias=False, calibrate=False, hidden=hidden)
-            picks = None
-            if with_ar:
-                # AR under llguidance's mask over the whole object, as pcd bench runs it; its written values
-                # are read back leniently, and a value it never wrote counts as wrong
-                run = generate_grammar(engine, compiled, head, record["text"], 4 * ar_cap(len(names)))
-                written = parse_lenient(compiled.schema, run.text)
-                picks = {name: _written_label(parsed, name, written) for name in names}
-            answer = CachedAnswer(
-                {name: list(result.fields[name].probabilities.values()) for name in names},
-                {name: result.fields[name].candidate_mass for name in names},
-                picks,
-                # as the answers file keeps them (float16), so that a refit from it is the same fit
-                {name: np.asarray(result.fields[name].hidden, np.float16).astype(np.float32) for name in names}
-                if hidden
-                else None,
-            )
-            if cache is not None:
-                cache.put(key, answer)
-        gold = {name: gold_index(parsed, name, record["labels"][name]) for name in names if name in record["labels"]}
-        _keep(answers, gold, answer, with_ar, hidden)
+    bar = tqdm(total=len(records), desc="eval", unit="ex", disable=not progress, mininterval=2.0)
+    for first in range(0, len(records), batch_size):
+        chunk = records[first : first + batch_size]
+        keys = [answer_key(engine.model_name, schema, record["text"]) for record in chunk]
+        found = [
+            cache.get(key, needs_constrained=constrained is None or first + k < constrained, needs_hidden=hidden)
+            if cache
+            else None
+            for k, key in enumerate(keys)
+        ]
+        missing = [k for k, answer in enumerate(found) if answer is None]
+        texts = [chunk[k]["text"] for k in missing]
+        fills = engine.fill_many(schema, texts, debias=False, calibrate=False, hidden=hidden) if texts else []
+        results = dict(zip(missing, fills))  # raw, whatever the defaults
+        for k, (record, key, answer) in enumerate(zip(chunk, keys, found)):
+            with_ar = constrained is None or first + k < constrained
+            reused += answer is not None
+            if answer is None:
+                picks = None
+                if with_ar:
+                    # AR under llguidance's mask over the whole object, as pcd bench runs it; its written
+                    # values are read back leniently, and a value it never wrote counts as wrong
+                    run = generate_grammar(engine, compiled, head, record["text"], 4 * ar_cap(len(names)))
+                    written = parse_lenient(compiled.schema, run.text)
+                    picks = {name: _written_label(parsed, name, written) for name in names}
+                result = results[k]
+                answer = CachedAnswer(
+                    {name: list(result.fields[name].probabilities.values()) for name in names},
+                    {name: result.fields[name].candidate_mass for name in names},
+                    picks,
+                    # as the answers file keeps them (float16), so that a refit from it is the same fit
+                    {n: np.asarray(result.fields[n].hidden, np.float16).astype(np.float32) for n in names}
+                    if hidden
+                    else None,
+                )
+                if cache is not None:
+                    cache.put(key, answer)
+            gold = {n: gold_index(parsed, n, record["labels"][n]) for n in names if n in record["labels"]}
+            _keep(answers, gold, answer, with_ar, hidden)
+        bar.update(len(chunk))
+    bar.close()
     return Answers(parsed, answers, priors, time.perf_counter() - started, reused)
 
 
@@ -150,13 +166,15 @@ def read_question_answers(
     progress: bool = True,
     cache: AnswerCache | None = None,
     order_samples: int = 1,
+    batch_size: int = 1,
 ) -> Answers:
     """Decide every record's questions raw (``engine.decide``, the call behind ``/v1/systemone``), so
     that a calibration is fitted on the prompt it will be applied to. A record's ``labels`` are keyed by
     question id: a boolean (or ``"true"``/``"false"``) for a noul, an option for a choice, a level index
     for a score. The answers' names are the labels (``answer_names``), as ``Engine.decide`` looks
     them up in a calibration. A record whose answer ``cache`` holds is not read again. ``order_samples``
-    is ``Engine.decide``'s (its answers are kept apart from those read in one order).
+    is ``Engine.decide``'s (its answers are kept apart from those read in one order). The records not
+    cached are read ``batch_size`` at a time with ``decide_many``.
     """
     from ..questions import DecideRequest, answer_names, distribution
 
@@ -165,31 +183,46 @@ def read_question_answers(
     started = time.perf_counter()
     priors = engine.question_priors(asked)
     reused = 0
-    for record in tqdm(records, desc="eval", unit="ex", disable=not progress, mininterval=2.0):
-        scope = questions if order_samples == 1 else {"questions": questions, "order_samples": order_samples}
-        key = answer_key(engine.model_name, scope, record["text"])
-        answer = cache.get(key, needs_constrained=False) if cache is not None else None
-        reused += answer is not None
-        if answer is None:
-            response = engine.decide(record["text"], asked, debias=False, calibrate=False, order_samples=order_samples)
-            answer = CachedAnswer(
+    scope = questions if order_samples == 1 else {"questions": questions, "order_samples": order_samples}
+    bar = tqdm(total=len(records), desc="eval", unit="ex", disable=not progress, mininterval=2.0)
+    for first in range(0, len(records), batch_size):
+        chunk = records[first : first + batch_size]
+        keys = [answer_key(engine.model_name, scope, record["text"]) for record in chunk]
+        found = [cache.get(key, needs_constrained=False) if cache is not None else None for key in keys]
+        missing = [k for k, answer in enumerate(found) if answer is None]
+        states = [chunk[k]["text"] for k in missing]
+        raw = {"debias": False, "calibrate": False, "order_samples": order_samples}
+        responses = engine.decide_many(states, asked, **raw) if states else []
+        for k, response in zip(missing, responses):
+            read = CachedAnswer(
                 {qid: distribution(response.answers[qid]) for qid in asked},
                 {qid: response.answers[qid].candidate_mass for qid in asked},
                 None,
             )
+            found[k] = read
             if cache is not None:
-                cache.put(key, answer)
-        gold = {}
-        for qid, out in answers.items():
-            if qid not in record["labels"]:
-                continue
-            value = record["labels"][qid]
-            name = ("true" if value else "false") if isinstance(value, bool) else str(value)
-            if name not in out.labels:
-                raise PcdError(f"question {qid!r}: gold value {value!r} is not one of {list(out.labels)}")
-            gold[qid] = out.labels.index(name)
-        _keep(answers, gold, answer, False, False)
+                cache.put(keys[k], read)
+        reused += len(chunk) - len(missing)
+        bar.update(len(chunk))
+        for record, answer in zip(chunk, found):
+            _keep_question(answers, record, answer)
+    bar.close()
     return Answers(None, answers, priors, time.perf_counter() - started, reused)
+
+
+def _keep_question(answers: dict[str, FieldAnswers], record: dict[str, Any], answer: CachedAnswer | None) -> None:
+    """Add one record's answer to every question it has a gold label for."""
+    assert answer is not None  # read from the cache or just now
+    gold = {}
+    for qid, out in answers.items():
+        if qid not in record["labels"]:
+            continue
+        value = record["labels"][qid]
+        name = ("true" if value else "false") if isinstance(value, bool) else str(value)
+        if name not in out.labels:
+            raise PcdError(f"question {qid!r}: gold value {value!r} is not one of {list(out.labels)}")
+        gold[qid] = out.labels.index(name)
+    _keep(answers, gold, answer, False, False)
 
 
 def debias_rows(probabilities: np.ndarray, prior: tuple[float, ...]) -> np.ndarray:

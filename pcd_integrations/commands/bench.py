@@ -66,7 +66,14 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
         type=int,
         default=0,
         metavar="N",
-        help="instead, fill_many N inputs against the first schema and report documents/s",
+        help="instead, fill N inputs against the first schema one at a time, then with fill_many (read "
+        "together), and report documents/s of each and their ratio",
+    )
+    bench.add_argument(
+        "--throughput-inputs",
+        metavar="FILE",
+        help="the --throughput inputs, taken in turn: one text per line, or JSON lines with a 'text' "
+        "(pcd eval's data.jsonl); default: numbered copies of the case's input",
     )
     bench.add_argument(
         "--choices",
@@ -81,7 +88,7 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     return bench
 
 
-def load_cases(paths: list[str] | None, input_path: str | None) -> list[BenchCase]:
+def load_cases(paths: list[str] | None, input_path: str | None, fallback: str | None = None) -> list[BenchCase]:
     """The cases to run, each schema parsed now so that a bad file fails before the model loads."""
     if not paths:
         paths = sorted(str(p) for p in DATA_DIR.glob("*.json") if "json_schema" in json.loads(p.read_text()))
@@ -98,11 +105,27 @@ def load_cases(paths: list[str] | None, input_path: str | None) -> list[BenchCas
         if not isinstance(schema, dict) or not isinstance(schema.get("properties"), dict):
             raise PcdError(f"{given!r}: pcd bench takes a JSON Schema with 'properties'")
         parse_schema(schema)
-        given_text = text or case_text
+        given_text = text or case_text or fallback  # a schema file's text: --input, else the first --throughput-inputs
         if not isinstance(given_text, str):
             raise PcdError(f"{given!r} carries no input; give --input FILE")
         cases.append(BenchCase(path.stem, schema, given_text, task))
     return cases
+
+
+def throughput_inputs(path: str | None) -> list[str]:
+    """The texts of ``--throughput-inputs``: each line, or each JSON line's ``text``; read before any load."""
+    if path is None:
+        return []
+    try:
+        lines = [line for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+        texts = [json.loads(line)["text"] if line.lstrip().startswith("{") else line for line in lines]
+    except (OSError, json.JSONDecodeError, KeyError, TypeError) as error:
+        raise PcdError(
+            f"--throughput-inputs {path!r}: {error!r}; give one text per line or JSON lines with 'text'"
+        ) from error
+    if not texts or not all(isinstance(text, str) and text.strip() for text in texts):
+        raise PcdError(f"--throughput-inputs {path!r}: every input must be a non-empty text")
+    return texts
 
 
 def _field_counts(
@@ -138,7 +161,8 @@ def _check(args: argparse.Namespace) -> tuple[list[BenchCase], tuple[str, ...]]:
     unknown = set(baselines) - set(BASELINES)
     if unknown:
         raise PcdError(f"--baselines: unknown {sorted(unknown)}; choose from {', '.join(BASELINES)}")
-    cases = load_cases(args.schema, args.input)
+    inputs = throughput_inputs(args.throughput_inputs)
+    cases = load_cases(args.schema, args.input, inputs[0] if inputs else None)
     counts = _field_counts(args.fields)
     if counts is not None:
         cases = [case.truncated(n) for case in cases for n in counts if n <= case.n_fields]
@@ -179,6 +203,7 @@ def run_bench(args: argparse.Namespace) -> int:
     from pcd_core.engine import Engine
 
     cases, baselines = _check(args)
+    inputs = throughput_inputs(args.throughput_inputs)  # read twice: _check only needed its first text
     choices = choice_counts(args)
     chosen = _options(args)
     if args.backend == "vllm":
@@ -215,7 +240,7 @@ def run_bench(args: argparse.Namespace) -> int:
                 progress.update(per_backend)
                 continue
             if args.throughput:
-                records.append(bench_throughput(engine, cases[0], args.throughput))
+                records.append(bench_throughput(engine, cases[0], args.throughput, inputs))
                 progress.update(1)
                 continue
             for n_options in choices:

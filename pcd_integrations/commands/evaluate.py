@@ -79,6 +79,14 @@ def _add_data_options(parser: argparse.ArgumentParser, split: str) -> None:
         help="with --questions: read each choice and score in K rotations of its options, in the same pass, "
         "and average them (default 1)",
     )
+    parser.add_argument(
+        "--batch-size",
+        type=common.positive,
+        default=32,
+        metavar="N",
+        help="examples read together, one forward pass per wave for all of them (Engine.fill_many / "
+        "decide_many); the answers are those of one at a time (default 32; 1 reads them one by one)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="shuffles the examples and splits sets without one")
     parser.add_argument("--json", metavar="PATH", help="write the report as JSON")
     parser.add_argument("--plot", metavar="PNG", help="write a reliability diagram")
@@ -238,9 +246,19 @@ def _read(
     ``hidden`` keeps each field's hidden state for heads (schemas only: ``_load_data`` checks).
     """
     if args.questions is not None:
-        answers = read_question_answers(engine, source, records, cache=cache, order_samples=args.order_samples)
+        answers = read_question_answers(
+            engine, source, records, cache=cache, order_samples=args.order_samples, batch_size=args.batch_size
+        )
     else:
-        answers = read_answers(engine, source, records, constrained=constrained, cache=cache, hidden=hidden)
+        answers = read_answers(
+            engine,
+            source,
+            records,
+            constrained=constrained,
+            cache=cache,
+            hidden=hidden,
+            batch_size=args.batch_size,
+        )
     if cache is not None:
         read = len(records) - answers.reused
         print(f"{answers.reused} of {len(records)} answers were in {cache.path}; {read} read now", file=sys.stderr)
