@@ -39,6 +39,13 @@ from .result import Extraction
 
 _P = TypeVar("_P")
 
+#: the most request tokens one batch group reads (its inputs' stems summed). A batch re-reads each
+#: stem in every round after the first, and a packed pass's mask grows with the square of its width,
+#: so long requests gain nothing from sharing passes: the 28-field ticket (388 tokens) batched 16 at a
+#: time ran at 0.15x the solo loop (docs/benchmarks.md). Groups stay small enough for the pass count
+#: to fall, and an input too long to share a group with another runs solo.
+BATCH_STEM_TOKENS = 512
+
 
 @dataclass
 class Stem:
@@ -118,12 +125,12 @@ class BatchRead:
             if not plan.generates and not plan.reads_hidden(adjust) and _joins(plan.whole, plan.compiled.head_ids)
         ]
         results: dict[int, Extraction] = {}
-        if joined:
-            plans = [prepared[k][0] for k in joined]
-            meters = [prepared[k][2] for k in joined]
+        for group in _groups(joined, [len(plan.whole) - len(plan.compiled.head_ids) for plan, _, _ in prepared]):
+            plans = [prepared[k][0] for k in group]
+            meters = [prepared[k][2] for k in group]
             with self.lock.turn() as turn:
-                filled = self._fill(plans, prepared[joined[0]][1], meters, turn.pause)
-            for k, plan, done, m in zip(joined, plans, filled, meters):
+                filled = self._fill(plans, prepared[group[0]][1], meters, turn.pause)
+            for k, plan, done, m in zip(group, plans, filled, meters):
                 results[k] = plan.assemble(done, replace(m.stats, queue_ms=turn.queue_ms, total_ms=ms_since(started)))
         return [results[k] if k in results else solo(k) for k in range(len(prepared))]
 
@@ -141,12 +148,12 @@ class BatchRead:
             if (adjust is None or not adjust.reads_hidden) and _joins(plan.whole, plan.head_ids)
         ]
         responses: dict[int, DecideResponse] = {}
-        if joined:
-            plans = [prepared[k][0] for k in joined]
-            meters = [prepared[k][2] for k in joined]
+        for group in _groups(joined, [len(plan.whole) - len(plan.head_ids) for plan, _, _ in prepared]):
+            plans = [prepared[k][0] for k in group]
+            meters = [prepared[k][2] for k in group]
             with self.lock.turn() as turn:
                 readouts = self._decide(plans, meters, turn.pause)
-            for k, plan, read, m in zip(joined, plans, readouts, meters):
+            for k, plan, read, m in zip(group, plans, readouts, meters):
                 stats = replace(m.stats, queue_ms=turn.queue_ms, total_ms=ms_since(started))
                 merged, spreads = plan.merged(read)
                 responses[k] = plan.respond(model, merged, stats, [], prepared[k][1], spreads)
@@ -220,6 +227,23 @@ class BatchRead:
         count_request(self.backend, meter, stem.rounds, passes_before, n_head)
         tokens = n_head + stem.stem_tokens + meter.stats.row_tokens
         meter.stats = replace(meter.stats, prompt_tokens=stem.stem_tokens, input_tokens=tokens)
+
+
+def _groups(joined: Sequence[int], stems: Sequence[int], budget: int | None = None) -> list[list[int]]:
+    """The batchable inputs (``joined``, indices into ``stems``, each input's tokens after the head)
+    in groups of consecutive inputs whose stems sum to at most ``budget`` (``BATCH_STEM_TOKENS``),
+    each group read in its own passes; a group of one is left out, to run solo.
+    """
+    budget = BATCH_STEM_TOKENS if budget is None else budget
+    groups: list[list[int]] = [[]]
+    used = 0
+    for k in joined:
+        if groups[-1] and used + stems[k] > budget:
+            groups.append([])
+            used = 0
+        groups[-1].append(k)
+        used += stems[k]
+    return [group for group in groups if len(group) > 1]
 
 
 def _joins(whole: Sequence[int], head_ids: Sequence[int]) -> bool:

@@ -14,6 +14,7 @@ from conftest import load_case, schema_cases
 from pydantic import BaseModel, Field
 
 from pcd_core import PromptError
+from pcd_core.batching import BATCH_STEM_TOKENS, _groups
 from pcd_core.result import FieldResult
 
 TOL = 1e-5
@@ -108,14 +109,26 @@ def test_order_samples_and_greedy_read_as_their_solo_calls(engine):
         assert_same_fill(engine.fill(Ticket, text, strategy="greedy"), got)
 
 
-def test_a_warm_batch_of_fills_is_two_passes_and_of_decides_one(engine):
-    texts = [TEXT, *OTHERS] * 4
+def test_a_warm_batch_of_fills_is_two_passes_a_group_and_a_lone_long_input_runs_solo(engine):
+    texts = [TEXT, *OTHERS]
     engine.warmup(Ticket)
     solo, solo_passes = passes(engine, lambda: engine.fill(Ticket, texts[0]))
     batched, batch_passes = passes(engine, lambda: engine.fill_many(Ticket, texts))
     assert solo_passes == batch_passes == 2
     assert all(r.stats.forward_passes == 2 and r.stats.head_cache == "hit" for r in batched)
     assert_same_fill(solo, batched[0])
+    # more inputs than one group holds: two passes per group, and an input alone in its group runs solo
+    many = texts * 6
+    compiled = engine.compile(Ticket)
+    stems = [len(engine.request_ids(compiled, text)) - len(compiled.head_ids) for text in many]
+    groups = _groups(range(len(many)), stems)
+    alone = len(many) - sum(len(group) for group in groups)
+    assert len(groups) > 1 and sum(stems) > BATCH_STEM_TOKENS
+    assert all(sum(stems[k] for k in group) <= BATCH_STEM_TOKENS for group in groups)
+    results, n_passes = passes(engine, lambda: engine.fill_many(Ticket, many))
+    assert n_passes == 2 * len(groups) + 2 * alone
+    for text, got in zip(many[:3], results):
+        assert_same_fill(engine.fill(Ticket, text), got)
 
 
 def test_a_batch_over_the_token_budget_takes_more_passes_and_the_same_answers(engine):
