@@ -176,9 +176,21 @@ class Engine:
         the same passes): what ``pcd calibrate --head probe`` fits heads on.
         """
         started = time.perf_counter()
-        keywords = FillKeywords(options=options, strategy=strategy, task=task, max_new_tokens=max_new_tokens)
-        keywords.update(FillKeywords(debias=debias, calibrate=calibrate, generate=generate, hidden=hidden))
-        plan, adjust, meter = self._plan_fill(schema, text, **keywords)
+        keywords = FillKeywords(
+            options=options,
+            strategy=strategy,
+            task=task,
+            max_new_tokens=max_new_tokens,
+            debias=debias,
+            calibrate=calibrate,
+            generate=generate,
+            hidden=hidden,
+        )
+        return self._read_fill(self._plan_fill(schema, text, **keywords), use_head_cache, started)
+
+    def _read_fill(self, prepared: Prepared[FillPlan], use_head_cache: bool, started: float) -> Extraction:
+        """A prepared fill's passes, under the lock; ``started`` is when its call began."""
+        plan, adjust, meter = prepared
         with self._lock.turn() as turn:  # the grammar tokenizer is built on first use, under the lock
             filled = fill_passes(
                 self.backend,
@@ -255,8 +267,10 @@ class Engine:
         generates open fields runs solo.
         """
         prepared = [self._plan_fill(schema, text, **keywords) for text in texts]
-        batch = BatchRead(self.backend, self._head, self._lock, keywords.get("use_head_cache", True))
-        return batch.fill_many(prepared, lambda k: self.fill(schema, texts[k], **keywords))
+        use_cache = keywords.get("use_head_cache", True)
+        batch = BatchRead(self.backend, self._head, self._lock, use_cache)
+        # an input the batch cannot take is read alone from the plan made for it above
+        return batch.fill_many(prepared, lambda k: self._read_fill(prepared[k], use_cache, time.perf_counter()))
 
     async def afill(self, schema: Any, text: str, **keywords: Unpack[FillKeywords]) -> Extraction:
         """``fill`` in a worker thread, so that the event loop keeps running while the model reads."""
@@ -324,15 +338,14 @@ class Engine:
         """
         started = time.perf_counter()
         # everything that needs no model runs before the lock, so concurrent requests overlap here
-        plan, adjust, meter = self._plan_decide(
-            state,
-            questions,
-            context=context,
-            cache_key=cache_key,
-            order_samples=order_samples,
-            debias=debias,
-            calibrate=calibrate,
+        keywords = DecideKeywords(
+            context=context, cache_key=cache_key, order_samples=order_samples, debias=debias, calibrate=calibrate
         )
+        return self._read_decide(self._plan_decide(state, questions, **keywords), started)
+
+    def _read_decide(self, prepared: Prepared[DecidePlan], started: float) -> DecideResponse:
+        """A prepared decide's pass, under the lock; ``started`` is when its call began."""
+        plan, adjust, meter = prepared
         with self._lock.turn() as turn:
             decoded, warnings = plan.read(
                 self.backend, self._head, meter, turn.pause, adjust is not None and adjust.reads_hidden
@@ -341,7 +354,9 @@ class Engine:
         readouts, spreads = plan.merged(list(decoded.readouts))
         return plan.respond(self.model_name, readouts, stats, warnings, adjust, spreads)
 
-    def _plan_decide(self, state: Any, questions: dict[str, Any], **keywords: Any) -> Prepared[DecidePlan]:
+    def _plan_decide(
+        self, state: Any, questions: dict[str, Any], **keywords: Unpack[DecideKeywords]
+    ) -> Prepared[DecidePlan]:
         """A decide made ready before the lock: its plan, debias / calibration step and ``Meter``;
         ``keywords`` are ``decide``'s after the questions.
         """
@@ -383,10 +398,13 @@ class Engine:
         """One question set over many states, read together (``batching.py``): one pass warm for all
         of them, each the answers of its own ``decide``. Every state is checked before any pass.
         """
-        keywords: dict[str, Any] = {"debias": debias, "calibrate": calibrate, "order_samples": order_samples}
+        keywords = DecideKeywords(debias=debias, calibrate=calibrate, order_samples=order_samples)
         prepared = [self._plan_decide(state, questions, **keywords) for state in states]
         batch = BatchRead(self.backend, self._head, self._lock)
-        return batch.decide_many(prepared, self.model_name, lambda k: self.decide(states[k], questions, **keywords))
+        # a state the batch cannot take is read alone from the plan made for it above
+        return batch.decide_many(
+            prepared, self.model_name, lambda k: self._read_decide(prepared[k], time.perf_counter())
+        )
 
     async def adecide_many(
         self, states: Sequence[Any], questions: dict[str, Any], **keywords: Any
