@@ -97,7 +97,7 @@ def decode_batch(backend: Backend, head: Prefix, stems: list[Stem], pause: Calla
     return [[task.readout() for task in stem.tasks] for stem in stems]
 
 
-#: one input made ready before the lock (``Engine._plan_fill`` / ``_plan_decide``): its plan, its
+#: one input made ready before the lock (``Planner.fill`` / ``Planner.decide``, ``planning.py``): its plan, its
 #: debias / calibration step, and its ``Meter`` with ``compile_ms`` set
 Prepared = tuple[_P, Adjust | None, Meter]
 

@@ -32,14 +32,21 @@ from .tokenizer import TextTokenizer
 
 
 class DecideKeywords(TypedDict, total=False):
-    """The keywords of ``Engine.decide`` after ``state`` and ``questions``, spelt out once so that
-    ``adecide`` takes exactly them (``Unpack[DecideKeywords]``), as ``FillKeywords`` does for fills.
+    """The keywords of ``Engine.decide`` after ``state`` and ``questions``, spelt out (and documented)
+    once so that ``adecide`` takes exactly them (``Unpack[DecideKeywords]``), as ``FillKeywords`` does
+    for fills.
     """
 
+    # earlier turns and the caller's instructions (conversation.py), cached with the head only when
+    # a cache_key (OpenAI's prompt_cache_key) says the caller will come back with them
     context: Conversation | None
     cache_key: str | None
+    # as in FillKeywords; a calibration covers a question whose id and answer names (true/false, the
+    # options, the level indices) it was fitted on
     debias: bool | None
     calibrate: bool
+    # K > 1 also reads K - 1 rotations of each choice's and score's options as more rows of the same
+    # pass and averages them (DecidePlan.merged); None: the engine's default (LoadOptions.order_samples)
     order_samples: int | None
 
 

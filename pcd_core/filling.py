@@ -32,20 +32,20 @@ from .tokenizer import TextTokenizer
 
 
 class FillKeywords(TypedDict, total=False):
-    """The keywords of ``Engine.fill`` after ``schema`` and ``text``, spelt out once so that
-    ``fill_many``, ``afill`` and ``afill_many`` take exactly them (``Unpack[FillKeywords]``): a
-    misspelt one is a type error, and a ``TypeError`` at the call, not a silent default.
+    """The keywords of ``Engine.fill`` after ``schema`` and ``text``, spelt out (and documented) once
+    so that ``fill_many``, ``afill`` and ``afill_many`` take exactly them (``Unpack[FillKeywords]``):
+    a misspelt one is a type error, and a ``TypeError`` at the call, not a silent default.
     """
 
-    options: DecodeOptions | None
-    strategy: str | None
-    task: str
-    use_head_cache: bool
-    max_new_tokens: dict[str, int] | None
-    debias: bool | None
-    calibrate: bool
-    generate: bool
-    hidden: bool
+    options: DecodeOptions | None  # how closed fields are read (decoding.py)
+    strategy: str | None  # short for options=DecodeOptions(strategy=...); both is an OptionError
+    task: str  # an instruction after the generic ones ("Triage the ticket."); each gets its own head
+    use_head_cache: bool  # False prefills the head again instead of taking it from the cache
+    max_new_tokens: dict[str, int] | None  # per open field, its cap (generation.py)
+    debias: bool | None  # divide out the content-free prior (debias.py); None: the engine's default
+    calibrate: bool  # apply the engine's fitted calibration (and heads) where it covers a field
+    generate: bool  # False decides the closed fields only, on the same prompt (the value is a dict)
+    hidden: bool  # keep each field's hidden state at its first decision point (FieldResult.hidden)
 
 
 def fill_options(options: DecodeOptions | None, strategy: str | None) -> DecodeOptions:

@@ -178,7 +178,7 @@ def test_the_engine_applies_a_calibration_only_to_the_fields_it_was_fitted_on():
     schema = {"colour": ["red", "green", "blue"], "size": ["small", "large"]}
     engine = oracle_engine()
     raw = engine.fill(schema, "a small red ball")
-    engine.calibration = Calibration(
+    engine.planner.calibration = Calibration(
         "oracle", False, {"colour": FieldCalibration(("red", "green", "blue"), 1e6, (0.0, 0.0, 0.0))}
     )
     result = engine.fill(schema, "a small red ball")
@@ -196,7 +196,7 @@ def test_decide_applies_a_calibration_to_the_questions_it_covers_and_flags_each_
     }
     engine = oracle_engine()
     raw = engine.decide("Refund me.", questions)
-    engine.calibration = Calibration("oracle", False, {"refund": FieldCalibration(("true", "false"), 4.0, (0.0, 0.0))})
+    engine.planner.calibration = Calibration("oracle", False, {"refund": FieldCalibration(("true", "false"), 4.0, (0.0, 0.0))})
     tempered = engine.decide("Refund me.", questions)
     p = raw.answers["refund"].noul
     assert tempered.answers["refund"].noul == pytest.approx(p**0.25 / (p**0.25 + (1 - p) ** 0.25))
@@ -214,7 +214,7 @@ def test_fill_and_decide_abstain_below_the_fields_threshold_and_still_report_the
     engine = oracle_engine()
     raw = engine.fill(schema, "a small red ball").fields
     top = {name: max(raw[name].probabilities.values()) for name in schema}
-    engine.calibration = Calibration(
+    engine.planner.calibration = Calibration(
         "oracle",
         False,
         {  # a temperature of 1 leaves the reading as it was: the thresholds sit either side of it
@@ -240,7 +240,7 @@ def test_fill_and_decide_abstain_below_the_fields_threshold_and_still_report_the
         "team": {"type": "choice", "instructions": "Who owns it?", "criteria": {"billing": None, "shipping": None}}
     }
     reading = engine.decide("Refund me.", questions).answers["team"]
-    engine.calibration = Calibration(
+    engine.planner.calibration = Calibration(
         "oracle",
         False,
         {"team": FieldCalibration(("billing", "shipping"), 1.0, (0.0, 0.0), abstain_below=1.5, set_threshold=0.0)},
@@ -255,7 +255,7 @@ def test_fill_and_decide_abstain_below_the_fields_threshold_and_still_report_the
 def test_an_engine_that_debiases_by_default_flags_every_answer_and_a_call_can_turn_it_off():
     schema = {"colour": ["red", "green", "blue"]}
     engine = oracle_engine()
-    engine.debias = True
+    engine.planner.debias = True
     assert engine.fill(schema, "a red ball").fields["colour"].debiased
     assert not engine.fill(schema, "a red ball", debias=False).fields["colour"].debiased
     question = {"q": {"type": "noul", "instructions": "Is it red?"}}
@@ -269,7 +269,7 @@ def test_the_fill_table_says_what_its_probabilities_are():
     schema = {"colour": ["red", "green", "blue"], "size": ["small", "large"]}
     engine = oracle_engine()
     assert f"probabilities: {MEANING['raw']}" in fill_table(engine.fill(schema, "a small red ball")).splitlines()
-    engine.calibration = Calibration("oracle", False, {"size": FieldCalibration(("small", "large"), 2.0, (0.0, 0.0))})
+    engine.planner.calibration = Calibration("oracle", False, {"size": FieldCalibration(("small", "large"), 2.0, (0.0, 0.0))})
     line = next(x for x in fill_table(engine.fill(schema, "a small red ball")).splitlines() if x.startswith("prob"))
     assert line == f"probabilities: colour: {MEANING['raw']}; size: {MEANING['calibrated']}"
 

@@ -198,7 +198,7 @@ def test_a_calibration_fitted_on_question_answers_is_what_decide_then_serves(tmp
         "size": ("small", "large"),
     }
     expected = variants(read_question_answers(engine, QUESTIONS, QUESTION_RECORDS, progress=False), "size", calibration)
-    engine.calibration = calibration
+    engine.planner.calibration = calibration
     for row, record in zip(expected["calibrated"], QUESTION_RECORDS):
         served = engine.decide(record["text"], QUESTIONS).answers["size"]
         assert served.calibrated and served.debiased

@@ -87,7 +87,7 @@ def test_options_fields_and_row_tokens_have_their_own_bounds(oracle):
         check_decide(tight, "state", {"q": choice})
     many = {f"q{i}": {"type": "noul", "instructions": "x" * 100} for i in range(5)}
     engine = oracle_engine()
-    engine.limits = tight
+    engine.planner.limits = tight
     passes = engine.backend.forward_passes
     with pytest.raises(LimitError, match="max_row_tokens"):
         engine.decide("state", many)
