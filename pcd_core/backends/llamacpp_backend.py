@@ -44,7 +44,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import BackendError, BackendUnavailableError, PromptError
-from .base import Backend, Prefix, Query, Rows, TokenTree, pack_tree
+from .base import Backend, Prefix, Query, Rows
+from .packing import TokenTree, pack_tree
 from .seqsets import BatchLayout, grow_layout, leaves, pass_layout
 
 try:

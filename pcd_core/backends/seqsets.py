@@ -3,7 +3,7 @@
 llama.cpp's KV cache lets one token belong to several sequences: a batch entry carries a list of
 sequence ids and its KV cell keeps them all. A query token attends to every cell that holds the
 *first* of its sequence ids at a position not after its own (``llama-kv-cache.cpp``,
-``set_input_kq_mask``, reads ``ubatch->seq_id[i][0]``). So the tree mask of ``base.TokenTree`` is a
+``set_input_kq_mask``, reads ``ubatch->seq_id[i][0]``). So the tree mask of ``packing.TokenTree`` is a
 choice of sequence sets:
 
 - each leaf of the tree (a node with no child) is a sequence of its own;
@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from .base import TokenTree
+from .packing import TokenTree
 
 
 @dataclass(frozen=True)

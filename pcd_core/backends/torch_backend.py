@@ -43,7 +43,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import BackendError, BackendUnavailableError
-from .base import Backend, LayoutChoice, Prefix, Query, RowLayout, Rows, TokenTree, pack_tree
+from .base import Backend, LayoutChoice, Prefix, Query, RowLayout, Rows
+from .packing import TokenTree, pack_tree
 
 try:
     import torch
