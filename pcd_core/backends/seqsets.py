@@ -127,3 +127,14 @@ def grow_layout(
             seq_ids.append((seq,))
             logits.append(j == len(tokens_new) - 1)
     return BatchLayout(tuple(tokens), tuple(positions), tuple(seq_ids), tuple(logits))
+
+
+def pass_layout_for_prompt(ids: Sequence[int], seq: int, start: int = 0) -> BatchLayout:
+    """A plain causal read of ``ids`` at positions from ``start`` into one sequence; logits at the end."""
+    n = len(ids)
+    return BatchLayout(
+        tokens=tuple(ids),
+        positions=tuple(range(start, start + n)),
+        seq_ids=((seq,),) * n,
+        logits=tuple(k == n - 1 for k in range(n)),
+    )
