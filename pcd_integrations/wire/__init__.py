@@ -9,6 +9,7 @@
   and stream chunks; ``errors.py`` the error body every OpenAI route answers with.
 - ``body.py`` reads a raw JSON body strictly (duplicate keys and non-finite numbers are errors, not
   silently resolved), for every HTTP route.
+- ``served.py``: the served model as ``GET /v1/models`` lists it in both protocols, and ``/healthz``.
 
 Nothing here needs FastAPI or a model; ``tests/test_questions.py`` covers the System One and
 Decisions models, ``tests/test_chat_completions.py`` the chat ones.
