@@ -45,7 +45,8 @@ from pcd_core import (
 from pcd_core.limits import DEFAULT_LIMITS, Limits
 from pcd_integrations.loading import EngineLoader
 from pcd_integrations.wire.body import BodyError, loads_strict
-from pcd_integrations.wire.chat import ChatCompletion, ChatCompletionRequest
+from pcd_integrations.wire.chat import ChatCompletionRequest
+from pcd_integrations.wire.chat_reply import ChatCompletion
 from pcd_integrations.wire.decisions import DecisionRequest, DecisionResponse, decision_response
 from pcd_integrations.wire.errors import OpenAIErrorBody
 from pcd_integrations.wire.served import HealthBody, ModelList, model_card, openai_model

@@ -19,7 +19,7 @@ from pcd_core.errors import Cancelled
 from pcd_core.fairness import Cancellation, in_worker
 from pcd_integrations.loading import EngineLoader
 from pcd_integrations.wire import accepts_model
-from pcd_integrations.wire.chat import ChatCompletionChunk
+from pcd_integrations.wire.chat_reply import ChatCompletionChunk
 
 from .http_errors import ApiError, openai_error, request_error, wire_safe
 from .threads import iterate_in_thread
