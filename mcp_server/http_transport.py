@@ -4,8 +4,8 @@ tracing).
 
 ``build_server`` (``mcp_server/server.py``) records each server's loader in ``SERVED``, so that
 ``http_app`` can report its readiness and hand its tools the metrics they count into; stdio needs
-none of this. ``tests/test_mcp_protocols.py`` and ``tests/test_hardening_servers.py`` run it on a
-loopback socket with the real ``mcp`` client.
+none of this. ``tests/test_mcp_protocols.py`` runs it on a loopback socket with the real ``mcp``
+client; ``tests/test_hardening_servers.py`` checks its key and body bounds.
 """
 
 from __future__ import annotations
