@@ -14,17 +14,15 @@ Invariants:
 
 `tests/test_mcp_server.py` proves these in process, over real stdio and over streamable HTTP.
 
-Why one module of ~450 lines: the tools share the lifespan's engine, its load progress and one error
-translation; split per tool, each file would re-import all three for a dozen lines of its own.
+The streamable-HTTP app and its guards live in ``mcp_server/http_transport.py``. The tools stay
+together here: they share the lifespan's engine, its load progress and one error translation.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
-from weakref import WeakKeyDictionary
 
 try:
     from mcp.server.mcpserver import Context, MCPServer
@@ -54,9 +52,10 @@ from pcd_core.generation import GeneratedField
 from pcd_core.limits import DEFAULT_LIMITS, Limits, check_decide, check_fill
 from pcd_core.questions import DecideResponse
 from pcd_core.result import Extraction, FieldResult
-from pcd_integrations.operations import Backpressure, Operations, build_metrics, trace_cost
+from pcd_integrations.operations import Backpressure, trace_cost
 from pcd_integrations.read_timeouts import DEFAULT_READ_TIMEOUTS, ReadTimeouts, http_protocol
 
+from .http_transport import MCP_PATH, SERVED, Served, http_app
 from .loading import EngineFactory, EngineLoader, engine_for
 from .results import (
     NO_AT,
@@ -74,8 +73,7 @@ from .results import (
 )
 
 if TYPE_CHECKING:
-    from pcd_integrations.metrics import Metrics
-    from pcd_integrations.operations import Tracer
+    pass
 
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
 State = Annotated[
@@ -180,23 +178,6 @@ def _filled_fields(extraction: Extraction) -> dict[str, FieldDecision | FieldMem
     return fields
 
 
-#: where the streamable-HTTP transport answers; the one path its metrics count
-MCP_PATH = "/mcp"
-
-
-@dataclass
-class _Served:
-    """What ``http_app`` reads of a server that ``build_server`` built: its loader (``/readyz``), and
-    the metrics its tools report to once it is served over HTTP (None on stdio).
-    """
-
-    loader: EngineLoader
-    metrics: Metrics | None = None
-
-
-_SERVED: WeakKeyDictionary[MCPServer, _Served] = WeakKeyDictionary()
-
-
 def build_server(
     engine_or_factory: Engine | EngineFactory,
     *,
@@ -232,7 +213,7 @@ def build_server(
         log_level=log_level,
     )
 
-    served = _SERVED[server] = _Served(loader)
+    served = SERVED[server] = Served(loader)
 
     async def decide_on(ctx: Context, state: Any, questions: dict[str, Any]) -> DecideResponse:
         engine = await engine_for(loader, ctx)
@@ -451,61 +432,3 @@ def serve(
         log_config=log_config(uvicorn.config.LOGGING_CONFIG),
         http=http_protocol(read_timeouts.header_s),
     )
-
-
-def http_app(
-    server: MCPServer,
-    host: str,
-    api_key: str | None,
-    limits: Limits = DEFAULT_LIMITS,
-    *,
-    stateless: bool = False,
-    json_response: bool = False,
-    read_timeouts: ReadTimeouts = DEFAULT_READ_TIMEOUTS,
-    backpressure: Backpressure | None = None,
-    tracer: Tracer | None = None,
-) -> Any:
-    """The streamable-HTTP ASGI app at /mcp, behind the body-size and body-time bounds and, with a key,
-    the bearer check; in front of them request ids, ``/livez``, ``/readyz`` and ``/metrics``
-    (``pcd_integrations/operations.py``), which need no key, as ``pcd serve``'s health routes need none,
-    and ``backpressure`` and ``tracer`` for every ``POST /mcp``, as for ``pcd serve``'s model routes.
-    A request over ``backpressure.timeout_s`` gets 504 only while its response has not started: an
-    SSE response (without ``json_response``) has started once the SDK sends its first event. A
-    2026-07-28 request for anything but ``tools/call`` neither queues nor counts against the cap.
-    """
-    import logging
-
-    from pcd_integrations.guards import BearerAuth, BodyLimit, warn_if_exposed
-
-    app: Any = server.streamable_http_app(
-        max_request_body_size=limits.max_body_bytes,
-        host=host,
-        stateless_http=stateless,
-        json_response=json_response,
-    )
-    if api_key:
-        app = BearerAuth(app, api_key)
-    warn_if_exposed(logging.getLogger(__name__), "pcd-mcp", host, api_key)
-    app = BodyLimit(app, limits, body_timeout_s=read_timeouts.body_s)
-    served = _SERVED.get(server)
-    if served is None:  # a server built elsewhere: no loader to report on
-        return app
-    served.metrics = build_metrics(served.loader, frozenset({MCP_PATH}))
-    return Operations(
-        app,
-        served.loader,
-        frozenset({MCP_PATH}),
-        backpressure=backpressure or Backpressure(),
-        metrics=served.metrics,
-        tracer=tracer,
-        light=_names_another_method,
-    )
-
-
-def _names_another_method(scope: Any) -> bool:
-    """A 2026-07-28 request names its method in the ``Mcp-Method`` header (the SDK refuses one whose
-    body disagrees): anything but ``tools/call`` never waits for the model, so it never queues. An
-    earlier version's request carries no such header and counts as model work.
-    """
-    method = dict(scope.get("headers") or ()).get(b"mcp-method")
-    return method is not None and method != b"tools/call"

@@ -9,8 +9,8 @@ runs after at most one of the long one's passes, and several long ones take turn
 
 Handing over is safe because nothing a pass leaves behind is shared: a ``Prefix`` is immutable (the
 torch and MLX backends concatenate into new tensors; the head cache only drops its reference when it
-evicts one), and the rows a generation grows live in an arena of their own (``_Arena`` in
-``backends/torch_backend.py``), which no other request writes. The result of a request therefore
+evicts one), and the rows a generation grows live in an arena of their own (``Arena`` in
+``backends/torch_cache.py``), which no other request writes. The result of a request therefore
 does not depend on what ran between its passes: the same passes read the same tensors.
 
 A nested hold (the content-free priors measured inside a request) never hands over: the outer

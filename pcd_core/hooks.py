@@ -2,7 +2,7 @@
 
 A server that wants to watch a request's passes (a tracing span per pass, pass and token counters)
 sets a listener with ``listening`` around the request; every backend pass counted by
-``backends/base.py:PassCounter.add`` calls it with the number of tokens the pass is about to read,
+``backends/counting.py:PassCounter.add`` calls it with the number of tokens the pass is about to read,
 just before the pass runs. The listener lives in a ``ContextVar``: an asyncio task's context travels
 into the worker thread that ``asyncio.to_thread`` starts, so the listener set by a request's
 middleware is the one its engine calls see, and never another request's, even when requests hand the

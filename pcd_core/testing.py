@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .backends.base import Backend, Prefix, Query, TokenTree, plan_chunks
+from .backends.base import Backend, Prefix, Query
+from .backends.packing import TokenTree, plan_chunks
 from .tokenizer import TextTokenizer
 
 if TYPE_CHECKING:

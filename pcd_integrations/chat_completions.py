@@ -30,18 +30,17 @@ from pcd_core.cost import Stats
 from pcd_core.errors import ReplyTooLongError, RequestError
 from pcd_core.result import Generation
 from pcd_core.tools import ToolDecision, choose_tool, tool_arguments
-from pcd_integrations.wire.chat import (
+from pcd_integrations.wire.chat import ChatCompletionRequest, ToolCall
+from pcd_integrations.wire.chat_reply import (
     AssistantReply,
     ChatCompletion,
     ChatCompletionChunk,
-    ChatCompletionRequest,
     Choice,
     ChunkChoice,
     CompletionUsage,
     Delta,
     FinishReason,
     PcdExtension,
-    ToolCall,
     ToolCallDelta,
 )
 

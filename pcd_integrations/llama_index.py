@@ -18,18 +18,16 @@ shares a loaded engine. What each call does with the model:
 This module is a translation layer only: it turns LlamaIndex messages and prompts into the engine's
 messages and input text, and engine results into LlamaIndex responses; prompts for the model, tokens
 and backends stay in `pcd_core`. `tests/test_llama_index.py` and `tests/test_llama_index_llm.py`
-prove it on the embedded model. `PCDSelector`, the router slot, lives in
-`pcd_integrations/llama_index_selector.py` and is re-exported here.
-
-Why one module of ~640 lines: ``PCDLLM`` is one LlamaIndex class whose sync, async and stream forms
-of chat, completion, tools and structured prediction must stay side by side to stay alike; the
-selector already lives in its own module.
+prove it on the embedded model. `PCDProgram` lives in `pcd_integrations/llama_index_program.py`,
+`PCDSelector`, the router slot, in `pcd_integrations/llama_index_selector.py`, and both are
+re-exported here; prompts and messages become the engine's input in
+`pcd_integrations/llama_index_text.py`. ``PCDLLM`` keeps its sync, async and stream forms of chat,
+completion, tools and structured prediction side by side, so that they stay alike.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import uuid
 from collections.abc import AsyncGenerator, Generator, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -47,9 +45,8 @@ try:
         CompletionResponseGen,
         LLMMetadata,
         MessageRole,
-        TextBlock,
     )
-    from llama_index.core.bridge.pydantic import BaseModel, Field
+    from llama_index.core.bridge.pydantic import Field
     from llama_index.core.instrumentation import get_dispatcher
     from llama_index.core.instrumentation.events.llm import (
         LLMStructuredPredictEndEvent,
@@ -59,14 +56,13 @@ try:
     from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
     from llama_index.core.llms.function_calling import FunctionCallingLLM
     from llama_index.core.llms.llm import ToolSelection
-    from llama_index.core.program.utils import FlexibleModel, create_flexible_model
+    from llama_index.core.program.utils import FlexibleModel
     from llama_index.core.prompts import BasePromptTemplate, PromptTemplate
-    from llama_index.core.types import BasePydanticProgram, Model
+    from llama_index.core.types import Model
 except ImportError as error:  # pragma: no cover - exercised by a subprocess test without the extra
     raise BackendUnavailableError("llama-index", "llama-index-core") from error
 
-from pcd_core import Engine, Extraction, PromptError, SchemaError, parse_schema
-from pcd_core.chatting import transcript
+from pcd_core import Engine
 from pcd_core.cost import Stats
 from pcd_core.options import load_options
 from pcd_core.result import Generation
@@ -81,7 +77,9 @@ from pcd_core.tools import (
 )
 
 from .lazy_engine import LazyEngine
+from .llama_index_program import PCDProgram
 from .llama_index_selector import PCDSelector
+from .llama_index_text import engine_content, messages_to_text, prompt_to_text
 from .threads import iterate_in_thread
 
 if TYPE_CHECKING:
@@ -93,47 +91,6 @@ dispatcher = get_dispatcher(__name__)
 
 ANSWER_DIRECTLY = NO_TOOL
 """The option of the tool choice that means "no tool: write the reply"."""
-
-
-def _text_of(message: ChatMessage) -> str:
-    """A message's text; non-text blocks raise `PromptError` (dropping them would answer on less)."""
-    for block in message.blocks:
-        if not isinstance(block, TextBlock):
-            raise PromptError(
-                f"a {message.role.value} message holds a {type(block).__name__}; the PCD engine "
-                "reads text only, so pass the text (for example a document's .text) instead"
-            )
-    return message.content or ""
-
-
-def prompt_to_text(prompt: BasePromptTemplate, prompt_args: Mapping[str, Any], system_prompt: str | None = None) -> str:
-    """Format a LlamaIndex prompt into the input text the engine reads.
-
-    The engine writes its own instructions and value catalog around this text, so the prompt is the
-    input, not the model's whole prompt. One message is passed as it is; several keep their roles as
-    ``role: text`` paragraphs, so that a system instruction is still told apart from the document.
-    Images and other non-text blocks raise `PromptError`.
-    """
-    messages = prompt.format_messages(**prompt_args)
-    if system_prompt:
-        messages = [ChatMessage(role=MessageRole.SYSTEM, content=system_prompt), *messages]
-    return messages_to_text(messages)
-
-
-def messages_to_text(messages: Sequence[ChatMessage]) -> str:
-    """Messages as the input text of a fill or a decision: one alone as it is, else ``role: text``."""
-    return transcript([{"role": message.role.value, "content": _engine_content(message)} for message in messages])
-
-
-def _engine_content(message: ChatMessage) -> str:
-    """The message's text; an assistant turn that only called tools is shown as its calls, so that
-    the next turn reads what was done rather than an empty reply.
-    """
-    text = _text_of(message)
-    calls = message.additional_kwargs.get("tool_calls") if message.role == MessageRole.ASSISTANT else None
-    if not text and calls:
-        return json.dumps([{"name": c["name"], "arguments": c["arguments"]} for c in calls])
-    return text
 
 
 def _usage(stats: Stats) -> dict[str, int]:
@@ -174,177 +131,6 @@ def _called_this_turn(messages: Sequence[ChatMessage]) -> set[str]:
         for call in message.additional_kwargs.get("tool_calls") or ():
             called.add(call["name"])
     return called
-
-
-def _checked_output_cls(output_cls: type[Model]) -> type[Model]:
-    """Reject what the engine cannot fill before any model call, with the field named."""
-    if not (isinstance(output_cls, type) and issubclass(output_cls, BaseModel)):
-        raise SchemaError(
-            f"output_cls must be a pydantic BaseModel class, got {output_cls!r}; for a TypedDict or "
-            "a JSON Schema dict call engine.fill(schema, text) directly"
-        )
-    parse_schema(output_cls)
-    return output_cls
-
-
-class PCDProgram(BasePydanticProgram[Model]):
-    """A pydantic program whose every call is one `Engine.fill` over the formatted prompt.
-
-    ``output_cls`` may mix closed fields (booleans, enums, small ints: decided, each with its
-    probability) and open ones (strings, numbers, nested objects, lists: generated under a grammar).
-    ``program(**prompt_args)`` returns an ``output_cls`` instance; ``acall`` awaits `Engine.afill`,
-    which runs in a worker thread, so an event loop (a Workflow step) keeps running. The decisions
-    behind an answer come from ``extract``/``aextract``, which return the whole `Extraction`; after
-    a plain call ``last_decisions`` holds the same per-field results. That attribute is per program,
-    so concurrent callers should use ``aextract`` instead. ``system_prompt``, if given, is sent as a
-    system message ahead of the prompt (see `prompt_to_text`).
-    """
-
-    def __init__(
-        self,
-        output_cls: type[Model],
-        prompt: BasePromptTemplate,
-        engine: Engine | LazyEngine,
-        system_prompt: str | None = None,
-    ) -> None:
-        self._output_cls = _checked_output_cls(output_cls)
-        self._prompt = prompt
-        # a PCDLLM is a LazyEngine: the program then loads the weights only when it first runs
-        self._source = engine
-        self._system_prompt = system_prompt
-        self._last_extraction: Extraction | None = None
-
-    @classmethod
-    def from_defaults(
-        cls,
-        output_cls: type[Model],
-        prompt_template_str: str | None = None,
-        prompt: BasePromptTemplate | None = None,
-        llm: Any = None,
-        engine: Engine | None = None,
-        model: str | None = None,
-        verbose: bool = False,
-        **load_kwargs: Any,
-    ) -> PCDProgram[Model]:
-        """Build a program like LlamaIndex's own: an output class, a template string or prompt, and
-        ``llm=PCDLLM(...)``, ``engine=`` or ``model=`` (loaded now; ``load_kwargs`` go to `Engine.load`).
-
-        With none of the three, the embedded default model is loaded. ``verbose`` is accepted for
-        LlamaIndex's signature and has nothing to print.
-        """
-        if (prompt is None) == (prompt_template_str is None):
-            raise ValueError("pass exactly one of prompt= or prompt_template_str=")
-        given = [name for name, value in (("llm", llm), ("engine", engine), ("model", model)) if value is not None]
-        if len(given) > 1 or (load_kwargs and (llm is not None or engine is not None)):
-            raise ValueError(
-                f"pass either llm=, engine= or model=/load options, not several (got {given!r}, "
-                f"options={sorted(load_kwargs)!r})"
-            )
-        if llm is not None and not isinstance(llm, PCDLLM):
-            raise ValueError(f"llm= takes a PCDLLM; got {type(llm).__name__}")
-        checked_cls = _checked_output_cls(output_cls)
-        source: Engine | LazyEngine
-        if llm is not None:
-            source = llm
-        elif engine is not None:
-            source = engine
-        else:
-            source = Engine.load(load_options(model or None, **load_kwargs))
-        system_prompt = llm.system_prompt if llm is not None else None
-        return cls(checked_cls, prompt or PromptTemplate(str(prompt_template_str)), source, system_prompt=system_prompt)
-
-    @property
-    def output_cls(self) -> type[Model]:
-        return self._output_cls
-
-    @property
-    def prompt(self) -> BasePromptTemplate:
-        return self._prompt
-
-    @prompt.setter
-    def prompt(self, prompt: BasePromptTemplate) -> None:
-        self._prompt = prompt
-
-    @property
-    def engine(self) -> Engine:
-        """The engine, loaded now if the program was built on a lazy `PCDLLM`."""
-        return self._source if isinstance(self._source, Engine) else self._source.load_engine()
-
-    @property
-    def last_extraction(self) -> Extraction | None:
-        """The full result of the latest call, or None before the first one."""
-        return self._last_extraction
-
-    @property
-    def last_decisions(self) -> Mapping[str, Any]:
-        """Per-field results of the latest call in schema order (a `FieldResult` per decided field,
-        a ``GeneratedField`` per generated one); empty before the first call.
-        """
-        return {} if self._last_extraction is None else self._last_extraction.fields
-
-    def extract(self, **prompt_args: Any) -> Extraction:
-        """Fill the object and return every decision behind it, not just the value."""
-        text = prompt_to_text(self._prompt, prompt_args, self._system_prompt)
-        extraction = self.engine.fill(self._output_cls, text)
-        self._last_extraction = extraction
-        return extraction
-
-    async def aextract(self, **prompt_args: Any) -> Extraction:
-        """`extract` without blocking the event loop (the first load runs in a thread too)."""
-        text = prompt_to_text(self._prompt, prompt_args, self._system_prompt)
-        engine = self._source if isinstance(self._source, Engine) else await self._source.aload_engine()
-        extraction = await engine.afill(self._output_cls, text)
-        self._last_extraction = extraction
-        return extraction
-
-    def __call__(self, llm_kwargs: dict[str, Any] | None = None, **prompt_args: Any) -> Model:
-        """Return the filled ``output_cls``; ``llm_kwargs`` is accepted for LlamaIndex and ignored
-        (the engine decides and generates greedily, so sampling options have nothing to act on).
-        """
-        return self.extract(**prompt_args).value
-
-    async def acall(self, llm_kwargs: dict[str, Any] | None = None, **prompt_args: Any) -> Model:
-        return (await self.aextract(**prompt_args)).value
-
-    def stream_call(
-        self, llm_kwargs: dict[str, Any] | None = None, **prompt_args: Any
-    ) -> Generator[Model | FlexibleModel, None, None]:
-        """Yield partial objects wave by wave, then the complete, validated ``output_cls``.
-
-        The partials are ``FlexibleModel``s (LlamaIndex's partial form, every field optional): first
-        the fields decided in the first wave, then each later wave's, then the object with its
-        generated fields. `Engine.fill` returns once, after its last step, so the partials are
-        yielded when the call is done, in the order the engine produced them, not while it runs.
-        """
-        yield from partial_objects(self._output_cls, self.extract(**prompt_args))
-
-    async def astream_call(
-        self, llm_kwargs: dict[str, Any] | None = None, **prompt_args: Any
-    ) -> AsyncGenerator[Model | FlexibleModel, None]:
-        """The async form of `stream_call`; awaited first, as `LLM.astream_structured_predict` does."""
-
-        async def gen() -> AsyncGenerator[Model | FlexibleModel, None]:
-            for item in partial_objects(self._output_cls, await self.aextract(**prompt_args)):
-                yield item
-
-        return gen()
-
-
-def partial_objects(output_cls: type[Model], extraction: Extraction) -> list[Model | FlexibleModel]:
-    """The object as it stood after each decided wave, then complete.
-
-    Decided fields carry the wave that decided them; generated fields all come after the last
-    decided wave. One wave and nothing generated gives the complete object alone.
-    """
-    decided_waves = sorted({r.wave for r in extraction.fields.values() if r.method != "generated"})
-    partial_cls = create_flexible_model(output_cls)
-    dumped = extraction.value.model_dump()
-    partials: list[Model | FlexibleModel] = []
-    for wave in decided_waves:
-        names = [n for n, r in extraction.fields.items() if r.method != "generated" and r.wave <= wave]
-        if len(names) < len(extraction.fields):
-            partials.append(partial_cls(**{name: dumped[name] for name in names}))
-    return [*partials, extraction.value]
 
 
 class PCDLLM(FunctionCallingLLM, LazyEngine):
@@ -394,7 +180,7 @@ class PCDLLM(FunctionCallingLLM, LazyEngine):
     # -- plain generation ---------------------------------------------------------------------
     def _chat_messages(self, messages: Sequence[ChatMessage]) -> list[dict[str, str]]:
         """LlamaIndex messages as the engine's role/content dicts (the chat template renders them)."""
-        converted = [{"role": m.role.value, "content": _engine_content(m)} for m in messages]
+        converted = [{"role": m.role.value, "content": engine_content(m)} for m in messages]
         if self.system_prompt and not (converted and converted[0]["role"] == "system"):
             converted.insert(0, {"role": "system", "content": self.system_prompt})
         return converted

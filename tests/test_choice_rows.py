@@ -15,7 +15,7 @@ import pytest
 
 from pcd_core import Engine
 from pcd_core.asking import render_decide_prompt
-from pcd_core.backends.base import pack_tree, plan_chunks
+from pcd_core.backends.packing import pack_tree, plan_chunks
 from pcd_core.bench.choices import STATE, choice_question
 from pcd_core.deciding import plan_decide
 from pcd_core.errors import LimitError

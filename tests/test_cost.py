@@ -12,7 +12,7 @@ import pytest
 from pcd_core import DecideResponse, Stats, Usage
 from pcd_core.result import FieldResult
 from pcd_integrations.langchain_decisions import usage_metadata
-from pcd_integrations.wire.chat import CompletionUsage, PcdExtension
+from pcd_integrations.wire.chat_reply import CompletionUsage, PcdExtension
 from pcd_integrations.wire.decisions import DecisionUsage
 
 # every count a different number, so that a rendering that reads the wrong field shows it

@@ -13,7 +13,7 @@ from pydantic import BaseModel, Field
 
 from pcd_core import ChoiceAnswer, DecodeOptions, Engine, NoulAnswer, OptionError, PromptError, SchemaError, ScoreAnswer
 from pcd_core.asking import render_decide_prompt
-from pcd_core.backends.base import pack_tree
+from pcd_core.backends.packing import pack_tree
 from pcd_core.deciding import plan_decide
 from pcd_core.decoding import DecisionTask, RoundStats, decode, plan_rows
 from pcd_core.errors import RequestError

@@ -256,7 +256,7 @@ def _page_and_reports(page: str, folder: str, skipped: tuple[str, ...]) -> tuple
 
 def test_the_readme_quality_table_is_the_recorded_runs():
     """Every docs/eval report is a row of the README's decision-quality table, as quality_row renders it."""
-    from pcd_integrations.commands.evaluate import QUALITY_HEAD, quality_row
+    from pcd_integrations.commands.eval_output import QUALITY_HEAD, quality_row
 
     readme, reports = _page_and_reports("docs/quality.md", "docs/eval", (".calibration.json", ".ticket.json"))
     assert QUALITY_HEAD in readme
@@ -266,7 +266,7 @@ def test_the_readme_quality_table_is_the_recorded_runs():
 
 def test_the_heads_table_is_the_recorded_runs():
     """Every docs/eval/heads report is a row of docs/heads.md's table, as head_row renders it."""
-    from pcd_integrations.commands.evaluate import HEADS_HEAD, head_row
+    from pcd_integrations.commands.eval_output import HEADS_HEAD, head_row
 
     page, reports = _page_and_reports("docs/heads.md", "docs/eval/heads", (".calibration.json",))
     assert HEADS_HEAD in page

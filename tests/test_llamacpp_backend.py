@@ -20,6 +20,7 @@ from conftest import load_case, schema_cases
 from pcd_core import Engine, LoadOptions
 from pcd_core.backends import llamacpp_backend
 from pcd_core.backends.base import Query
+from pcd_core.backends.llamacpp_loading import check_vocabulary
 from pcd_core.errors import BackendError, OptionError, PcdError
 from pcd_core.testing import check_backend, check_grow
 
@@ -118,7 +119,7 @@ def test_a_pass_over_the_sequence_limit_splits_and_reads_the_same(llama_engine, 
 def test_evicted_prefixes_are_read_again(llama_engine, ids, monkeypatch):
     prompt, rows = ids
     backend = llama_engine.backend
-    monkeypatch.setattr(llamacpp_backend, "MAX_LIVE_PREFIXES", 2)
+    monkeypatch.setattr(backend.sequences, "max_live_prefixes", 2)
     first = backend.prefill(prompt)
     want = backend.score(first, rows, [Query(0, 0, (1, 2, 3))]).values[0]
     others = [backend.prefill(prompt[:k]) for k in (3, 4, 5)]  # evicts ``first``
@@ -135,7 +136,7 @@ def test_load_time_checks(llama_engine, tmp_path):
     assert backend.layout_error <= llamacpp_backend.LAYOUT_TOLERANCE
     assert backend.threads >= 1
     with pytest.raises(BackendError, match="token 1 is"):
-        backend.check_vocabulary(_Shifted(llama_engine.tokenizer.hf), ())
+        check_vocabulary(backend, _Shifted(llama_engine.tokenizer.hf), ())
     with pytest.raises(OptionError, match="dtype"):
         Engine.load("smollm2-135m", backend="llamacpp", dtype="float16")
     with pytest.raises(PcdError, match="GGUF"):

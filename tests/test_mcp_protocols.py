@@ -1,6 +1,6 @@
 """``pcd-mcp`` over streamable HTTP at MCP 2026-07-28 and at 2025-11-25, and its operator flags.
 
-The server is ``mcp_server.server.http_app`` on a loopback socket (its lifespan run, which the SDK's
+The server is ``mcp_server.http_transport.http_app`` on a loopback socket (its lifespan run, which the SDK's
 session manager needs), in front of it the same ``Operations`` middleware as ``pcd serve``. Raw HTTP
 shows the 2026-07-28 wire: ``server/discover`` and ``tools/call`` as single stateless POSTs whose
 ``MCP-Protocol-Version``, ``Mcp-Method`` and ``Mcp-Name`` headers must match the body. The SDK's own
@@ -30,7 +30,8 @@ from mcp_types.version import LATEST_HANDSHAKE_VERSION, LATEST_PROTOCOL_VERSION 
 from test_mcp_server import CALLS, NOUL_ARGS, TOOLS, check_properties, check_result, output_schemas  # noqa: E402
 
 from mcp_server.__main__ import parse_args  # noqa: E402
-from mcp_server.server import build_server, http_app  # noqa: E402
+from mcp_server.http_transport import http_app  # noqa: E402
+from mcp_server.server import build_server  # noqa: E402
 from pcd_core import Engine  # noqa: E402
 from pcd_integrations.operations import Backpressure  # noqa: E402
 

@@ -310,7 +310,8 @@ def mcp_url(engine: Engine) -> Iterator[str]:
     pytest.importorskip("mcp", reason="the MCP server needs the 'mcp' extra")
     import uvicorn
 
-    from mcp_server.server import build_server, http_app
+    from mcp_server.http_transport import http_app
+    from mcp_server.server import build_server
 
     app = http_app(build_server(engine), "127.0.0.1", None, stateless=True, json_response=True)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on"))

@@ -12,7 +12,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pcd_core.backends.base import Query, pack_tree, plan_chunks
+from pcd_core.backends.base import Query
+from pcd_core.backends.packing import pack_tree, plan_chunks
 from pcd_core.backends.seqsets import BatchLayout, grow_layout, leaves, pass_layout
 from pcd_core.testing import OracleBackend
 

@@ -22,7 +22,7 @@ from mcp.client.streamable_http import streamable_http_client  # noqa: E402
 from test_hardening_servers import serving  # noqa: E402
 
 from mcp_server import build_server  # noqa: E402
-from mcp_server.server import http_app  # noqa: E402
+from mcp_server.http_transport import http_app  # noqa: E402
 from pcd_core.limits import Limits  # noqa: E402
 from pcd_integrations.http import create_app  # noqa: E402
 

@@ -24,8 +24,8 @@ queues it; the next call removes it, under the backend's lock, never inside anot
 At load, packed rows are checked against each row read in a pass of its own in this backend; a
 layout that differs by more than ``LAYOUT_TOLERANCE`` is refused (``BackendError``).
 
-Why one module of ~500 lines: it is the only file that imports ``llama_cpp``, and the sequence-id
-bookkeeping (prefixes, passes, grow, eviction) is one state that a split would have to pass around.
+It is the only file that imports ``llama_cpp``. Which sequence ids are free, held, pinned by the
+running call or evictable is kept by ``seqpool.SeqPool``; the batch layouts are ``seqsets.py``'s.
 """
 
 from __future__ import annotations
@@ -35,8 +35,6 @@ import logging
 import os
 import threading
 import weakref
-from collections import OrderedDict, deque
-from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,8 +42,10 @@ from typing import Any
 import numpy as np
 
 from ..errors import BackendError, BackendUnavailableError, PromptError
-from .base import Backend, Prefix, Query, Rows, TokenTree, pack_tree
-from .seqsets import BatchLayout, grow_layout, leaves, pass_layout
+from .base import Backend, Prefix, Query, Rows
+from .packing import TokenTree, pack_tree
+from .seqpool import Seq, SeqPool
+from .seqsets import BatchLayout, grow_layout, leaves, pass_layout, pass_layout_for_prompt
 
 try:
     import llama_cpp as llama
@@ -71,22 +71,13 @@ _LOG_CALLBACK = llama.llama_log_callback(_log_to_python)
 llama.llama_log_set(_LOG_CALLBACK, ctypes.c_void_p(0))
 
 
-class _Seq:
-    """A sequence id held by a prefix or by growing rows: None once evicted or freed."""
-
-    __slots__ = ("id",)
-
-    def __init__(self, seq: int | None) -> None:
-        self.id = seq
-
-
 @dataclass(frozen=True, eq=False)
 class LlamaPrefixState:
     """A prefix's sequence (re-read from ``ids`` when evicted), and the logits and final hidden state
     after its last token.
     """
 
-    seq: _Seq
+    seq: Seq
     ids: tuple[int, ...]
     logits: np.ndarray
     hidden: np.ndarray
@@ -106,7 +97,7 @@ class _Outputs:
 class _RowSeqs:
     """The sequences of growing rows; ``written`` is how many tokens each holds after the prompt."""
 
-    seqs: tuple[_Seq, ...]
+    seqs: tuple[Seq, ...]
     written: list[int]
 
 
@@ -186,10 +177,7 @@ class LlamaCppBackend(Backend):
         self.kv_bytes_per_token = 2 * n_layer * (n_embd // n_head) * n_head_kv * 2  # f16 keys and values
         self.path = Path(path)
         self._lock = threading.RLock()
-        self._free = list(range(self.n_seq_max - 1, -1, -1))
-        self._prefixes: OrderedDict[int, _Seq] = OrderedDict()  # live prefix sequences, least recent first
-        self._released: deque[_Seq] = deque()  # sequences whose owners were collected
-        self._pinned: set[int] = set()  # sequences the running call reads and must not evict
+        self.sequences = SeqPool(self.n_seq_max, MAX_LIVE_PREFIXES, self._remove_cells)
         weakref.finalize(self, _free_context, self._ctx, self._model)
         self.layout_error = self._self_check()
         if self.layout_error > LAYOUT_TOLERANCE:
@@ -203,70 +191,28 @@ class LlamaCppBackend(Backend):
         return self._vocab
 
     # -- sequences ----------------------------------------------------------------------------
-    def _drain(self) -> None:
-        """Free the sequences of collected prefixes and rows (queued by their finalizers)."""
-        while self._released:
-            holder = self._released.popleft()
-            if holder.id is not None:
-                self._prefixes.pop(holder.id, None)
-                self._drop(holder.id)
-                holder.id = None
-
-    def _drop(self, seq: int) -> None:
+    def _remove_cells(self, seq: int) -> None:
+        """Remove a sequence's cells from the KV cache (the pool frees its id)."""
         llama.llama_memory_seq_rm(self._memory, seq, -1, -1)
-        self._free.append(seq)
-
-    def _take(self) -> int:
-        """A free sequence id, evicting the least recently used unpinned prefix when none is free."""
-        self._drain()
-        if not self._free and not self._evict_one():
-            raise BackendError(
-                f"all {self.n_seq_max} llama.cpp sequences are held by rows being generated; "
-                "finish or drop some generations first"
-            )
-        return self._free.pop()
-
-    def _evict_one(self) -> bool:
-        for seq, holder in self._prefixes.items():
-            if seq not in self._pinned:
-                del self._prefixes[seq]
-                holder.id = None
-                self._drop(seq)
-                return True
-        return False
-
-    def _hold(self, holder: _Seq) -> int:
-        """The sequence of a prefix, re-reading it first if it was evicted; pinned for this call."""
-        state_seq = holder.id
-        if state_seq is None:
-            raise BackendError("internal: _hold needs a live sequence; use _prefix_seq")
-        self._prefixes.move_to_end(state_seq)
-        self._pinned.add(state_seq)
-        return state_seq
 
     def _prefix_seq(self, prefix: Prefix | None) -> int | None:
+        """The sequence of a prefix, pinned for this call; an evicted one is read again first."""
         if prefix is None:
             return None
         state: LlamaPrefixState = prefix.state
         if state.seq.id is None:  # evicted: read its ids again from scratch
-            seq = self._take()
+            seq = self.sequences.take()
             self.counter.add(len(state.ids))
             self._decode(pass_layout_for_prompt(state.ids, seq))
             state.seq.id = seq
-            self._register(state.seq)
-        return self._hold(state.seq)
-
-    def _register(self, holder: _Seq) -> None:
-        assert holder.id is not None
-        self._prefixes[holder.id] = holder
-        while len(self._prefixes) > MAX_LIVE_PREFIXES and self._evict_one():
-            pass
+            self.sequences.register(state.seq)
+        return self.sequences.hold(state.seq)
 
     def _new_prefix(self, ids: tuple[int, ...], seq: int, out: _Outputs, index: int) -> LlamaPrefixState:
-        holder = _Seq(seq)
+        holder = Seq(seq)
         state = LlamaPrefixState(holder, ids, out.logits[index], out.hidden[index])
-        weakref.finalize(state, self._released.append, holder)
-        self._register(holder)
+        self.sequences.release_later(state, holder)
+        self.sequences.register(holder)
         return state
 
     def _copy(self, source: int | None, target: int, end: int = -1) -> None:
@@ -292,7 +238,7 @@ class LlamaCppBackend(Backend):
                 batch.logits[i] = wanted
             batch.n_tokens = n
             while (code := llama.llama_decode(self._ctx, batch)) == 1:  # no room in the KV cache
-                if not self._evict_one():
+                if not self.sequences.evict_one():
                     raise PromptError(
                         f"llama.cpp's KV cache of {self.context_length} cells is full: the prompt, the "
                         "rows and the prefixes in use do not fit; pass n_ctx to the backend or ask less"
@@ -315,18 +261,18 @@ class LlamaCppBackend(Backend):
         with self._lock:
             try:
                 source = self._prefix_seq(parent)
-                seq = self._take()
+                seq = self.sequences.take()
                 self._copy(source, seq)
                 start = parent.n_tokens if parent is not None else 0
                 try:
                     out = self._decode(pass_layout_for_prompt(ids, seq, start))
                 except BaseException:
-                    self._drop(seq)
+                    self.sequences.drop(seq)
                     raise
                 whole = (parent.ids if parent is not None else ()) + ids
                 return self._new_prefix(whole, seq, out, len(ids) - 1)
             finally:
-                self._pinned.clear()
+                self.sequences.unpin_all()
 
     def _score_chunk(
         self, prefix: Prefix | None, trunk: tuple[int, ...], tree: TokenTree, queries: list[Query]
@@ -341,22 +287,22 @@ class LlamaCppBackend(Backend):
             try:
                 return self._packed(prefix, trunk, tree, queries)
             finally:
-                self._pinned.clear()
+                self.sequences.unpin_all()
 
     def _packed(
         self, prefix: Prefix | None, trunk: tuple[int, ...], tree: TokenTree, queries: list[Query]
     ) -> tuple[list[np.ndarray], LlamaPrefixState | None, list[np.ndarray]]:
         source = self._prefix_seq(prefix)
         n_prefix = prefix.n_tokens if prefix is not None else 0
-        trunk_seq = self._take() if trunk else None
+        trunk_seq = self.sequences.take() if trunk else None
         if trunk_seq is not None:
-            self._pinned.add(trunk_seq)
+            self.sequences.pin(trunk_seq)
             self._copy(source, trunk_seq)
         leaf_seqs = []
         try:
             for _ in leaves(tree):
-                seq = self._take()
-                self._pinned.add(seq)
+                seq = self.sequences.take()
+                self.sequences.pin(seq)
                 self._copy(source, seq)
                 leaf_seqs.append(seq)
             nodes = [tree.node_of[q.row][q.position] for q in queries]
@@ -364,11 +310,11 @@ class LlamaCppBackend(Backend):
             out = self._decode(layout)
         except BaseException:
             if trunk_seq is not None:
-                self._drop(trunk_seq)
+                self.sequences.drop(trunk_seq)
             raise
         finally:
             for seq in leaf_seqs:  # every row cell goes; the prefix's and the trunk's stay
-                self._drop(seq)
+                self.sequences.drop(seq)
         read = [len(trunk) + node for node in nodes]
         values = [_log_softmax(out.logits[i])[list(q.ids)] for i, q in zip(read, queries, strict=True)]
         state = None
@@ -408,7 +354,7 @@ class LlamaCppBackend(Backend):
             try:
                 return self._grow_seqs(prefix, kept, extended, n_new, trunk)
             finally:
-                self._pinned.clear()
+                self.sequences.unpin_all()
 
     def _grow_seqs(
         self,
@@ -427,7 +373,7 @@ class LlamaCppBackend(Backend):
         else:
             group = self._row_group(source, kept, base, len(extended))
         if trunk:
-            trunk_seq = self._take()
+            trunk_seq = self.sequences.take()
             self._copy(source, trunk_seq)
         seqs = [holder.id for holder in group.seqs]
         assert all(seq is not None for seq in seqs), "growing rows never lose their sequences"
@@ -450,22 +396,22 @@ class LlamaCppBackend(Backend):
         """Fresh sequences for rows: copies of the prefix, or of older rows cut at their lengths."""
         holders = []
         for k in range(n_rows):
-            seq = self._take()
-            self._pinned.add(seq)
+            seq = self.sequences.take()
+            self.sequences.pin(seq)
             if kept is None:
                 self._copy(source, seq)
             else:
                 self._copy(kept.rows.seqs[k].id, seq, base + kept.written[k])
-            holders.append(_Seq(seq))
+            holders.append(Seq(seq))
         group = _RowSeqs(tuple(holders), list(kept.written) if kept is not None else [0] * n_rows)
         for holder in holders:
-            weakref.finalize(group, self._released.append, holder)
+            self.sequences.release_later(group, holder)
         return group
 
     def live_sequences(self) -> dict[int, int]:
         """Every sequence id that holds KV cells, with its last position (``llama_memory_seq_pos_max``)."""
         with self._lock:
-            self._drain()
+            self.sequences.drain()
             ends = {seq: int(llama.llama_memory_seq_pos_max(self._memory, seq)) for seq in range(self.n_seq_max)}
         return {seq: end for seq, end in ends.items() if end >= 0}
 
@@ -502,35 +448,6 @@ class LlamaCppBackend(Backend):
         finally:
             self.counter.forward_passes, self.counter.tokens_read = saved
         return max(float(np.max(np.abs(a - p))) for a, p in zip(alone, packed, strict=True))
-
-    def check_vocabulary(self, hf_tokenizer: Any, samples: Iterable[str]) -> None:
-        """Refuse a tokenizer that does not match llama.cpp's vocabulary: the same token texts, id for
-        id, and the same ids for ``samples`` (so the pre-tokenizer splits text alike).
-        """
-        size = len(hf_tokenizer)
-        if size > self._vocab:
-            raise BackendError(f"the tokenizer has {size} tokens, llama.cpp's vocabulary {self._vocab}")
-        texts = hf_tokenizer.convert_ids_to_tokens(list(range(size)))
-        for token, text in enumerate(texts):
-            if text != self.token_text(token):
-                raise BackendError(
-                    f"token {token} is {text!r} in the tokenizer but {self.token_text(token)!r} in llama.cpp"
-                )
-        for sample in samples:
-            ours, theirs = list(hf_tokenizer.encode(sample, add_special_tokens=False)), self.tokenize(sample)
-            if ours != theirs:
-                raise BackendError(f"the tokenizer and llama.cpp split {sample[:40]!r} differently")
-
-
-def pass_layout_for_prompt(ids: Sequence[int], seq: int, start: int = 0) -> BatchLayout:
-    """A plain causal read of ``ids`` at positions from ``start`` into one sequence; logits at the end."""
-    n = len(ids)
-    return BatchLayout(
-        tokens=tuple(ids),
-        positions=tuple(range(start, start + n)),
-        seq_ids=((seq,),) * n,
-        logits=tuple(k == n - 1 for k in range(n)),
-    )
 
 
 def _free_context(ctx: Any, model: Any) -> None:

@@ -6,8 +6,8 @@ the same GGUF's metadata: on two cores that takes 15 s or more (its GGUF reader 
 vocabulary and its merges through a numpy memmap), so the tokenizer alone, a few MB, is saved once
 in the cache folder (``models.cache_dir``) and later loads read it in a second. No weights are
 written anywhere. The tokenizer must agree with llama.cpp's own vocabulary, token for token, or
-the engine would score ids the model reads as other text: ``LlamaCppBackend.check_vocabulary``
-refuses a mismatch at load.
+the engine would score ids the model reads as other text: ``check_vocabulary`` refuses a mismatch
+at load.
 
 The context's thread count is the ``threads`` load option (``pcd_core/options.py``), else
 ``PCD_LLAMACPP_THREADS`` when set, else every core of the machine.
@@ -18,12 +18,13 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from tqdm.auto import tqdm
 
-from ..errors import OptionError, PcdError
+from ..errors import BackendError, OptionError, PcdError
 from ..tokenizer import TextTokenizer
 
 #: texts whose tokenization must be the same in llama.cpp and in the tokenizer: words, digits,
@@ -91,6 +92,26 @@ def load_llamacpp(
         backend = LlamaCppBackend(
             source.gguf, threads=threads or threads_from_environment(), max_tokens_per_pass=max_tokens_per_pass
         )
-        backend.check_vocabulary(hf_tokenizer, VOCABULARY_SAMPLES)
+        check_vocabulary(backend, hf_tokenizer, VOCABULARY_SAMPLES)
         progress.update()
     return backend, TextTokenizer(hf_tokenizer), source.name
+
+
+def check_vocabulary(backend: Any, hf_tokenizer: Any, samples: Iterable[str]) -> None:
+    """Refuse a tokenizer that does not match the llama.cpp backend's vocabulary: the same token texts,
+    id for id (``backend.token_text``), and the same ids for ``samples`` (``backend.tokenize``), so the
+    pre-tokenizer splits text alike.
+    """
+    size = len(hf_tokenizer)
+    if size > backend.vocab_size:
+        raise BackendError(f"the tokenizer has {size} tokens, llama.cpp's vocabulary {backend.vocab_size}")
+    texts = hf_tokenizer.convert_ids_to_tokens(list(range(size)))
+    for token, text in enumerate(texts):
+        if text != backend.token_text(token):
+            raise BackendError(
+                f"token {token} is {text!r} in the tokenizer but {backend.token_text(token)!r} in llama.cpp"
+            )
+    for sample in samples:
+        ours, theirs = list(hf_tokenizer.encode(sample, add_special_tokens=False)), backend.tokenize(sample)
+        if ours != theirs:
+            raise BackendError(f"the tokenizer and llama.cpp split {sample[:40]!r} differently")

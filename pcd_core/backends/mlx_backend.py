@@ -33,7 +33,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import BackendError, BackendUnavailableError
-from .base import Backend, Prefix, Query, TokenTree, pack_tree
+from .base import Backend, Prefix, Query
+from .packing import TokenTree, pack_tree
 
 try:
     import mlx.core as mx

@@ -3,7 +3,7 @@
 llama.cpp's KV cache lets one token belong to several sequences: a batch entry carries a list of
 sequence ids and its KV cell keeps them all. A query token attends to every cell that holds the
 *first* of its sequence ids at a position not after its own (``llama-kv-cache.cpp``,
-``set_input_kq_mask``, reads ``ubatch->seq_id[i][0]``). So the tree mask of ``base.TokenTree`` is a
+``set_input_kq_mask``, reads ``ubatch->seq_id[i][0]``). So the tree mask of ``packing.TokenTree`` is a
 choice of sequence sets:
 
 - each leaf of the tree (a node with no child) is a sequence of its own;
@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from .base import TokenTree
+from .packing import TokenTree
 
 
 @dataclass(frozen=True)
@@ -127,3 +127,14 @@ def grow_layout(
             seq_ids.append((seq,))
             logits.append(j == len(tokens_new) - 1)
     return BatchLayout(tuple(tokens), tuple(positions), tuple(seq_ids), tuple(logits))
+
+
+def pass_layout_for_prompt(ids: Sequence[int], seq: int, start: int = 0) -> BatchLayout:
+    """A plain causal read of ``ids`` at positions from ``start`` into one sequence; logits at the end."""
+    n = len(ids)
+    return BatchLayout(
+        tokens=tuple(ids),
+        positions=tuple(range(start, start + n)),
+        seq_ids=((seq,),) * n,
+        logits=tuple(k == n - 1 for k in range(n)),
+    )

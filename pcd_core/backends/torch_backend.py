@@ -28,28 +28,29 @@ that kernel rather than the math one is not checked here (no GPU): ``examples/gp
 it. Every prefill ends with a device synchronisation (``synchronize``), so that timings taken
 around backend calls count the GPU's work, not only its queueing.
 
-Why one module of ~640 lines: the packed masks, the grow arena and the load-time layout check all
-work on the model's KV layout, one state that a split would have to expose between files.
+The cache layers that read over a prefix's tensors and the generation arena are in
+``torch_cache.py``; the model's own passes the layout check compares with are in ``torch_check.py``.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
-from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ..errors import BackendError, BackendUnavailableError
-from .base import Backend, LayoutChoice, Prefix, Query, RowLayout, Rows, TokenTree, pack_tree
+from .base import Backend, LayoutChoice, Prefix, Query, RowLayout, Rows
+from .packing import TokenTree, pack_tree
 
 try:
     import torch
-    from transformers.cache_utils import Cache, DynamicLayer
+    from transformers.cache_utils import Cache
 except ImportError as error:  # pragma: no cover - exercised only without the extra
     raise BackendUnavailableError("torch", error.name or "torch") from error
+
+from .torch_cache import Arena, ArenaLayer, GrownRows, PrefixLayer, Room, TorchState  # they need torch, imported above
+from .torch_check import CheckCase, rounding_floor, whole_pass_case
 
 logger = logging.getLogger(__name__)
 
@@ -68,187 +69,6 @@ def default_dtype(device: torch.device) -> torch.dtype:
     every CPU figure in the docs is float32).
     """
     return torch.bfloat16 if device.type == "cuda" else torch.float32
-
-
-class _Room:
-    """Space reserved after a prefix's KV in the same buffers, which one generation may claim.
-
-    A prefix read with ``room`` keeps its keys and values as views at the start of larger buffers;
-    the first ``grow`` after it writes the rows' tokens right behind them, so every step attends
-    over one contiguous view instead of joining a copy of the prefix to the rows in each layer.
-    Only one generation may own the space: a second one after the same prefix gets the ordinary
-    arena. The prefix's own views never reach the room, so nothing written there changes it.
-    """
-
-    def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor], n_prefix: int) -> None:
-        self.keys, self.values, self.n_prefix = keys, values, n_prefix
-        self._claimed = False
-        self._claim_lock = threading.Lock()
-
-    def claim(self) -> bool:
-        with self._claim_lock:
-            taken, self._claimed = self._claimed, True
-            return not taken
-
-
-@dataclass(frozen=True)
-class TorchState:
-    keys: tuple[torch.Tensor, ...]
-    values: tuple[torch.Tensor, ...]
-    last_hidden: torch.Tensor
-    room: _Room | None = None
-
-
-class _Arena:
-    """One buffer per layer for the row tokens of a generation, written in place step by step.
-
-    Two kinds. In a prefix's claimed ``_Room`` (``offset`` is the prefix's length) the rows follow
-    the prefix in the same buffers, and a layer attends over one view of both: no copy at all. In
-    a buffer of its own (``offset`` 0) only the rows live there, and the prefix KV is joined with
-    them inside each layer for one attention call, then dropped; either way a generation holds no
-    copy of the prefix. ``used`` says how many row tokens are written; a state that does not own
-    the buffer's end (an older ``Rows`` grown a second time) gets a fresh buffer.
-    """
-
-    def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor], offset: int = 0) -> None:
-        self.keys, self.values, self.offset = keys, values, offset
-        self.used = 0
-
-    @classmethod
-    def empty(cls, like: torch.Tensor, n_layers: int, capacity: int) -> _Arena:
-        shape = (*like.shape[:-2], capacity, like.shape[-1])
-        keys = [torch.empty(shape, dtype=like.dtype, device=like.device) for _ in range(n_layers)]
-        values = [torch.empty(shape, dtype=like.dtype, device=like.device) for _ in range(n_layers)]
-        return cls(keys, values)
-
-    @property
-    def end(self) -> int:
-        """Where the next row token goes in the buffers."""
-        return self.offset + self.used
-
-    def rows_of(self, layer: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The first ``n`` row tokens' keys and values of one layer."""
-        span = slice(self.offset, self.offset + n)
-        return self.keys[layer][..., span, :], self.values[layer][..., span, :]
-
-    def reserve(self, n_new: int) -> None:
-        needed = self.end + n_new
-        if needed > self.keys[0].shape[-2]:
-            if self.offset:  # past the reserved room: from here the buffers hold a prefix copy
-                logger.debug("a generation outgrew the room after its prefix; its buffers grow")
-            size = max(needed, 2 * self.keys[0].shape[-2])
-            self.keys = [_grown(k, self.end, size) for k in self.keys]
-            self.values = [_grown(v, self.end, size) for v in self.values]
-
-
-def _grown(buffer: torch.Tensor, used: int, size: int) -> torch.Tensor:
-    bigger = torch.empty((*buffer.shape[:-2], size, buffer.shape[-1]), dtype=buffer.dtype, device=buffer.device)
-    bigger[..., :used, :] = buffer[..., :used, :]
-    return bigger
-
-
-@dataclass(frozen=True)
-class _GrownRows:
-    """Growing rows packed after a prefix in an ``_Arena``: per row token its row and its depth."""
-
-    arena: _Arena
-    used: int  # the arena is this state's up to here
-    owner: torch.Tensor
-    depth: torch.Tensor
-
-
-class _ArenaLayer(DynamicLayer):
-    """A cache layer that appends the step's keys and values to the rows' arena in place and attends
-    over the prefix and the rows written so far (joined for this call only).
-    """
-
-    def __init__(self, arena: _Arena, index: int, prefix_keys: torch.Tensor, prefix_values: torch.Tensor) -> None:
-        super().__init__()
-        self.arena, self.index = arena, index
-        self.keys, self.values = prefix_keys, prefix_values
-        self.device = prefix_keys.device
-        self.is_initialized = True
-
-    def update(
-        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        start, n = self.arena.end, key_states.shape[-2]
-        buffer_k, buffer_v = self.arena.keys[self.index], self.arena.values[self.index]
-        buffer_k[..., start : start + n, :] = key_states
-        buffer_v[..., start : start + n, :] = value_states
-        if self.arena.offset:  # the prefix sits before the rows in the same buffers
-            return buffer_k[..., : start + n, :], buffer_v[..., : start + n, :]
-        assert self.keys is not None and self.values is not None
-        rows_k, rows_v = self.arena.rows_of(self.index, self.arena.used + n)
-        return torch.cat([self.keys, rows_k], dim=-2), torch.cat([self.values, rows_v], dim=-2)
-
-
-class _PrefixLayer(DynamicLayer):
-    """A cache layer over existing tensors. ``update`` returns prefix + new states and keeps the first
-    ``keep`` of them (all for a prefill, prefix + trunk for a pass with a trunk, none otherwise); what
-    it does not keep lives for one layer, then goes. A prefill with ``room`` writes prefix + new
-    states into buffers ``room`` tokens longer and keeps views of them (``buffers``), for a ``_Room``.
-    """
-
-    def __init__(self, keys: torch.Tensor | None, values: torch.Tensor | None, keep: int | None, room: int = 0) -> None:
-        super().__init__()
-        self.keep, self.room = keep, room
-        self.buffers: tuple[torch.Tensor, torch.Tensor] | None = None
-        if keys is not None:
-            self.keys, self.values = keys, values
-            self.device = keys.device
-            self.is_initialized = True
-
-    def update(
-        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        assert self.keys is not None and self.values is not None
-        if self.room and self.keep is None:
-            return self._into_room(key_states, value_states)
-        keys = torch.cat([self.keys, key_states], dim=-2)
-        values = torch.cat([self.values, value_states], dim=-2)
-        if self.keep is None:
-            self.keys, self.values = keys, values
-        elif self.keep:
-            # a copy, so that the rows' states are not held alive behind a view
-            self.keys, self.values = keys[..., : self.keep, :].clone(), values[..., : self.keep, :].clone()
-        return keys, values
-
-    def _into_room(self, key_states: torch.Tensor, value_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        assert self.keys is not None and self.values is not None
-        n_old = self.keys.shape[-2] if self.keys.dim() == key_states.dim() else 0  # lazy init: a 1-D empty
-        n = n_old + key_states.shape[-2]
-        buffers = []
-        for old, new in ((self.keys, key_states), (self.values, value_states)):
-            buffer = new.new_empty((*new.shape[:-2], n + self.room, new.shape[-1]))
-            if n_old:
-                buffer[..., :n_old, :] = old
-            buffer[..., n_old:n, :] = new
-            buffers.append(buffer)
-        self.buffers = (buffers[0], buffers[1])
-        self.keys, self.values = buffers[0][..., :n, :], buffers[1][..., :n, :]
-        return self.keys, self.values
-
-
-def _gathered(logits: torch.Tensor, ids: tuple[int, ...]) -> np.ndarray:
-    """Log-probs of ``ids`` after the last position of a model's output logits."""
-    return torch.log_softmax(logits[0, -1].float(), -1)[list(ids)].double().cpu().numpy()
-
-
-@dataclass(frozen=True)
-class _CheckCase:
-    """The layout self-check's text, and the model's whole pass over prompt + each row at ``ids``."""
-
-    prompt: list[int]
-    rows: list[tuple[int, ...]]
-    ids: tuple[int, ...]
-    whole: list[np.ndarray]
-
-    def gap(self, read: Sequence[np.ndarray]) -> float:
-        """The largest |log-prob| difference of ``read`` (one array per row) from the whole pass."""
-        return max(float(np.max(np.abs(want - got))) for want, got in zip(self.whole, read, strict=True))
 
 
 class TorchBackend(Backend):
@@ -277,7 +97,7 @@ class TorchBackend(Backend):
         self.kv_bytes_per_token = 2 * self.n_layers * n_kv * head_dim * element
         # the boolean mask, its additive copy in the model's dtype, and the tree's numpy ancestors
         self.mask_bytes_per_entry = 2 + element
-        self._checked: _CheckCase | None = None
+        self._checked: CheckCase | None = None
         self.row_layout = self._choose_layout(row_layout)
 
     @property
@@ -293,20 +113,20 @@ class TorchBackend(Backend):
     # -- prefill ------------------------------------------------------------------------------
     def _cache(self, prefix: Prefix | None, keep: int | None, room: int = 0) -> Cache:
         if prefix is None:
-            return Cache(layers=[_PrefixLayer(None, None, keep, room) for _ in range(self.n_layers)])
+            return Cache(layers=[PrefixLayer(None, None, keep, room) for _ in range(self.n_layers)])
         state: TorchState = prefix.state
-        return Cache(layers=[_PrefixLayer(k, v, keep, room) for k, v in zip(state.keys, state.values)])
+        return Cache(layers=[PrefixLayer(k, v, keep, room) for k, v in zip(state.keys, state.values)])
 
     @staticmethod
     def _kept(cache: Cache, last_hidden: torch.Tensor) -> TorchState:
-        layers = [layer for layer in cache.layers if isinstance(layer, _PrefixLayer)]
-        assert len(layers) == len(cache.layers), "every layer of the engine's caches is a _PrefixLayer"
+        layers = [layer for layer in cache.layers if isinstance(layer, PrefixLayer)]
+        assert len(layers) == len(cache.layers), "every layer of the engine's caches is a PrefixLayer"
         keys = tuple(layer.keys for layer in layers if layer.keys is not None)
         values = tuple(layer.values for layer in layers if layer.values is not None)
         room = None
         buffers = [layer.buffers for layer in layers if layer.buffers is not None]
         if buffers and len(buffers) == len(layers):
-            room = _Room([k for k, _ in buffers], [v for _, v in buffers], keys[0].shape[-2])
+            room = Room([k for k, _ in buffers], [v for _, v in buffers], keys[0].shape[-2])
         return TorchState(keys=keys, values=values, last_hidden=last_hidden.detach(), room=room)
 
     @torch.inference_mode()
@@ -449,7 +269,7 @@ class TorchBackend(Backend):
         state: TorchState = prefix.state
         cache = Cache(
             layers=[
-                _PrefixLayer(k.expand(batch, -1, -1, -1), v.expand(batch, -1, -1, -1), keep=0)
+                PrefixLayer(k.expand(batch, -1, -1, -1), v.expand(batch, -1, -1, -1), keep=0)
                 for k, v in zip(state.keys, state.values)
             ]
         )
@@ -476,8 +296,8 @@ class TorchBackend(Backend):
     ) -> Rows:
         """Read only each row's new tokens, after the prefix (and a trunk) and the rows' kept KV, in one pass.
 
-        The rows' tokens live packed after the prefix in one buffer per layer (``_Arena``) that
-        every step writes its tokens' keys and values into in place (see ``_Arena`` for how the
+        The rows' tokens live packed after the prefix in one buffer per layer (``Arena``) that
+        every step writes its tokens' keys and values into in place (see ``Arena`` for how the
         prefix KV is joined without a copy). New tokens attend to the whole prefix and trunk, to
         the kept tokens of their own row and to their own row's earlier new tokens; positions
         continue each row's own length. A trunk is read causally before the rows; its keys and
@@ -486,7 +306,7 @@ class TorchBackend(Backend):
         """
         if self.row_layout != "packed":
             return super()._grow(prefix, rows, extended, n_new, trunk, room)
-        kept: _GrownRows | None = rows.state if rows is not None else None
+        kept: GrownRows | None = rows.state if rows is not None else None
         n_prefix, n_trunk = prefix.n_tokens, len(trunk)
         base = n_prefix + n_trunk  # where the rows' positions start
         owner, depth, tokens = [], [], []
@@ -522,9 +342,7 @@ class TorchBackend(Backend):
             cache = self._cache(prefix, keep=None, room=n_rows + room)
         else:
             arena = self._arena_for(prefix, kept, n_rows, extended)
-            cache = Cache(
-                layers=[_ArenaLayer(arena, i, k, v) for i, (k, v) in enumerate(zip(state.keys, state.values))]
-            )
+            cache = Cache(layers=[ArenaLayer(arena, i, k, v) for i, (k, v) in enumerate(zip(state.keys, state.values))])
         out = self.decoder(
             input_ids=torch.tensor([list(trunk) + tokens], device=device),
             position_ids=q_pos[None],
@@ -536,7 +354,7 @@ class TorchBackend(Backend):
         if trunk:
             prefix, arena = self._trunk_prefix(prefix, trunk, cache, hidden_all[n_trunk - 1], n_rows)
         arena.used += n_rows
-        grown = _GrownRows(
+        grown = GrownRows(
             arena=arena,
             used=arena.used,
             owner=torch.cat([old_owner, new_owner]),
@@ -552,16 +370,16 @@ class TorchBackend(Backend):
 
     def _trunk_prefix(
         self, prefix: Prefix, trunk: tuple[int, ...], cache: Cache, last_hidden: torch.Tensor, n_rows: int
-    ) -> tuple[Prefix, _Arena]:
+    ) -> tuple[Prefix, Arena]:
         """After a pass with a trunk: the prefix it extends to (views of the new buffers), and the
         arena of the rows read with it, which owns the room behind that prefix.
         """
-        layers = [layer for layer in cache.layers if isinstance(layer, _PrefixLayer) and layer.buffers is not None]
+        layers = [layer for layer in cache.layers if isinstance(layer, PrefixLayer) and layer.buffers is not None]
         assert len(layers) == self.n_layers, "a pass with a trunk writes every layer into a room"
         n = prefix.n_tokens + len(trunk)
         keys = [layer.buffers[0] for layer in layers if layer.buffers is not None]
         values = [layer.buffers[1] for layer in layers if layer.buffers is not None]
-        room = _Room(keys, values, n)
+        room = Room(keys, values, n)
         room.claim()
         state = TorchState(
             keys=tuple(k[..., :n, :] for k in keys),
@@ -569,11 +387,11 @@ class TorchBackend(Backend):
             last_hidden=last_hidden.detach(),
             room=room,
         )
-        return Prefix(ids=prefix.ids + trunk, state=state), _Arena(keys, values, offset=n)
+        return Prefix(ids=prefix.ids + trunk, state=state), Arena(keys, values, offset=n)
 
     def _arena_for(
-        self, prefix: Prefix, kept: _GrownRows | None, n_new: int, extended: tuple[tuple[int, ...], ...]
-    ) -> _Arena:
+        self, prefix: Prefix, kept: GrownRows | None, n_new: int, extended: tuple[tuple[int, ...], ...]
+    ) -> Arena:
         """The arena this step writes into: the rows' own, or a fresh one (the first step, or a state
         that is not the arena's latest, whose own row tokens are copied over).
         """
@@ -582,12 +400,12 @@ class TorchBackend(Backend):
             return kept.arena
         state: TorchState = prefix.state
         if kept is None and state.room is not None and state.room.claim():
-            arena = _Arena(state.room.keys, state.room.values, offset=state.room.n_prefix)
+            arena = Arena(state.room.keys, state.room.values, offset=state.room.n_prefix)
             arena.reserve(n_new)
             return arena
         # room for every row to grow to twice its present length before the buffer must grow
         capacity = max(64, 2 * sum(len(row) for row in extended) + n_new)
-        arena = _Arena.empty(state.keys[0], self.n_layers, capacity)
+        arena = Arena.empty(state.keys[0], self.n_layers, capacity)
         if kept is not None:
             arena.reserve(kept.used + n_new)
             for i in range(self.n_layers):
@@ -617,40 +435,17 @@ class TorchBackend(Backend):
             logger.warning("row layout %r disagrees with a full forward pass by %.2e", layout, error)
         raise BackendError(f"no row layout of {self.model.config.model_type!r} matches its full forward pass")
 
-    @torch.inference_mode()
-    def _check_case(self) -> _CheckCase:
-        """The self-check's text and the model's own whole pass over it, read once per backend: every
+    def _check_case(self) -> CheckCase:
+        """The self-check's text and the model's whole pass over it, read once per backend: every
         layout tried, and the rounding floor, compare with the same whole pass.
         """
         if self._checked is None:
-            vocab = self._vocab
-            prompt = [(7 * i + 3) % vocab for i in range(1, 12)]
-            rows = [tuple((11 * i + 5) % vocab for i in range(1, 6)), tuple((13 * i + 1) % vocab for i in range(1, 4))]
-            ids = tuple(range(0, vocab, max(1, vocab // 64)))
-            # the model's own forward pass applies any final soft-capping itself
-            whole = [
-                _gathered(self.model(input_ids=torch.tensor([prompt + list(row)], device=self.device)).logits, ids)
-                for row in rows
-            ]
-            self._checked = _CheckCase(prompt, rows, ids, whole)
+            self._checked = whole_pass_case(self.model, self.device, self._vocab)
         return self._checked
 
-    @torch.inference_mode()
     def _rounding_floor(self) -> float:
-        """How far the model's own code disagrees with itself in this dtype: the self-check's rows read
-        after the prompt through the model's KV cache, against the same text in one pass. Both are
-        exact in arithmetic; in float32 they agree to ~1e-5, in bfloat16 to a few tenths, which a
-        layout's reading cannot beat. A wrong mask or position moves log-probs by more than 1.
-        """
-        case = self._check_case()
-        cached = []
-        for row in case.rows:
-            head = self.model(input_ids=torch.tensor([case.prompt], device=self.device), use_cache=True)
-            after = self.model(
-                input_ids=torch.tensor([list(row)], device=self.device), cache=head.cache, use_cache=True
-            )
-            cached.append(_gathered(after.logits, case.ids))
-        return case.gap(cached)
+        """How far the model's own code disagrees with itself in its dtype (``torch_check.rounding_floor``)."""
+        return rounding_floor(self.model, self.device, self._check_case())
 
     @torch.inference_mode()
     def _self_check(self) -> float:

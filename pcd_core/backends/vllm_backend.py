@@ -35,7 +35,9 @@ import numpy as np
 
 from ..errors import BackendError, BackendUnavailableError, HiddenStatesUnavailableError, UpstreamError
 from ..tokenizer import TextTokenizer
-from .base import Backend, PassCounter, Prefix, Query, Scored, TokenTree
+from .base import Backend, Prefix, Query, Scored
+from .counting import PassCounter
+from .packing import TokenTree
 
 try:
     import httpx

@@ -5,8 +5,10 @@
 - OpenAI Decisions (``POST /v1/decisions``): ``decisions.py`` declares its request and response and
   translates them to and from the System One models, so both routes make the same engine call;
   ``decision_input.py`` declares its input items and splits them into state, turns and instructions.
-- OpenAI Chat Completions (``POST /v1/chat/completions``): ``chat.py`` declares its request, reply
-  and stream chunks; ``errors.py`` the error body every OpenAI route answers with.
+- OpenAI Chat Completions (``POST /v1/chat/completions``): ``chat.py`` declares its request,
+  ``chat_reply.py`` its reply and stream chunks; ``errors.py`` the error body every OpenAI route
+  answers with.
+- ``served.py``: the served model as ``GET /v1/models`` lists it in both protocols, and ``/healthz``.
 - ``body.py`` reads a raw JSON body strictly (duplicate keys and non-finite numbers are errors, not
   silently resolved), for every HTTP route.
 

@@ -14,17 +14,15 @@ refused with a message that says why, before any model work:
   temperature 0; a value that asks for sampling is named in ``x_pcd.warnings``.
 
 The request also says what to run (`ChatCompletionRequest.tool_specs`, ``transcript``,
-``chat_messages``); ``pcd_integrations/chat_completions.py`` runs it. ``tests/test_chat_completions.py``
-drives the route with the real ``openai``, LangChain, instructor and LlamaIndex clients.
-
-Why one module of ~500 lines: it mirrors the openai package's request and answer types one to one,
-and the request's refusals name fields of the answer types, so they are kept side by side.
+``chat_messages``); ``pcd_integrations/chat_completions.py`` runs it and answers with the reply
+models of ``wire/chat_reply.py``. ``tests/test_chat_completions.py`` drives the route with the real
+``openai``, LangChain, instructor and LlamaIndex clients.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -32,19 +30,16 @@ from pydantic import (
     ConfigDict,
     Discriminator,
     Field,
-    SerializerFunctionWrapHandler,
     StrictBool,
     StrictInt,
     StrictStr,
     Tag,
     ValidationInfo,
     field_validator,
-    model_serializer,
     model_validator,
 )
 
 from pcd_core.chatting import Message, transcript
-from pcd_core.cost import Stats
 from pcd_core.tools import ToolChoice, ToolChoiceError, ToolSpec, normalise_tool_choice
 
 #: The most tokens a generated reply has when the request sets no ``max_tokens``.
@@ -53,7 +48,9 @@ _NAME = r"^[A-Za-z0-9_-]{1,64}$"
 _UNSUPPORTED = {"image_url": "images", "input_audio": "audio", "file": "files"}
 
 
-class _Model(BaseModel):
+class ChatObject(BaseModel):
+    """The base of every Chat Completions model, the replies' included (``wire/chat_reply.py``)."""
+
     # Fields this server does not use (seed, user, metadata, store, ...) are accepted and ignored.
     model_config = ConfigDict(extra="ignore")
 
@@ -71,12 +68,12 @@ def _tag_by(key: str, tags: dict[str, str], other: str | None = None) -> Callabl
 
 
 # -- request: content parts ---------------------------------------------------------------------
-class TextPart(_Model):
+class TextPart(ChatObject):
     type: Literal["text"]
     text: StrictStr
 
 
-class UnsupportedPart(_Model):
+class UnsupportedPart(ChatObject):
     """Any part that is not text: refused, so that nothing is answered on less than was sent."""
 
     type: StrictStr
@@ -107,7 +104,7 @@ def _text(parts: list[TextPart] | list[Part] | None) -> str:
 
 
 # -- request: messages --------------------------------------------------------------------------
-class _Message(_Model):
+class _Message(ChatObject):
     content: list[Part] = Field(min_length=1)
 
     @field_validator("content", mode="before")
@@ -132,12 +129,12 @@ class UserMessage(_Message):
     name: StrictStr | None = None
 
 
-class FunctionCall(_Model):
+class FunctionCall(ChatObject):
     name: StrictStr
     arguments: StrictStr = Field(description="The arguments as a JSON text, as OpenAI writes them.")
 
 
-class ToolCall(_Model):
+class ToolCall(ChatObject):
     """A tool call: in an assistant message of the request, and in the reply."""
 
     id: StrictStr
@@ -190,32 +187,32 @@ ChatMessage = Annotated[
 
 
 # -- request: tools and formats ------------------------------------------------------------------
-class FunctionDefinition(_Model):
+class FunctionDefinition(ChatObject):
     name: str = Field(pattern=_NAME)
     description: StrictStr | None = None
     parameters: dict[str, Any] | None = None
     strict: StrictBool | None = None
 
 
-class ToolParam(_Model):
+class ToolParam(ChatObject):
     type: Literal["function"]
     function: FunctionDefinition
 
 
-class NamedFunction(_Model):
+class NamedFunction(ChatObject):
     name: StrictStr
 
 
-class NamedToolChoice(_Model):
+class NamedToolChoice(ChatObject):
     type: Literal["function"]
     function: NamedFunction
 
 
-class TextFormat(_Model):
+class TextFormat(ChatObject):
     type: Literal["text"]
 
 
-class JsonObjectFormat(_Model):
+class JsonObjectFormat(ChatObject):
     """``{"type": "json_object"}``: any JSON object, which leaves the engine nothing to fill: refused."""
 
     type: Literal["json_object"]
@@ -228,7 +225,7 @@ class JsonObjectFormat(_Model):
         )
 
 
-class JsonSchemaSpec(_Model):
+class JsonSchemaSpec(ChatObject):
     model_config = ConfigDict(extra="ignore", populate_by_name=True)
 
     name: str = Field(pattern=_NAME)
@@ -238,7 +235,7 @@ class JsonSchemaSpec(_Model):
     strict: StrictBool | None = Field(default=None, description="Accepted; every fill is strict by construction.")
 
 
-class JsonSchemaFormat(_Model):
+class JsonSchemaFormat(ChatObject):
     type: Literal["json_schema"]
     json_schema: JsonSchemaSpec
 
@@ -255,11 +252,11 @@ ResponseFormat = Annotated[
 ]
 
 
-class StreamOptions(_Model):
+class StreamOptions(ChatObject):
     include_usage: StrictBool = False
 
 
-class ChatCompletionRequest(_Model):
+class ChatCompletionRequest(ChatObject):
     """The body of ``POST /v1/chat/completions``; see the module docstring for what is refused."""
 
     model: StrictStr
@@ -403,120 +400,3 @@ FIELD_NAMES = frozenset(
     for key, info in model.model_fields.items()
     for name in (key, info.alias or key)
 )
-
-
-# -- response -------------------------------------------------------------------------------------
-FinishReason = Literal["stop", "length", "tool_calls"]
-
-
-class AssistantReply(_Model):
-    role: Literal["assistant"] = "assistant"
-    content: str | None
-    refusal: None = None
-    tool_calls: list[ToolCall] | None = None
-
-
-class Choice(_Model):
-    index: int = 0
-    message: AssistantReply
-    finish_reason: FinishReason
-    logprobs: None = None
-
-
-class PromptTokensDetails(_Model):
-    cached_tokens: int = Field(default=0, description="Head tokens served from the engine's prefix cache.")
-
-
-class CompletionTokensDetails(_Model):
-    reasoning_tokens: int = 0
-
-
-class CompletionUsage(_Model):
-    prompt_tokens: int = Field(description="Every token read: the prompt, and the rows of each decision.")
-    completion_tokens: int = Field(description="Tokens generated; a decided field or tool costs none.")
-    total_tokens: int
-    prompt_tokens_details: PromptTokensDetails
-    completion_tokens_details: CompletionTokensDetails = Field(default_factory=CompletionTokensDetails)
-
-    @classmethod
-    def of(cls, costs: Sequence[Stats]) -> CompletionUsage:
-        """One reply's usage from the ``Stats`` of each engine call behind it (a tool choice, then the
-        fill of its arguments): their tokens add up.
-        """
-        prompt_tokens = sum(cost.input_tokens for cost in costs)
-        completion_tokens = sum(cost.output_tokens for cost in costs)
-        return cls(
-            prompt_tokens=prompt_tokens,
-            completion_tokens=completion_tokens,
-            total_tokens=prompt_tokens + completion_tokens,
-            prompt_tokens_details=PromptTokensDetails(cached_tokens=sum(cost.cached_tokens for cost in costs)),
-        )
-
-
-class PcdExtension(_Model):
-    """``x_pcd``: how the reply was made, and the decisions behind it."""
-
-    method: Literal["generated", "filled", "tool_call"] = Field(
-        description="generated: plain text; filled: a json_schema fill; tool_call: a PCD tool choice."
-    )
-    fields: dict[str, dict[str, Any]] | None = Field(
-        default=None, description="Per field of the schema, or of the tool's arguments: FieldResult.to_dict()."
-    )
-    tool_choice: dict[str, Any] | None = Field(default=None, description="The tool choice: ToolDecision.to_dict().")
-    forward_passes: int
-    queue_ms: float = Field(0.0, description="Milliseconds the request waited for the model behind other requests.")
-    warnings: list[str] = Field(default_factory=list)
-    request_id: str | None = Field(
-        default=None, description="The request's X-Request-Id (pcd serve): the id its log lines carry."
-    )
-
-    @classmethod
-    def of(cls, costs: Sequence[Stats], **parts: Any) -> PcdExtension:
-        """``x_pcd`` with the passes and waiting of every engine call behind the reply (``costs``)."""
-        passes = sum(cost.forward_passes for cost in costs)
-        return cls(forward_passes=passes, queue_ms=sum(cost.queue_ms for cost in costs), **parts)
-
-
-class ChatCompletion(_Model):
-    id: str
-    object: Literal["chat.completion"] = "chat.completion"
-    created: int
-    model: str
-    choices: list[Choice]
-    usage: CompletionUsage
-    x_pcd: PcdExtension
-
-
-class ToolCallDelta(ToolCall):
-    index: int = 0
-
-
-class Delta(_Model):
-    """A chunk's increment; only what it carries is written (OpenAI sends ``{"content": "..."}``)."""
-
-    role: Literal["assistant"] | None = None
-    content: str | None = None
-    tool_calls: list[ToolCallDelta] | None = None
-
-    @model_serializer(mode="wrap")
-    def _only_what_is_carried(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        return {key: value for key, value in handler(self).items() if value is not None}
-
-
-class ChunkChoice(_Model):
-    index: int = 0
-    delta: Delta
-    finish_reason: FinishReason | None = None
-    logprobs: None = None
-
-
-class ChatCompletionChunk(_Model):
-    """One server-sent event of a streamed reply; the last one with choices carries ``x_pcd``."""
-
-    id: str
-    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int
-    model: str
-    choices: list[ChunkChoice]
-    usage: CompletionUsage | None = None
-    x_pcd: PcdExtension | None = None
