@@ -196,7 +196,9 @@ def test_decide_applies_a_calibration_to_the_questions_it_covers_and_flags_each_
     }
     engine = oracle_engine()
     raw = engine.decide("Refund me.", questions)
-    engine.planner.calibration = Calibration("oracle", False, {"refund": FieldCalibration(("true", "false"), 4.0, (0.0, 0.0))})
+    engine.planner.calibration = Calibration(
+        "oracle", False, {"refund": FieldCalibration(("true", "false"), 4.0, (0.0, 0.0))}
+    )
     tempered = engine.decide("Refund me.", questions)
     p = raw.answers["refund"].noul
     assert tempered.answers["refund"].noul == pytest.approx(p**0.25 / (p**0.25 + (1 - p) ** 0.25))
@@ -269,7 +271,9 @@ def test_the_fill_table_says_what_its_probabilities_are():
     schema = {"colour": ["red", "green", "blue"], "size": ["small", "large"]}
     engine = oracle_engine()
     assert f"probabilities: {MEANING['raw']}" in fill_table(engine.fill(schema, "a small red ball")).splitlines()
-    engine.planner.calibration = Calibration("oracle", False, {"size": FieldCalibration(("small", "large"), 2.0, (0.0, 0.0))})
+    engine.planner.calibration = Calibration(
+        "oracle", False, {"size": FieldCalibration(("small", "large"), 2.0, (0.0, 0.0))}
+    )
     line = next(x for x in fill_table(engine.fill(schema, "a small red ball")).splitlines() if x.startswith("prob"))
     assert line == f"probabilities: colour: {MEANING['raw']}; size: {MEANING['calibrated']}"
 
