@@ -25,7 +25,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
-from .backends.base import Backend, Prefix, Query, pack_tree
+from .backends.base import Backend, Prefix, Query
+from .backends.packing import pack_tree
 from .calibration import Adjust
 from .cost import Meter
 from .deciding import DecidePlan

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from typing import Any, TypedDict
 
 from .asking import AskedQuestion, as_text, ask
-from .backends.base import Backend, pack_tree
+from .backends.base import Backend
+from .backends.packing import pack_tree
 from .calibration import Adjust
 from .conversation import Conversation
 from .cost import Meter, Stats
