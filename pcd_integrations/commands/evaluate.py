@@ -5,7 +5,8 @@ the train split, fits per field (by default the cross-validated choice of pcd_co
 ``--debias`` / ``--bias`` / ``--no-top-label`` a fixed fit), adds the ``--abstain-risk`` and
 ``--coverage`` thresholds (pcd_core/evaluation/decisions.py), saves the file, then reports on the test
 split with it applied, so one command gives raw, debiased and calibrated numbers on held-out data
-(with ``--head probe`` also a trained head per field and its learning curve, pcd_core/evaluation/probing.py),
+(with ``--head probe`` also a trained head per field, with its own thresholds, and its learning curve,
+pcd_core/evaluation/probing.py),
 ending with the held-out ECE beside its yardstick; beside them it reports the fixed fits it did not
 save, from the same train answers (debiased or not, with per-label biases or not).
 Both commands say on stderr how many examples each split gave, of how many it has.
@@ -182,7 +183,9 @@ def add_eval_parsers(subparsers: Any) -> None:
         choices=("probe",),
         help="also fit a trained head per field (a linear probe on the hidden state at the field's first "
         "decision point, read in the same pass) and save it in the file: a field with a head is then "
-        "answered by it (needs scikit-learn: pip install 'pcd-engine[heads]'); --answers keeps the states",
+        "answered by it (needs scikit-learn: pip install 'pcd-engine[heads]'); with --abstain-risk and "
+        "--coverage the head gets its own thresholds, fitted on its out-of-fold train probabilities; "
+        "--answers keeps the states",
     )
     calibrate.add_argument(
         "--curve",
@@ -304,7 +307,12 @@ def write_decisions(decisions: dict[str, Any], out: TextIO) -> None:
         f"\ndecisions (target risk {decisions['target_risk']}, target coverage {decisions['target_coverage']})\n"
         f"| field | {' | '.join(columns)} |\n|{'---|' * (len(columns) + 1)}\n"
     )
-    for title, entry in [*decisions["fields"].items(), ("pooled", decisions["overall"])]:
+    rows = [*decisions["fields"].items(), ("pooled", decisions["overall"])]
+    if "head" in decisions:  # the trained heads' own thresholds: what a field with a head answers by
+        heads = decisions["head"]
+        rows += [(f"{name} (head)", entry) for name, entry in heads["fields"].items()]
+        rows.append(("pooled (head)", heads["overall"]))
+    for title, entry in rows:
         out.write(f"| {title} | {' | '.join(_cell(entry.get(c)) for c in columns)} |\n")
 
 
@@ -365,7 +373,8 @@ def run_calibrate(args: argparse.Namespace) -> int:
         calibration = choose_calibration(train_answers, engine.model_name, fitted_on, args.seed)
     calibration = with_decisions(calibration, train_answers, args.abstain_risk, args.coverage)
     if hidden:
-        calibration = replace(calibration, heads=fit_heads(train_answers, engine.model_name, args.seed))
+        heads = fit_heads(train_answers, engine.model_name, args.seed, args.abstain_risk, args.coverage)
+        calibration = replace(calibration, heads=heads)
     calibration.save(args.out)
     for name, found in calibration.fields.items():
         biases = f", biases {', '.join(f'{b:+.2f}' for b in found.bias)}" if any(found.bias) else ""
@@ -381,7 +390,9 @@ def run_calibrate(args: argparse.Namespace) -> int:
     report = {"meta": _meta(args, engine, "test", len(test)), **build_report(answers, calibration)}
     report["meta"]["calibration"] = {**calibration.to_dict(), "heads": _head_summary(calibration)}
     if hidden:
-        report["learning_curve"] = learning_curve(train_answers, answers, engine.model_name, seed=args.seed)
+        report["learning_curve"] = learning_curve(
+            train_answers, answers, engine.model_name, seed=args.seed, fitted=calibration.heads
+        )
         if args.curve:
             title = f"{engine.model_name} on {args.data}: trained head"
             write_curve_plot(report["learning_curve"], answers, calibration, args.curve, title)
@@ -542,4 +553,30 @@ def head_row(report: dict[str, Any]) -> str:
         f"| {meta['model']} | {meta['data']} | {meta['n']} / {trained} | {overall['raw']['accuracy']:.3f} "
         f"| {overall['debiased']['accuracy']:.3f} | {calibrated.get('accuracy', nan):.3f} "
         f"| {head.get('accuracy', nan):.3f} | {calibrated.get('ece', nan):.3f} | {head.get('ece', nan):.3f} | {curve} |"
+    )
+
+
+#: the trained heads' abstention and answer-set table head of docs/trust.md; ``head_trust_row`` renders its rows
+HEAD_TRUST_HEAD = (
+    "| model | data | n train / held-out | target risk | head accuracy | threshold | coverage | risk "
+    "| set coverage (target) | mean set size |\n|" + "---|" * 10
+)
+
+
+def head_trust_row(report: dict[str, Any]) -> str:
+    """The row of docs/trust.md's heads table (tests/test_trust_docs.py checks each against its run) of
+    one ``pcd calibrate --head probe --abstain-risk R --coverage C --json`` report: the heads' held-out
+    accuracy, the threshold (``never`` where no threshold held the target on the train split), and the
+    pooled held-out coverage, risk, set coverage and mean set size of the heads' own thresholds.
+    """
+    meta, decisions = report["meta"], report["decisions"]
+    heads, held_out = decisions["head"]["fields"], decisions["head"]["overall"]
+    thresholds = [entry["abstain_below"] for entry in heads.values()]
+    shown = ", ".join("never" if t > 1 else f"{t:.3f}" for t in thresholds)
+    risk = "–" if held_out.get("risk") is None else f"{held_out['risk']:.3f}"
+    trained = meta.get("calibration", {}).get("fitted_on", {}).get("n", "–")
+    return (
+        f"| {meta['model']} | {meta['data']} | {trained} / {meta['n']} | {decisions['target_risk']:.2f} "
+        f"| {report['overall']['head']['accuracy']:.3f} | {shown} | {held_out['coverage']:.3f} | {risk} "
+        f"| {held_out['set_coverage']:.3f} ({decisions['target_coverage']}) | {held_out['mean_set_size']:.2f} |"
     )
