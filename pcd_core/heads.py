@@ -19,7 +19,8 @@ chosen strength, on the folds that leave it out. The head's probabilities on its
 are more confident than on new ones, so thresholds fitted on them would answer too often; the
 out-of-fold ones were never fitted on the example they score.
 
-``tests/test_heads.py`` fits heads on states of known structure and on the real model's states.
+``tests/test_heads.py`` fits heads on states of known structure and on the real model's states;
+``tests/test_eval_decisions.py`` checks that out-of-fold probabilities do not know their own label.
 """
 
 from __future__ import annotations
@@ -130,7 +131,7 @@ def _optional_float(value: Any) -> float | None:
 
 
 def _train_states(hidden: np.ndarray, gold: Sequence[int], labels: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-    """The states and gold indices as arrays, checked: one state per label, two or more of every label.
+    """The states and gold indices as arrays, checked: one state per gold index, two or more of every label.
 
     Every label needs at least two examples (a fold must be able to hold one out); a label never seen
     cannot be predicted, so that is a typed error rather than a head that silently never says it.
