@@ -22,8 +22,10 @@ file, and recovers a known temperature and known per-label biases from synthetic
 Version 4 adds trained heads (pcd_core/heads.py, ``pcd calibrate --head probe``): a field with a head
 is answered from the model's hidden state at its first decision point, read in the same pass
 (``method: "head"``), with the zero-shot reading kept beside it (``zero_shot``); a field without one
-is read zero-shot as before. A head names its model; ``check_heads`` refuses another one at load.
-``tests/test_heads_engine.py`` checks both on the real model.
+is read zero-shot as before. A head names its model; ``check_heads`` refuses another one at load. A
+head's answer abstains and reports its answer set by the head's own thresholds (``Head.abstain_below``,
+``Head.set_threshold``), which live in the head's entry: the version-4 layout had room for them, and
+a head saved without them never abstains. ``tests/test_heads_engine.py`` checks both on the real model.
 """
 
 from __future__ import annotations
@@ -48,7 +50,9 @@ from .selective import answer_set
 #: per field, whether it is debiased (the cross-validated choice, pcd_core/calibration_choice.py), the
 #: abstention threshold and the answer-set threshold (pcd_core/selective.py); a file without them
 #: debiases every field or none, as its top-level ``debias`` says, and never abstains.
-#: Version 4 adds ``heads``: per field, a trained head (``Head.to_dict``); none in a version-3 file.
+#: Version 4 adds ``heads``: per field, a trained head (``Head.to_dict``); none in a version-3 file. A
+#: head's ``abstain_below`` and ``set_threshold`` came later in the same version; a head without them
+#: never abstains and has no answer set.
 CALIBRATION_VERSION = 4
 READABLE_VERSIONS = (1, 2, 3, 4)
 
@@ -335,9 +339,9 @@ def fit(
     return temperature, tuple(map(float, theta[1:])) if bias else tuple(0.0 for _ in range(k))
 
 
-def decision_flags(found: FieldCalibration | None, readout: Readout) -> dict[str, Any]:
-    """What a fitted field adds to its answer: ``abstained`` (its top probability is below the field's
-    threshold) and ``answer_set`` (the label indices of its conformal set), each only where fitted.
+def decision_flags(found: FieldCalibration | Head | None, readout: Readout) -> dict[str, Any]:
+    """What a fitted field (or its head) adds to its answer: ``abstained`` (its top probability is below
+    the threshold) and ``answer_set`` (the label indices of its conformal set), each only where fitted.
     """
     flags: dict[str, Any] = {}
     if found is not None and found.abstain_below is not None:
@@ -376,9 +380,11 @@ class Adjust:
         if head is None or readout.hidden is None:
             return readout, {**flags, **decision_flags(found, readout)}
         # the head's probabilities are fitted on the user's labels (cross-validated log loss): calibrated;
-        # the thresholds were fitted on the zero-shot answers, so they are not applied to the head's
+        # its thresholds are its own, fitted on its out-of-fold probabilities (pcd_core/heads.py), not the
+        # zero-shot field's
         answered = with_probabilities(readout, list(np.log(np.maximum(head.probabilities(readout.hidden), 1e-300))))
-        return answered, {**flags, "calibrated": True, "method": "head", "zero_shot": list(readout.probabilities)}
+        zero_shot = {"method": "head", "zero_shot": list(readout.probabilities)}
+        return answered, {**flags, "calibrated": True, **zero_shot, **decision_flags(head, answered)}
 
 
 def adjuster(

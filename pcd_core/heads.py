@@ -13,7 +13,14 @@ head is numpy alone: a served engine never needs scikit-learn. Each head names t
 fitted on and the width of its states, and refuses any other (``check_model``): a probe of one
 model's states means nothing on another's.
 
-``tests/test_heads.py`` fits heads on states of known structure and on the real model's states.
+A head can carry its own abstention and answer-set thresholds (pcd_core/selective.py), fitted on its
+*out-of-fold* probabilities (``out_of_fold``): each train example scored by a head refitted, at the
+chosen strength, on the folds that leave it out. The head's probabilities on its own train examples
+are more confident than on new ones, so thresholds fitted on them would answer too often; the
+out-of-fold ones were never fitted on the example they score.
+
+``tests/test_heads.py`` fits heads on states of known structure and on the real model's states;
+``tests/test_eval_decisions.py`` checks that out-of-fold probabilities do not know their own label.
 """
 
 from __future__ import annotations
@@ -47,6 +54,10 @@ class Head:
     bias: np.ndarray  # [labels]
     strength: float  # the C cross-validation chose
     n_train: int
+    # answer only at a top probability >= this; None: never abstain (fitted on out-of-fold probabilities)
+    abstain_below: float | None = None
+    # the answer set holds every label of probability >= this, and the top one; None: no set
+    set_threshold: float | None = None
 
     @property
     def width(self) -> int:
@@ -81,6 +92,8 @@ class Head:
             "bias": self.bias.tolist(),
             "strength": self.strength,
             "n_train": self.n_train,
+            "abstain_below": self.abstain_below,
+            "set_threshold": self.set_threshold,
         }
 
     @classmethod
@@ -95,6 +108,9 @@ class Head:
                 bias=np.asarray(data["bias"], dtype=np.float64),
                 strength=float(data["strength"]),
                 n_train=int(data["n_train"]),
+                # a head saved before heads had thresholds has neither: it never abstains
+                abstain_below=_optional_float(data.get("abstain_below")),
+                set_threshold=_optional_float(data.get("set_threshold")),
             )
         except (KeyError, TypeError, ValueError) as error:
             raise PcdError(f"a head in the calibration file is malformed: {error}") from error
@@ -104,20 +120,22 @@ class Head:
         )
         if n_labels < 2 or not shapes_agree or not np.all(head.scale > 0):
             raise PcdError("a head in the calibration file is malformed: its shapes or scales do not agree")
+        for threshold in (head.abstain_below, head.set_threshold):
+            if threshold is not None and not 0 <= threshold <= 2:
+                raise PcdError(f"a head in the calibration file is malformed: a threshold of {threshold!r}")
         return head
 
 
-def fit_head(hidden: np.ndarray, gold: Sequence[int], labels: Sequence[str], model: str, *, seed: int = 0) -> Head:
-    """Fit one field's head on train states ``[n, width]`` and their gold label indices.
+def _optional_float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def _train_states(hidden: np.ndarray, gold: Sequence[int], labels: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """The states and gold indices as arrays, checked: one state per gold index, two or more of every label.
 
     Every label needs at least two examples (a fold must be able to hold one out); a label never seen
     cannot be predicted, so that is a typed error rather than a head that silently never says it.
     """
-    try:
-        from sklearn.linear_model import LogisticRegressionCV
-        from sklearn.model_selection import StratifiedKFold
-    except ImportError as error:
-        raise PcdError(INSTALL_HINT) from error
     states = np.asarray(hidden, dtype=np.float64)
     answers = np.asarray(gold, dtype=np.int64)
     if states.ndim != 2 or len(states) != len(answers):
@@ -126,31 +144,78 @@ def fit_head(hidden: np.ndarray, gold: Sequence[int], labels: Sequence[str], mod
     if len(counts) > len(labels) or int(counts.min()) < 2:
         scarce = [label for label, count in zip(labels, counts) if count < 2]
         raise OptionError(f"a head needs two or more train examples of every label; too few of {scarce}")
+    return states, answers
+
+
+def _folds(answers: np.ndarray, seed: int) -> Any:
+    """The stratified folds of the strength search, the same ones for the same labels and seed."""
+    from sklearn.model_selection import StratifiedKFold
+
+    return StratifiedKFold(n_splits=min(FOLDS, int(np.bincount(answers).min())), shuffle=True, random_state=seed)
+
+
+def _rows(weights: np.ndarray, bias: np.ndarray, n_labels: int) -> tuple[np.ndarray, np.ndarray]:
+    """A scikit-learn fit's scores as one row per label: with two labels it keeps one row, the second's."""
+    if n_labels == 2:
+        return np.vstack([np.zeros_like(weights), weights]), np.concatenate([[0.0], bias])
+    return np.asarray(weights, dtype=np.float64), np.asarray(bias, dtype=np.float64)
+
+
+def fit_head(hidden: np.ndarray, gold: Sequence[int], labels: Sequence[str], model: str, *, seed: int = 0) -> Head:
+    """Fit one field's head on train states ``[n, width]`` and their gold label indices (``_train_states``
+    says what they need).
+    """
+    try:
+        from sklearn.linear_model import LogisticRegressionCV
+    except ImportError as error:
+        raise PcdError(INSTALL_HINT) from error
+    states, answers = _train_states(hidden, gold, labels)
     mean = states.mean(axis=0)
     scale = states.std(axis=0)
     scale[scale == 0] = 1.0  # a constant coordinate carries nothing; leave it unscaled
-    folds = StratifiedKFold(n_splits=min(FOLDS, int(counts.min())), shuffle=True, random_state=seed)
     model_fit = LogisticRegressionCV(
         Cs=list(STRENGTHS),
         l1_ratios=(0.0,),  # L2 alone
-        cv=folds,
+        cv=_folds(answers, seed),
         scoring="neg_log_loss",
         tol=1e-8,  # to the optimum: the library's default tolerance leaves probabilities 1e-4 short of it
         max_iter=5000,
         use_legacy_attributes=False,
     )
     model_fit.fit((states - mean) / scale, answers)
-    weights, bias = model_fit.coef_, model_fit.intercept_
-    if len(labels) == 2:  # scikit-learn keeps one row for two classes: the second label's score
-        weights = np.vstack([np.zeros_like(weights), weights])
-        bias = np.concatenate([[0.0], bias])
+    weights, bias = _rows(model_fit.coef_, model_fit.intercept_, len(labels))
     return Head(
         labels=tuple(labels),
         model=model,
         mean=mean,
         scale=scale,
-        weights=np.asarray(weights, dtype=np.float64),
-        bias=np.asarray(bias, dtype=np.float64),
+        weights=weights,
+        bias=bias,
         strength=float(np.ravel(model_fit.C_)[0]),
         n_train=len(answers),
     )
+
+
+def out_of_fold(hidden: np.ndarray, gold: Sequence[int], head: Head, *, seed: int = 0) -> np.ndarray:
+    """Each train example's label probabilities ``[n, labels]`` from a head fitted without it.
+
+    The folds are those ``fit_head`` searched the strength on (same labels, same seed); in each, the
+    states are standardised on the other folds alone and the regression refitted there at the
+    ``head``'s strength. The strength itself was chosen on all folds: one number, against the head's
+    hundreds of weights, so it leaks little of the example into its own score.
+    """
+    try:
+        from sklearn.linear_model import LogisticRegression
+    except ImportError as error:
+        raise PcdError(INSTALL_HINT) from error
+    states, answers = _train_states(hidden, gold, head.labels)
+    probabilities = np.zeros((len(answers), len(head.labels)))
+    for kept, left_out in _folds(answers, seed).split(states, answers):
+        mean, scale = states[kept].mean(axis=0), states[kept].std(axis=0)
+        scale[scale == 0] = 1.0
+        fold_fit = LogisticRegression(C=head.strength, tol=1e-8, max_iter=5000)
+        fold_fit.fit((states[kept] - mean) / scale, answers[kept])
+        weights, bias = _rows(fold_fit.coef_, fold_fit.intercept_, len(head.labels))
+        fold_head = Head(head.labels, head.model, mean, scale, weights, bias, head.strength, len(kept))
+        probabilities[left_out] = fold_head.probabilities(states[left_out])
+    return probabilities

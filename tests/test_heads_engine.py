@@ -4,7 +4,9 @@ A head is fitted on the states ``Engine.fill(..., hidden=True)`` keeps for a sma
 labelled set; an engine whose calibration holds it answers that field from it (``method: "head"``),
 keeps the zero-shot reading beside it, reads the same passes, and serves it on every wire. A field
 without a head is read zero-shot; a head of another model, or on a backend without hidden states,
-is refused when the engine is built; a version-3 file still loads.
+is refused when the engine is built; a version-3 file still loads. A head's own thresholds (fitted
+by ``pcd calibrate --head probe --abstain-risk --coverage``) make its answer abstain and carry its answer
+set on every wire, whatever the zero-shot field's thresholds say.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pcd_core import Engine
 from pcd_core.calibration import Calibration, FieldCalibration
 from pcd_core.errors import HiddenStatesUnavailableError, OptionError
 from pcd_core.heads import Head, fit_head
+from pcd_core.selective import NEVER
 from pcd_core.testing import ByteTokenizer, OracleBackend
 
 SCHEMA = {
@@ -131,6 +134,32 @@ def test_a_fitted_head_answers_its_field_in_the_same_passes(engine: Engine, head
     assert right_head >= right_zero_shot and right_head >= 0.75 * len(held_out)
 
 
+def test_a_head_answer_abstains_below_its_own_threshold_and_reports_its_set(engine: Engine, head: Head) -> None:
+    """The head's thresholds, not the zero-shot field's, decide: one just above and one just below the
+    head's top probability for the same text, and a zero-shot threshold that would always abstain.
+    """
+    _, held_out = _split()
+    text = held_out[0][0]
+    top = float(head.probabilities(engine.fill(SCHEMA, text, hidden=True).fields["sentiment"].hidden).max())
+    never = FieldCalibration(LABELS, 1.0, (0.0, 0.0), abstain_below=NEVER)  # the zero-shot field: always abstain
+    answers = {}
+    for name, below in (("above", top + 1e-6), ("below", top - 1e-6)):
+        fitted = replace(head, abstain_below=below, set_threshold=0.0)
+        calibration = Calibration(engine.model_name, False, {"sentiment": never}, {}, heads={"sentiment": fitted})
+        answers[name] = Engine(engine.backend, engine.tokenizer, engine.model_name, calibration=calibration).fill(
+            SCHEMA, text
+        )
+    above, below = answers["above"].fields["sentiment"], answers["below"].fields["sentiment"]
+    assert above.method == "head" and above.abstained is True and below.abstained is False
+    assert above.value == below.value and above.probabilities == pytest.approx(below.probabilities, abs=1e-9)
+    assert sorted(above.answer_set or []) == sorted(LABELS) and above.answer_set[0] == above.value
+    assert above.to_dict()["abstained"] is True and below.to_dict()["answer_set"][0] == below.value
+    # a head saved without thresholds (the fixture's) never abstains and has no set
+    plain = Calibration(engine.model_name, False, {"sentiment": never}, {}, heads={"sentiment": head})
+    unfitted = Engine(engine.backend, engine.tokenizer, engine.model_name, calibration=plain).fill(SCHEMA, text)
+    assert unfitted.fields["sentiment"].abstained is False and unfitted.fields["sentiment"].answer_set is None
+
+
 def test_a_head_of_another_model_is_refused_at_load(engine: Engine, head: Head, tmp_path: Any) -> None:
     path = tmp_path / "other.calibration.json"
     other = replace(head, model="qwen2.5-coder-0.5b")
@@ -172,7 +201,9 @@ REFUND = {"type": "noul", "instructions": "Does the customer ask for money back?
 def served(engine: Engine, head: Head) -> Engine:
     """``headed``'s fitted head for the field, and for the questions ``refund`` and ``questions[0]`` a head
     whose weights are zero: it answers softmax(bias) = (0.881, 0.119) whatever the state, so the served
-    numbers show the head was applied.
+    numbers show the head was applied. ``refund``'s and ``questions[0]``'s heads abstain below 0.9 and
+    their sets hold labels of 0.1 or more (so they abstain, their sets both labels); the field's head
+    answers from 0.0 with a set threshold of 0 (so it answers, its set every label).
     """
     fixed = Head(
         ("true", "false"),
@@ -184,7 +215,11 @@ def served(engine: Engine, head: Head) -> Engine:
         1.0,
         0,
     )
-    heads = {"sentiment": head, "refund": fixed, "questions[0]": fixed}
+    heads = {
+        "sentiment": replace(head, abstain_below=0.0, set_threshold=0.0),
+        "refund": replace(fixed, abstain_below=0.9, set_threshold=0.1),
+        "questions[0]": replace(fixed, abstain_below=0.9, set_threshold=0.1),
+    }
     calibration = Calibration(engine.model_name, False, {}, {"data": "hand-written"}, heads=heads)
     return Engine(engine.backend, engine.tokenizer, engine.model_name, calibration=calibration)
 
@@ -213,9 +248,13 @@ def test_served_answers_say_a_head_answered(engine: Engine, served: Engine) -> N
         )
     assert refund["x_method"] == "head" and refund["noul"] == pytest.approx(FIXED_TRUE, abs=1e-9)
     assert refund["x_zero_shot"]["true"] == pytest.approx(raw.noul, abs=1e-4)
-    assert decision.answers[0].x_method == "head" and decision.answers[0].probability == pytest.approx(FIXED_TRUE)
+    assert refund["x_abstained"] is True and refund["x_answer_set"] == ["true", "false"]
+    refused = decision.answers[0]  # /v1/decisions has no answer sets; an abstained head answer is a refusal
+    assert refused.type == "refusal" and refused.x_abstained is True
+    assert refused.x_answer["x_method"] == "head" and refused.x_answer["probability"] == pytest.approx(FIXED_TRUE)
     fields = reply.x_pcd["fields"]
     assert fields["sentiment"]["method"] == "head" and set(fields["sentiment"]["zero_shot"]) == set(LABELS)
+    assert fields["sentiment"]["abstained"] is False and sorted(fields["sentiment"]["answer_set"]) == sorted(LABELS)
     assert fields["mentions_price"]["method"] == "trie" and fields["mentions_price"]["zero_shot"] is None
 
 
@@ -232,10 +271,12 @@ async def test_mcp_and_langchain_answers_say_a_head_answered(served: Engine) -> 
             await client.call_tool("decide", {"state": STATE, "questions": {"refund": REFUND}})
         ).structured_content
         filled = (await client.call_tool("fill", {"state": POSITIVE[1], "schema": SCHEMA})).structured_content
-    assert decided["answers"]["refund"]["x_method"] == "head"
+    assert decided["answers"]["refund"]["x_method"] == "head" and decided["answers"]["refund"]["x_abstained"] is True
     assert decided["answers"]["refund"]["noul"] == pytest.approx(FIXED_TRUE, abs=1e-9)
     assert filled["fields"]["sentiment"]["method"] == "head" and filled["fields"]["mentions_price"]["method"] == "trie"
+    assert filled["fields"]["sentiment"]["abstained"] is False and len(filled["fields"]["sentiment"]["answer_set"]) == 2
     answers = PCDDecisionModel(engine=served).invoke(
         {"state": STATE, "questions": {"refund": Noul(instructions=REFUND["instructions"])}}
     )
     assert answers.answers["refund"].method == "head" and answers.answers["refund"].zero_shot is not None
+    assert answers.answers["refund"].abstained is True and answers.answers["refund"].answer_set == ["true", "false"]

@@ -36,3 +36,23 @@ def test_the_order_samples_table_is_the_recorded_run():
         row = f"| K = {run['order_samples']} | {run['right']} | {run['forward_passes']} | {run['n_rows']} |"
         assert row in PAGE
     assert runs[0]["forward_passes"] == runs[1]["forward_passes"]
+
+
+def test_the_heads_trust_table_is_the_recorded_runs():
+    """Every recorded run whose trained heads carry thresholds is a row of the heads' table, as
+    head_trust_row renders it from the run's JSON.
+    """
+    from pcd_integrations.commands.eval_output import HEAD_TRUST_HEAD, head_trust_row
+
+    assert HEAD_TRUST_HEAD in PAGE
+    reports = [
+        json.loads(path.read_text())
+        for folder in (RUNS, ROOT / "docs" / "eval" / "heads")
+        for path in sorted(folder.glob("*.json"))
+        if not path.name.endswith(".calibration.json")
+    ]
+    headed = [report for report in reports if "head" in report.get("decisions", {})]
+    assert len(headed) >= 3  # polarity at risk 0.05 and 0.10, and 20ng-5
+    for report in headed:
+        assert head_trust_row(report) in PAGE, head_trust_row(report)
+        assert "--head probe" in report["meta"]["command"] and "--abstain-risk" in report["meta"]["command"]

@@ -5,7 +5,9 @@ train split (pcd_core/calibration_choice.py). ``with_decisions`` adds, per field
 threshold for a target risk and the answer-set threshold for a target coverage, both fitted on the
 train split's calibrated answers (pcd_core/selective.py). ``decision_report`` scores those on the
 held-out split: coverage (share answered) and risk (error among answered), and the sets' coverage and
-mean size, per field and pooled. ``tests/test_eval_decisions.py`` runs them on synthetic answers.
+mean size, per field and pooled; for the fields answered by a trained head, the same for the head's
+own thresholds (fitted on its out-of-fold probabilities, pcd_core/evaluation/probing.py) under
+``head``. ``tests/test_eval_decisions.py`` runs them on synthetic answers.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import numpy as np
 
 from ..calibration import Calibration, FieldCalibration
 from ..calibration_choice import TEMPERATURE_SD, choose_fit
+from ..heads import Head
 from ..selective import DELTA, abstention_threshold, answer_set, conformal_threshold, first_tested, risk_coverage
 from . import metrics
 from .runner import Answers, variants
@@ -45,6 +48,18 @@ def _calibrated(answers: Answers, name: str, calibration: Calibration) -> np.nda
     return rows.get("calibrated", rows["raw"])
 
 
+def fitted_thresholds(
+    rows: np.ndarray, gold: np.ndarray, abstain_risk: float | None, coverage: float | None
+) -> tuple[float | None, float | None]:
+    """The abstention threshold for ``abstain_risk`` and the answer-set threshold for ``coverage``
+    (each None when its target is) fitted on probability rows and their gold label indices.
+    """
+    correct = metrics.predictions(rows) == gold
+    below = None if abstain_risk is None else abstention_threshold(rows.max(axis=1), correct, abstain_risk)
+    floor = None if coverage is None else conformal_threshold(rows[np.arange(len(gold)), gold], coverage)
+    return below, floor
+
+
 def with_decisions(
     calibration: Calibration, answers: Answers, abstain_risk: float | None, coverage: float | None
 ) -> Calibration:
@@ -54,19 +69,14 @@ def with_decisions(
         out = answers.fields.get(name)
         if out is None or not out.gold:
             continue
-        rows, gold = _calibrated(answers, name, calibration), np.asarray(out.gold)
-        correct = metrics.predictions(rows) == gold
-        fields[name] = replace(
-            found,
-            abstain_below=None
-            if abstain_risk is None
-            else abstention_threshold(rows.max(axis=1), correct, abstain_risk),
-            set_threshold=None if coverage is None else conformal_threshold(rows[np.arange(len(gold)), gold], coverage),
+        below, floor = fitted_thresholds(
+            _calibrated(answers, name, calibration), np.asarray(out.gold), abstain_risk, coverage
         )
+        fields[name] = replace(found, abstain_below=below, set_threshold=floor)
     return replace(calibration, fields=fields, abstain_risk=abstain_risk, coverage=coverage)
 
 
-def _scores(rows: np.ndarray, gold: np.ndarray, found: FieldCalibration) -> dict[str, float | None]:
+def _scores(rows: np.ndarray, gold: np.ndarray, found: FieldCalibration | Head) -> dict[str, float | None]:
     """What one field's thresholds do on these answers."""
     scores: dict[str, float | None] = {"n": float(len(gold))}
     if found.abstain_below is not None:
@@ -88,20 +98,35 @@ def _scores(rows: np.ndarray, gold: np.ndarray, found: FieldCalibration) -> dict
     return scores
 
 
-def decision_report(answers: Answers, calibration: Calibration) -> dict[str, Any]:
-    """Per field and pooled, the thresholds' held-out coverage and risk, set coverage and set size."""
-    report: dict[str, Any] = {"fields": {}, "target_risk": calibration.abstain_risk, "delta": DELTA}
-    report["target_coverage"] = calibration.coverage
-    pooled: dict[str, list[float]] = {"answered": [], "wrong_answered": [], "n": [], "in_set": [], "set_size": []}
+def _fitted(
+    answers: Answers, calibration: Calibration, head: bool
+) -> dict[str, tuple[np.ndarray, FieldCalibration | Head]]:
+    """Per field with gold labels: the rows its thresholds apply to and what holds them, the zero-shot
+    calibration's or (``head``) the trained head's, where the answers kept the states it reads.
+    """
+    fitted: dict[str, tuple[np.ndarray, FieldCalibration | Head]] = {}
     for name, out in answers.fields.items():
-        found = calibration.for_field(name, out.labels)
-        if found is None or not out.gold:
+        if not out.gold:
             continue
-        rows, gold = _calibrated(answers, name, calibration), np.asarray(out.gold)
+        if head:
+            found_head = calibration.head_for(name, out.labels)
+            if found_head is not None and len(out.hidden) == len(out.gold):
+                fitted[name] = (found_head.probabilities(out.states()), found_head)
+        elif (found := calibration.for_field(name, out.labels)) is not None:
+            fitted[name] = (_calibrated(answers, name, calibration), found)
+    return fitted
+
+
+def _tally(answers: Answers, fitted: Mapping[str, tuple[np.ndarray, FieldCalibration | Head]]) -> dict[str, Any]:
+    """Per field and pooled: coverage and risk, set coverage and mean set size, where thresholds are fitted."""
+    fields: dict[str, Any] = {}
+    pooled: dict[str, list[float]] = {"answered": [], "wrong_answered": [], "n": [], "in_set": [], "set_size": []}
+    for name, (rows, found) in fitted.items():
+        gold = np.asarray(answers.fields[name].gold)
         entry = _scores(rows, gold, found)
         if len(entry) == 1:  # neither a threshold nor a set fitted
             continue
-        report["fields"][name] = entry
+        fields[name] = entry
         pooled["n"].append(len(gold))
         if "answered" in entry:
             answered = entry["answered"] or 0.0
@@ -117,7 +142,20 @@ def decision_report(answers: Answers, calibration: Calibration) -> dict[str, Any
         overall.update(coverage=answered / total, risk=sum(pooled["wrong_answered"]) / answered if answered else None)
     if pooled["in_set"]:
         overall.update(set_coverage=sum(pooled["in_set"]) / total, mean_set_size=sum(pooled["set_size"]) / total)
-    report["overall"] = overall
+    return {"fields": fields, "overall": overall}
+
+
+def decision_report(answers: Answers, calibration: Calibration) -> dict[str, Any]:
+    """Per field and pooled, the thresholds' held-out coverage and risk, set coverage and set size: those
+    of the zero-shot calibration at the top level, and under ``head`` those of the trained heads, when
+    some head has thresholds (a field with a head is answered by it, so its row is what a caller gets).
+    """
+    report: dict[str, Any] = {"target_risk": calibration.abstain_risk, "delta": DELTA}
+    report["target_coverage"] = calibration.coverage
+    report.update(_tally(answers, _fitted(answers, calibration, head=False)))
+    heads = _tally(answers, _fitted(answers, calibration, head=True))
+    if heads["fields"]:
+        report["head"] = heads
     return report
 
 
@@ -154,10 +192,14 @@ def write_risk_plot(answers: Answers, calibration: Calibration | None, path: str
         coverage, risk = risk_coverage(np.concatenate(confidence), np.concatenate(correct))
         axes.plot(coverage, risk, label=variant)
     if calibration is not None and calibration.abstain_risk is not None:
-        overall = decision_report(answers, calibration)["overall"]
+        decisions = decision_report(answers, calibration)
         axes.axhline(calibration.abstain_risk, color="grey", linestyle=":", label="target risk")
-        if overall.get("risk") is not None:
-            axes.plot([overall["coverage"]], [overall["risk"]], "ko", label="fitted threshold, held-out")
+        points = [("ko", "fitted threshold, held-out", decisions["overall"])]
+        if "head" in decisions:
+            points.append(("k^", "head's fitted threshold, held-out", decisions["head"]["overall"]))
+        for marker, label, overall in points:
+            if overall.get("risk") is not None:
+                axes.plot([overall["coverage"]], [overall["risk"]], marker, label=label)
     axes.set(xlabel="coverage (share answered)", ylabel="risk (error among answered)", title=title, xlim=(0, 1))
     axes.legend(loc="upper left")
     figure.tight_layout()

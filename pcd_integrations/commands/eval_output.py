@@ -1,6 +1,6 @@
 """What ``pcd eval`` and ``pcd calibrate`` print and draw: the per-variant tables, the decisions
-table, the one-line held-out summary, the reliability plot, and the rows of the quality and heads
-tables in the docs.
+table, the one-line held-out summary, the reliability plot, and the rows of the quality, heads and
+heads' trust tables in the docs.
 
 Pure rendering of a report that ``pcd_core/evaluation/runner.py`` built; ``commands/evaluate.py``
 calls it. ``tests/test_eval.py`` checks that every row of docs/quality.md and docs/heads.md is
@@ -37,7 +37,12 @@ def write_decisions(decisions: dict[str, Any], out: TextIO) -> None:
         f"\ndecisions (target risk {decisions['target_risk']}, target coverage {decisions['target_coverage']})\n"
         f"| field | {' | '.join(columns)} |\n|{'---|' * (len(columns) + 1)}\n"
     )
-    for title, entry in [*decisions["fields"].items(), ("pooled", decisions["overall"])]:
+    rows = [*decisions["fields"].items(), ("pooled", decisions["overall"])]
+    if "head" in decisions:  # the trained heads' own thresholds: what a field with a head answers by
+        heads = decisions["head"]
+        rows += [(f"{name} (head)", entry) for name, entry in heads["fields"].items()]
+        rows.append(("pooled (head)", heads["overall"]))
+    for title, entry in rows:
         out.write(f"| {title} | {' | '.join(_cell(entry.get(c)) for c in columns)} |\n")
 
 
@@ -172,4 +177,30 @@ def head_row(report: dict[str, Any]) -> str:
         f"| {meta['model']} | {meta['data']} | {meta['n']} / {trained} | {overall['raw']['accuracy']:.3f} "
         f"| {overall['debiased']['accuracy']:.3f} | {calibrated.get('accuracy', nan):.3f} "
         f"| {head.get('accuracy', nan):.3f} | {calibrated.get('ece', nan):.3f} | {head.get('ece', nan):.3f} | {curve} |"
+    )
+
+
+#: the trained heads' abstention and answer-set table head of docs/trust.md; ``head_trust_row`` renders its rows
+HEAD_TRUST_HEAD = (
+    "| model | data | n train / held-out | target risk | head accuracy | threshold | coverage | risk "
+    "| set coverage (target) | mean set size |\n|" + "---|" * 10
+)
+
+
+def head_trust_row(report: dict[str, Any]) -> str:
+    """The row of docs/trust.md's heads table (tests/test_trust_docs.py checks each against its run) of
+    one ``pcd calibrate --head probe --abstain-risk R --coverage C --json`` report: the heads' held-out
+    accuracy, the threshold (``never`` where no threshold held the target on the train split), and the
+    pooled held-out coverage, risk, set coverage and mean set size of the heads' own thresholds.
+    """
+    meta, decisions = report["meta"], report["decisions"]
+    heads, held_out = decisions["head"]["fields"], decisions["head"]["overall"]
+    thresholds = [entry["abstain_below"] for entry in heads.values()]
+    shown = ", ".join("never" if t > 1 else f"{t:.3f}" for t in thresholds)
+    risk = "–" if held_out.get("risk") is None else f"{held_out['risk']:.3f}"
+    trained = meta.get("calibration", {}).get("fitted_on", {}).get("n", "–")
+    return (
+        f"| {meta['model']} | {meta['data']} | {trained} / {meta['n']} | {decisions['target_risk']:.2f} "
+        f"| {report['overall']['head']['accuracy']:.3f} | {shown} | {held_out['coverage']:.3f} | {risk} "
+        f"| {held_out['set_coverage']:.3f} ({decisions['target_coverage']}) | {held_out['mean_set_size']:.2f} |"
     )

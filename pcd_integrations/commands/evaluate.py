@@ -5,7 +5,8 @@ the train split, fits per field (by default the cross-validated choice of pcd_co
 ``--debias`` / ``--bias`` / ``--no-top-label`` a fixed fit), adds the ``--abstain-risk`` and
 ``--coverage`` thresholds (pcd_core/evaluation/decisions.py), saves the file, then reports on the test
 split with it applied, so one command gives raw, debiased and calibrated numbers on held-out data
-(with ``--head probe`` also a trained head per field and its learning curve, pcd_core/evaluation/probing.py),
+(with ``--head probe`` also a trained head per field, with its own thresholds, and its learning curve,
+pcd_core/evaluation/probing.py),
 ending with the held-out ECE beside its yardstick; beside them it reports the fixed fits it did not
 save, from the same train answers (debiased or not, with per-label biases or not).
 Both commands say on stderr how many examples each split gave, of how many it has. What they print
@@ -168,7 +169,9 @@ def add_eval_parsers(subparsers: Any) -> None:
         choices=("probe",),
         help="also fit a trained head per field (a linear probe on the hidden state at the field's first "
         "decision point, read in the same pass) and save it in the file: a field with a head is then "
-        "answered by it (needs scikit-learn: pip install 'pcd-engine[heads]'); --answers keeps the states",
+        "answered by it (needs scikit-learn: pip install 'pcd-engine[heads]'); with --abstain-risk and "
+        "--coverage the head gets its own thresholds, fitted on its out-of-fold train probabilities; "
+        "--answers keeps the states",
     )
     calibrate.add_argument(
         "--curve",
@@ -340,7 +343,8 @@ def run_calibrate(args: argparse.Namespace) -> int:
         calibration = choose_calibration(train_answers, engine.model_name, fitted_on, args.seed)
     calibration = with_decisions(calibration, train_answers, args.abstain_risk, args.coverage)
     if hidden:
-        calibration = replace(calibration, heads=fit_heads(train_answers, engine.model_name, args.seed))
+        heads = fit_heads(train_answers, engine.model_name, args.seed, args.abstain_risk, args.coverage)
+        calibration = replace(calibration, heads=heads)
     calibration.save(args.out)
     for name, found in calibration.fields.items():
         biases = f", biases {', '.join(f'{b:+.2f}' for b in found.bias)}" if any(found.bias) else ""
@@ -356,7 +360,9 @@ def run_calibrate(args: argparse.Namespace) -> int:
     report = {"meta": _meta(args, engine, "test", len(test)), **build_report(answers, calibration)}
     report["meta"]["calibration"] = {**calibration.to_dict(), "heads": _head_summary(calibration)}
     if hidden:
-        report["learning_curve"] = learning_curve(train_answers, answers, engine.model_name, seed=args.seed)
+        report["learning_curve"] = learning_curve(
+            train_answers, answers, engine.model_name, seed=args.seed, fitted=calibration.heads
+        )
         if args.curve:
             title = f"{engine.model_name} on {args.data}: trained head"
             write_curve_plot(report["learning_curve"], answers, calibration, args.curve, title)
