@@ -122,6 +122,7 @@ def stream_reply(
     lookup: HeadLookup,
     lock: ModelLock,
     messages: str | Sequence[Message],
+    *,
     max_new_tokens: int,
     stop: Sequence[str],
     result: Generation,

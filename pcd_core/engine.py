@@ -197,10 +197,8 @@ class Engine:
         the cost (``result.stats``, filled on the read path of ``fill`` and ``decide``: ``chatting.py``).
         """
         result = result if result is not None else Generation()
-        reply = stream_reply(
-            self.backend, self.tokenizer, self._head, self._lock, messages, max_new_tokens, stop, result
-        )
-        yield from reply
+        model = (self.backend, self.tokenizer, self._head, self._lock)
+        yield from stream_reply(*model, messages, max_new_tokens=max_new_tokens, stop=stop, result=result)
 
     # -- questions ----------------------------------------------------------------------------
     def decide(

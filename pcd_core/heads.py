@@ -154,6 +154,15 @@ def _folds(answers: np.ndarray, seed: int) -> Any:
     return StratifiedKFold(n_splits=min(FOLDS, int(np.bincount(answers).min())), shuffle=True, random_state=seed)
 
 
+def _scaling(states: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per coordinate, the mean and the standard deviation a head standardises its states by; a
+    constant coordinate carries nothing, so it is left unscaled.
+    """
+    mean, scale = states.mean(axis=0), states.std(axis=0)
+    scale[scale == 0] = 1.0
+    return mean, scale
+
+
 def _rows(weights: np.ndarray, bias: np.ndarray, n_labels: int) -> tuple[np.ndarray, np.ndarray]:
     """A scikit-learn fit's scores as one row per label: with two labels it keeps one row, the second's."""
     if n_labels == 2:
@@ -170,9 +179,7 @@ def fit_head(hidden: np.ndarray, gold: Sequence[int], labels: Sequence[str], mod
     except ImportError as error:
         raise PcdError(INSTALL_HINT) from error
     states, answers = _train_states(hidden, gold, labels)
-    mean = states.mean(axis=0)
-    scale = states.std(axis=0)
-    scale[scale == 0] = 1.0  # a constant coordinate carries nothing; leave it unscaled
+    mean, scale = _scaling(states)
     model_fit = LogisticRegressionCV(
         Cs=list(STRENGTHS),
         l1_ratios=(0.0,),  # L2 alone
@@ -211,8 +218,7 @@ def out_of_fold(hidden: np.ndarray, gold: Sequence[int], head: Head, *, seed: in
     states, answers = _train_states(hidden, gold, head.labels)
     probabilities = np.zeros((len(answers), len(head.labels)))
     for kept, left_out in _folds(answers, seed).split(states, answers):
-        mean, scale = states[kept].mean(axis=0), states[kept].std(axis=0)
-        scale[scale == 0] = 1.0
+        mean, scale = _scaling(states[kept])
         fold_fit = LogisticRegression(C=head.strength, tol=1e-8, max_iter=5000)
         fold_fit.fit((states[kept] - mean) / scale, answers[kept])
         weights, bias = _rows(fold_fit.coef_, fold_fit.intercept_, len(head.labels))

@@ -145,7 +145,7 @@ def quality_row(report: dict[str, Any]) -> str:
     temperature_only, on_raw = overall.get("calibrated_temperature_only", {}), overall.get("calibrated_raw", {})
     ar = overall.get("constrained_ar")
     ar_cell = f"{ar['accuracy']:.3f} ({ar['n']:.0f}; {ar['pcd_accuracy_same_examples']:.3f})" if ar else "–"
-    trained = meta.get("calibration", {}).get("fitted_on", {}).get("n", "–")
+    trained = _train_size(meta)
     return (
         f"| {meta['model']} | {meta['data']} | {meta['n']} / {trained} | {raw['accuracy']:.3f} "
         f"| {debiased['accuracy']:.3f} | {calibrated.get('accuracy', nan):.3f} | {ar_cell} | {raw['ece']:.3f} "
@@ -171,7 +171,7 @@ def head_row(report: dict[str, Any]) -> str:
         f"{point['n_train']}: {point['accuracy']:.3f}" if "accuracy" in point else f"{point['n_train']}: –"
         for point in report.get("learning_curve", [])
     )
-    trained = meta.get("calibration", {}).get("fitted_on", {}).get("n", "–")
+    trained = _train_size(meta)
     calibrated, head, nan = overall.get("calibrated", {}), overall.get("head", {}), math.nan
     return (
         f"| {meta['model']} | {meta['data']} | {meta['n']} / {trained} | {overall['raw']['accuracy']:.3f} "
@@ -198,9 +198,14 @@ def head_trust_row(report: dict[str, Any]) -> str:
     thresholds = [entry["abstain_below"] for entry in heads.values()]
     shown = ", ".join("never" if t > 1 else f"{t:.3f}" for t in thresholds)
     risk = "–" if held_out.get("risk") is None else f"{held_out['risk']:.3f}"
-    trained = meta.get("calibration", {}).get("fitted_on", {}).get("n", "–")
+    trained = _train_size(meta)
     return (
         f"| {meta['model']} | {meta['data']} | {trained} / {meta['n']} | {decisions['target_risk']:.2f} "
         f"| {report['overall']['head']['accuracy']:.3f} | {shown} | {held_out['coverage']:.3f} | {risk} "
         f"| {held_out['set_coverage']:.3f} ({decisions['target_coverage']}) | {held_out['mean_set_size']:.2f} |"
     )
+
+
+def _train_size(meta: dict[str, Any]) -> Any:
+    """How many train examples a report's calibration was fitted on, ``–`` for a report without one."""
+    return meta.get("calibration", {}).get("fitted_on", {}).get("n", "–")
