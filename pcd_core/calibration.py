@@ -56,6 +56,10 @@ from .selective import answer_set
 CALIBRATION_VERSION = 4
 READABLE_VERSIONS = (1, 2, 3, 4)
 
+#: the confidence level of the abstention bound before it was a choice: a file without
+#: ``abstain_confidence`` had its thresholds fitted at it
+OLD_CONFIDENCE = 0.9
+
 #: log-probabilities below this are clipped: a zero probability would make the fit infinite
 LOG_FLOOR = -30.0
 
@@ -96,6 +100,9 @@ class Calibration:
     fitted_on: Mapping[str, Any] = field(default_factory=dict)  # data set, split, n, seed: provenance only
     bias_sd: float | None = None  # the biases' prior, when they were fitted; None: temperatures only
     abstain_risk: float | None = None  # the target error among answered examples (--abstain-risk)
+    # how sure the fit is that a threshold's risk is at most the target (--abstain-confidence,
+    # pcd_core/selective.py); a file without it, fitted before the choice existed, used 0.9
+    abstain_confidence: float | None = None
     coverage: float | None = None  # the answer sets' target coverage (--coverage)
     heads: Mapping[str, Head] = field(default_factory=dict)  # per field, a trained head (version 4)
 
@@ -108,7 +115,7 @@ class Calibration:
         found = self.heads.get(name)
         return found if found is not None and found.labels == tuple(labels) else None
 
-    def check_heads(self, model: str, backend: str, reads_hidden: bool) -> None:
+    def check_heads(self, model: str, backend: str, reads_hidden: bool, parts: tuple[str, ...] = ("final",)) -> None:
         """Refuse, when an engine loads, heads of another model or a backend that cannot read hidden
         states (vLLM): a head applied to another model's states would answer confidently and wrongly.
         """
@@ -120,6 +127,11 @@ class Calibration:
                 "hidden states; load the model with the torch, llamacpp or mlx backend"
             )
         for name, head in self.heads.items():
+            if parts[: len(head.parts)] != head.parts:
+                raise HiddenStatesUnavailableError(
+                    f"the head of field {name!r} reads the {'+'.join(head.parts)} hidden state, and the {backend} "
+                    f"backend gives {'+'.join(parts)}; load the model with the torch or mlx backend"
+                )
             if head.model != model:
                 raise OptionError(
                     f"the head of field {name!r} was fitted on {head.model!r}, not {model!r}; refit it with "
@@ -137,6 +149,7 @@ class Calibration:
             "debias": self.debias,
             "bias_sd": self.bias_sd,
             "abstain_risk": self.abstain_risk,
+            "abstain_confidence": self.abstain_confidence,
             "coverage": self.coverage,
             "fields": {
                 name: {
@@ -180,6 +193,7 @@ class Calibration:
             }
             bias_sd = _optional_float(data.get("bias_sd"))
             abstain_risk, coverage = _optional_float(data.get("abstain_risk")), _optional_float(data.get("coverage"))
+            confidence = _optional_float(data.get("abstain_confidence", OLD_CONFIDENCE if abstain_risk else None))
             heads = {str(name): Head.from_dict(spec) for name, spec in (data.get("heads") or {}).items()}
         except (KeyError, TypeError, ValueError, AttributeError) as error:
             raise PcdError(f"a calibration file's fields are malformed: {error!r}") from error
@@ -191,9 +205,11 @@ class Calibration:
                     raise PcdError(f"calibration of field {name!r}: a threshold must lie in [0, 2], not {threshold!r}")
         if bias_sd is not None and not bias_sd > 0:
             raise PcdError(f"a calibration file's bias_sd must be > 0, not {bias_sd!r}")
-        for target in (abstain_risk, coverage):
+        for target in (abstain_risk, coverage, confidence):
             if target is not None and not 0 < target < 1:
-                raise PcdError(f"a calibration file's abstain_risk and coverage lie in (0, 1), not {target!r}")
+                raise PcdError(
+                    f"a calibration file's abstain_risk, abstain_confidence and coverage lie in (0, 1), not {target!r}"
+                )
         return cls(
             str(data.get("model", "")),
             bool(data.get("debias", False)),
@@ -201,6 +217,7 @@ class Calibration:
             data.get("fitted_on", {}),
             bias_sd,
             abstain_risk,
+            confidence,
             coverage,
             heads,
         )

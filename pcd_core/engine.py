@@ -52,7 +52,7 @@ class Engine:
         **settings: Unpack[PlannerSettings],
     ) -> None:
         if (calibration := settings.get("calibration")) is not None:  # another model's heads, or no states
-            calibration.check_heads(model_name, backend.name, backend.reads_hidden)
+            calibration.check_heads(model_name, backend.name, backend.reads_hidden, backend.hidden_parts)
         self.backend, self.tokenizer, self.model_name = backend, tokenizer, model_name
         self.planner = Planner(tokenizer, backend.context_length, **settings)
         # model access, first come first served; a backend that batches concurrent calls itself

@@ -58,6 +58,9 @@ class Head:
     abstain_below: float | None = None
     # the answer set holds every label of probability >= this, and the top one; None: no set
     set_threshold: float | None = None
+    # what the states it reads hold, a leading run of Backend.hidden_parts (pcd_core/backends/base.py);
+    # a head saved before there were parts read the final state alone
+    parts: tuple[str, ...] = ("final",)
 
     @property
     def width(self) -> int:
@@ -72,10 +75,18 @@ class Head:
             )
 
     def probabilities(self, hidden: np.ndarray) -> np.ndarray:
-        """Label probabilities for states ``[n, width]`` (or one state ``[width]``)."""
+        """Label probabilities for states ``[n, width]`` (or one state ``[width]``). States that hold
+        more parts than the head reads (a final-state head on a backend that gives the middle layers'
+        mean too) are read up to the head's width: the parts come in ``Backend.hidden_parts``' order.
+        """
         states = np.atleast_2d(np.asarray(hidden, dtype=np.float64))
-        if states.shape[1] != self.width:
-            raise OptionError(f"a head for hidden size {self.width} got states of size {states.shape[1]}")
+        part = self.width // len(self.parts)
+        if states.shape[1] < self.width or states.shape[1] % part:
+            raise OptionError(
+                f"a head reading the {'+'.join(self.parts)} state of hidden size {part} ({self.width} values) got "
+                f"states of size {states.shape[1]}"
+            )
+        states = states[:, : self.width]
         scores = ((states - self.mean) / self.scale) @ self.weights.T + self.bias
         scores -= scores.max(axis=1, keepdims=True)
         weights = np.exp(scores)
@@ -94,6 +105,7 @@ class Head:
             "n_train": self.n_train,
             "abstain_below": self.abstain_below,
             "set_threshold": self.set_threshold,
+            "parts": list(self.parts),
         }
 
     @classmethod
@@ -111,6 +123,7 @@ class Head:
                 # a head saved before heads had thresholds has neither: it never abstains
                 abstain_below=_optional_float(data.get("abstain_below")),
                 set_threshold=_optional_float(data.get("set_threshold")),
+                parts=tuple(str(part) for part in data.get("parts") or ("final",)),
             )
         except (KeyError, TypeError, ValueError) as error:
             raise PcdError(f"a head in the calibration file is malformed: {error}") from error
@@ -118,7 +131,8 @@ class Head:
         shapes_agree = (
             head.scale.shape == (width,) and head.weights.shape == (n_labels, width) and head.bias.shape == (n_labels,)
         )
-        if n_labels < 2 or not shapes_agree or not np.all(head.scale > 0):
+        parts_agree = head.parts[:1] == ("final",) and width % len(head.parts) == 0
+        if n_labels < 2 or not shapes_agree or not parts_agree or not np.all(head.scale > 0):
             raise PcdError("a head in the calibration file is malformed: its shapes or scales do not agree")
         for threshold in (head.abstain_below, head.set_threshold):
             if threshold is not None and not 0 <= threshold <= 2:
@@ -170,9 +184,17 @@ def _rows(weights: np.ndarray, bias: np.ndarray, n_labels: int) -> tuple[np.ndar
     return np.asarray(weights, dtype=np.float64), np.asarray(bias, dtype=np.float64)
 
 
-def fit_head(hidden: np.ndarray, gold: Sequence[int], labels: Sequence[str], model: str, *, seed: int = 0) -> Head:
-    """Fit one field's head on train states ``[n, width]`` and their gold label indices (``_train_states``
-    says what they need).
+def fit_head(
+    hidden: np.ndarray,
+    gold: Sequence[int],
+    labels: Sequence[str],
+    model: str,
+    *,
+    seed: int = 0,
+    parts: tuple[str, ...] = ("final",),
+) -> Head:
+    """Fit one field's head on train states ``[n, width]`` holding ``parts`` and their gold label
+    indices (``_train_states`` says what they need).
     """
     try:
         from sklearn.linear_model import LogisticRegressionCV
@@ -200,6 +222,7 @@ def fit_head(hidden: np.ndarray, gold: Sequence[int], labels: Sequence[str], mod
         bias=bias,
         strength=float(np.ravel(model_fit.C_)[0]),
         n_train=len(answers),
+        parts=parts,
     )
 
 

@@ -2,15 +2,23 @@
 labels fitted to a target coverage. Pure functions on arrays and probability lists.
 
 - **Abstention** (selective classification). An answer is given when its top probability is at least
-  the field's ``abstain_below``, and abstained from otherwise. The threshold is the lowest one whose
-  answered train examples' error rate has a Clopper-Pearson upper bound, at confidence ``1 - DELTA``,
-  at or below the target risk. The thresholds are tested from the most confident down and the scan stops
-  at the first that fails (fixed-sequence testing, as in Angelopoulos et al. 2021, "Learn then Test"),
-  so the one chosen holds the bound without a correction for the number tried. The scan starts at
-  ``first_tested(risk)`` answered examples, fixed before any label is seen: a test at the very top,
-  on a handful of answers, would fail and end the scan however good the model is. A target no
-  threshold holds (too few examples, or too many confident errors) gives ``NEVER``: the field always
-  abstains.
+  the field's ``abstain_below``, and abstained from otherwise. Answering the ``k`` most confident train
+  examples has an error rate; its one-sided Clopper-Pearson upper bound, at a confidence ``level``, must
+  be at or below the target risk, and the threshold is the lowest top probability that passes. The
+  level says what the target means:
+
+  - at ``CONFIDENCE`` (0.5, the default) the bound is the error rate's median estimate, so nothing is
+    promised: the threshold's true risk is as likely above the target as below, and held-out risk lands
+    about it without giving coverage away. The scan reads the whole curve and keeps the largest ``k``
+    that passes (a dip of a few early errors among the most confident does not end it);
+  - above 0.5 the bound is a promise: the risk is at most the target in that share of train draws
+    (0.9: 9 in 10), at the cost of coverage. The scan goes from the most confident down and stops at
+    the first ``k`` that fails (fixed-sequence testing, as in Angelopoulos et al. 2021, "Learn then
+    Test"), so the one chosen holds the bound without a correction for the number tried.
+
+  Either scan starts at ``first_tested(risk, level)`` answered examples, fixed before any label is
+  seen: a test at the very top, on a handful of answers, says nothing. A target no threshold meets (too
+  few examples, or too many confident errors) gives ``NEVER``: the field always abstains.
 - **Answer sets** (split conformal prediction, the "LAC" score ``1 - p(gold)``, Sadinle et al. 2019).
   The set holds every label whose probability is at least ``set_threshold``; the threshold is one
   minus the ``ceil((n + 1) * coverage)``-th smallest score of the train split, which makes the gold
@@ -28,8 +36,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-#: the abstention bound holds with probability at least 1 - DELTA over the draw of the train split
-DELTA = 0.1
+#: the default confidence level of the abstention bound: an estimate that aims at the target, not a
+#: promise (the module docstring says why)
+CONFIDENCE = 0.5
 
 #: the threshold of a field that must always abstain: above every probability, and finite in JSON
 NEVER = math.nextafter(1.0, 2.0)
@@ -53,7 +62,7 @@ def _log_binomial_cdf(errors: int, n: int, rate: float) -> float:
     return top + math.log(sum(math.exp(t - top) for t in terms))
 
 
-def risk_upper_bound(errors: int, n: int, delta: float = DELTA) -> float:
+def risk_upper_bound(errors: int, n: int, delta: float) -> float:
     """The one-sided Clopper-Pearson upper bound on an error rate seen as ``errors`` of ``n``: the rate
     at which ``errors`` or fewer would happen with probability ``delta``; 1 when ``n`` is 0.
     """
@@ -69,33 +78,40 @@ def risk_upper_bound(errors: int, n: int, delta: float = DELTA) -> float:
     return high
 
 
-def fewest_to_promise(risk: float, delta: float = DELTA) -> int:
-    """How many answered examples, none wrong, it takes before the bound reaches ``risk``."""
+def fewest_to_promise(risk: float, delta: float) -> int:
+    """How many answered examples, none wrong, it takes before the bound (at level ``1 - delta``) reaches ``risk``."""
     return math.ceil(math.log(delta) / math.log1p(-risk))
 
 
-def first_tested(risk: float, delta: float = DELTA) -> int:
+def first_tested(risk: float, level: float = CONFIDENCE) -> int:
     """The fewest answered examples the scan tests: where an error rate of half the target would pass."""
+    delta = 1 - level
     k = fewest_to_promise(risk, delta)
     while risk_upper_bound(int(k * risk / 2), k, delta) > risk:
         k += max(1, k // 20)
     return k
 
 
-def abstention_threshold(confidence: np.ndarray, correct: np.ndarray, risk: float, delta: float = DELTA) -> float:
-    """The lowest top probability at which the train answers' error rate is bounded by ``risk``
-    (the module docstring says how); ``NEVER`` when no threshold is.
+def abstention_threshold(top: np.ndarray, correct: np.ndarray, risk: float, level: float = CONFIDENCE) -> float:
+    """The lowest top probability at which the train answers' error rate is bounded by ``risk`` at
+    confidence ``level`` (the module docstring says how); ``NEVER`` when no threshold is.
     """
     if not 0 < risk < 1:
         raise ValueError(f"the target risk must lie in (0, 1), not {risk!r}")
-    order = np.argsort(-confidence, kind="mergesort")
-    ranked, wrong = confidence[order], np.cumsum(~correct[order].astype(bool))
-    chosen, start = NEVER, first_tested(risk, delta) - 1
+    if not CONFIDENCE <= level < 1:
+        raise ValueError(f"the confidence level must lie in [{CONFIDENCE}, 1), not {level!r}")
+    promise = level > CONFIDENCE
+    delta = 1 - level
+    order = np.argsort(-top, kind="mergesort")
+    ranked, wrong = top[order], np.cumsum(~correct[order].astype(bool))
+    chosen, start = NEVER, first_tested(risk, level) - 1
     for k in range(start, len(ranked)):
         if k + 1 < len(ranked) and ranked[k + 1] == ranked[k]:
             continue  # a threshold answers every example tied at it
         if risk_upper_bound(int(wrong[k]), k + 1, delta) > risk:
-            break
+            if promise:
+                break
+            continue
         chosen = float(ranked[k])
     return chosen
 

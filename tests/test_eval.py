@@ -137,10 +137,12 @@ def test_calibrate_by_default_chooses_per_field_and_fits_thresholds_that_eval_th
     schema.write_text(json.dumps(SCHEMA))
     out, report_path, risk_plot = tmp_path / "cal.json", tmp_path / "r.json", tmp_path / "risk.png"
     argv = ["calibrate", "--data", str(data), "--schema", str(schema), "--out", str(out), "--json", str(report_path)]
-    trust = ["--abstain-risk", "0.2", "--coverage", "0.8", "--risk-plot", str(risk_plot), "--constrained-limit", "0"]
+    trust = ["--abstain-risk", "0.2", "--abstain-confidence", "0.9", "--coverage", "0.8", "--risk-plot", str(risk_plot)]
+    trust += ["--constrained-limit", "0"]
     assert main([*argv, *trust]) == 0
     calibration = Calibration.load(out)
     assert calibration.abstain_risk == 0.2 and calibration.coverage == 0.8
+    assert calibration.abstain_confidence == 0.9
     assert calibration.fitted_on["choice"] == "cross-validated"
     for name, found in calibration.fields.items():
         assert found.fit == calibration.fitted_on["chosen"][name]["fit"]

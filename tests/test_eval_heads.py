@@ -70,9 +70,14 @@ def test_an_answers_file_keeps_the_states_to_float16(tmp_path):
     AnswerCache(path).put("k", CachedAnswer({"wind": [0.2, 0.3, 0.5]}, {"wind": 0.9}, None, {"wind": state}))
     AnswerCache(path).put("plain", CachedAnswer({"wind": [0.2, 0.3, 0.5]}, {"wind": 0.9}, None))
     again = AnswerCache(path)
-    read = again.get("k", needs_constrained=False, needs_hidden=True)
+    read = again.get("k", needs_constrained=False, needs_hidden=("final",))
     assert read is not None and read.hidden is not None
     np.testing.assert_allclose(read.hidden["wind"], state, rtol=1e-3)
     # an answer read without states serves a run without heads, and a run with them reads it again
     assert again.get("plain", needs_constrained=False) is not None
-    assert again.get("plain", needs_constrained=False, needs_hidden=True) is None
+    assert again.get("plain", needs_constrained=False, needs_hidden=("final",)) is None
+    # states of other parts (a line written before the middle layers were read) are read again
+    assert again.get("k", needs_constrained=False, needs_hidden=("final", "middle")) is None
+    both = CachedAnswer({"wind": [0.2, 0.3, 0.5]}, {"wind": 0.9}, None, {"wind": state}, ("final", "middle"))
+    AnswerCache(path).put("k", both)
+    assert AnswerCache(path).get("k", needs_constrained=False, needs_hidden=("final", "middle")) is not None

@@ -85,7 +85,8 @@ def _split() -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
 def head(engine: Engine) -> Head:
     train, _ = _split()
     states = [engine.fill(SCHEMA, text, calibrate=False, hidden=True).fields["sentiment"].hidden for text, _ in train]
-    return fit_head(np.stack(states), [gold for _, gold in train], LABELS, engine.model_name)
+    gold = [gold for _, gold in train]
+    return fit_head(np.stack(states), gold, LABELS, engine.model_name, parts=engine.backend.hidden_parts)
 
 
 @pytest.fixture(scope="module")
@@ -168,6 +169,25 @@ def test_a_head_of_another_model_is_refused_at_load(engine: Engine, head: Head, 
         Engine.load("smollm2-135m", calibration=path)
     with pytest.raises(OptionError, match="qwen2.5-coder-0.5b"):
         Engine(engine.backend, engine.tokenizer, engine.model_name, calibration=Calibration.load(path))
+
+
+def test_a_head_reading_the_middle_layers_is_refused_where_only_the_final_state_is_read(head: Head) -> None:
+    assert head.parts == ("final", "middle")  # fitted on the torch backend's states
+    calibration = Calibration(head.model, False, {}, {}, heads={"sentiment": head})
+    backend = OracleBackend()
+    backend.reads_hidden = True  # a backend that gives the final state alone, as llama.cpp does
+    with pytest.raises(HiddenStatesUnavailableError, match="reads the final\\+middle hidden state"):
+        Engine(backend, ByteTokenizer(), head.model, calibration=calibration)
+
+
+def test_a_head_fitted_on_the_final_state_alone_reads_that_part_of_wider_states(engine: Engine, head: Head) -> None:
+    text = POSITIVE[0]
+    state = engine.fill(SCHEMA, text, hidden=True).fields["sentiment"].hidden
+    final = state[: len(state) // 2]
+    narrow = fit_head(np.stack([final + k for k in range(4)]), [0, 1, 0, 1], head.labels, head.model, parts=("final",))
+    np.testing.assert_allclose(narrow.probabilities(state), narrow.probabilities(final))
+    with pytest.raises(OptionError, match="final\\+middle state of hidden size"):
+        head.probabilities(final)
 
 
 def test_a_backend_without_hidden_states_refuses_a_head(head: Head) -> None:

@@ -1,10 +1,11 @@
-"""Final hidden states at the queried positions, read in the same pass as the log-probs (issue 27: a
+"""Hidden states at the queried positions, read in the same pass as the log-probs (issue 27: a
 trained head reads them at no extra pass).
 
 ``check_backend`` (pcd_core/testing.py) already holds every backend that reads them to the contract:
 same values, same pass count, packed equal to alone. Here: the torch backend's states are the model's
-own (transformers' last hidden state), llama.cpp's agree with torch's on the same GGUF, and a backend
-without them refuses by a typed error before any pass.
+own (transformers' last hidden state, then the mean of its middle layers' outputs), llama.cpp's final
+state agrees with torch's on the same GGUF, and a backend without them refuses by a typed error before
+any pass.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pcd_core.backends.base import Query
+from pcd_core.backends.base import Query, middle_layers
 from pcd_core.errors import HiddenStatesUnavailableError
 from pcd_core.testing import OracleBackend
 
@@ -28,10 +29,14 @@ def ids(engine):
 
 
 def _reference(engine, sequence: list[int]) -> np.ndarray:
-    """transformers' own final hidden state (after the last norm) at every position of ``sequence``."""
+    """From transformers' own outputs at every position of ``sequence``: the final hidden state (after
+    the last norm), then the mean of the middle layers' outputs (``hidden_states[i + 1]`` is layer i's).
+    """
     with torch.inference_mode():
         out = engine.backend.model(input_ids=torch.tensor([sequence]), output_hidden_states=True)
-    return out.hidden_states[-1][0].float().numpy()
+    layers = middle_layers(engine.backend.n_layers)
+    middle = torch.stack([out.hidden_states[i + 1][0] for i in layers]).mean(0)
+    return torch.cat([out.hidden_states[-1][0], middle], -1).float().numpy()
 
 
 def test_torch_states_are_the_models_own_at_each_query(engine, ids):
@@ -40,7 +45,8 @@ def test_torch_states_are_the_models_own_at_each_query(engine, ids):
     queries = [Query(r, p, (0,)) for r, row in enumerate(rows) for p in range(len(row))]
     queries.append(Query(0, -1, (0,)))  # after the prefix itself
     read = engine.backend.score(prefix, rows, queries, hidden=True)
-    assert read.hidden is not None
+    assert read.hidden is not None and engine.backend.hidden_parts == ("final", "middle")
+    assert read.hidden[0].shape == (2 * engine.backend.model.config.hidden_size,)
     for k, query in enumerate(queries[:-1]):
         want = _reference(engine, prompt + rows[query.row][: query.position + 1])[-1]
         np.testing.assert_allclose(read.hidden[k], want, rtol=1e-3, atol=1e-4)
@@ -57,8 +63,9 @@ def test_llamacpp_states_agree_with_torch(engine, ids):
     queries = [Query(r, len(row) - 1, (0,)) for r, row in enumerate(rows)]
     got = llama.backend.score(llama.backend.prefill(prompt), rows, queries, hidden=True).hidden
     want = engine.backend.score(engine.backend.prefill(prompt), rows, queries, hidden=True).hidden
-    assert got is not None and want is not None
+    assert got is not None and want is not None and llama.backend.hidden_parts == ("final",)
     for a, b in zip(got, want):
+        b = b[: len(a)]  # torch's final part; llama.cpp gives no middle layers
         cosine = float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
         # measured: 0.9992 at the end of an 8-token prompt (Q4_1 weights against their fp32 copy)
         assert cosine > 0.99, cosine

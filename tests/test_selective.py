@@ -45,9 +45,9 @@ def _answers(n, seed):
     return confidence, rng.uniform(size=n) < confidence
 
 
-def test_the_abstention_threshold_holds_the_target_risk_on_fresh_answers():
+def test_at_confidence_0_9_the_threshold_holds_the_target_risk_on_fresh_answers():
     confidence, correct = _answers(4000, 0)
-    threshold = abstention_threshold(confidence, correct, 0.10)
+    threshold = abstention_threshold(confidence, correct, 0.10, level=0.9)
     fresh_confidence, fresh_correct = _answers(20000, 1)
     answered = fresh_confidence >= threshold
     risk = 1 - fresh_correct[answered].mean()
@@ -56,6 +56,37 @@ def test_the_abstention_threshold_holds_the_target_risk_on_fresh_answers():
     # confidences are uniform on [0.5, 1], so t = 0.8 reaches 0.10 and a bound at n = 4000 is near it
     assert 0.8 <= threshold < 0.87
     assert answered.mean() > 0.25
+
+
+@pytest.mark.parametrize("seed", [0, 5, 6])
+def test_at_the_default_confidence_fresh_risk_lands_about_the_target_with_more_coverage(seed):
+    confidence, correct = _answers(4000, seed)
+    aimed = abstention_threshold(confidence, correct, 0.10)
+    promised = abstention_threshold(confidence, correct, 0.10, level=0.9)
+    fresh_confidence, fresh_correct = _answers(50000, seed + 100)
+    answered = fresh_confidence >= aimed
+    assert abs((1 - fresh_correct[answered].mean()) - 0.10) <= 0.02
+    assert aimed <= promised  # the promise costs coverage, never gives it
+
+
+@pytest.mark.parametrize("level", [0.3, 1.0])
+def test_a_confidence_level_outside_half_to_one_is_refused(level):
+    confidence, correct = _answers(100, 4)
+    with pytest.raises(ValueError, match="confidence level"):
+        abstention_threshold(confidence, correct, 0.1, level=level)
+
+
+def test_the_default_scan_is_not_ended_by_an_early_error_but_a_promise_is():
+    # two errors among the 7 most confident answers, then 293 right ones, then only wrong ones: the
+    # scan that stops at its first failure never gets past the dip; the estimate reads on, past the
+    # right run, into the wrong tail until 10% of the answered are wrong (about 31 of them)
+    confidence = np.linspace(0.99, 0.5, 400)
+    correct = np.ones(400, dtype=bool)
+    correct[[3, 5]] = False
+    correct[300:] = False
+    aimed = abstention_threshold(confidence, correct, 0.10)
+    assert confidence[340] < aimed <= confidence[310]
+    assert abstention_threshold(confidence, correct, 0.10, level=0.9) > aimed
 
 
 def test_a_target_no_threshold_can_hold_means_always_abstain():

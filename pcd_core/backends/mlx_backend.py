@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import BackendError, BackendUnavailableError
-from .base import Backend, Prefix, Query
+from .base import Backend, Prefix, Query, middle_layers
 from .packing import TokenTree, pack_tree
 
 try:
@@ -55,6 +55,7 @@ class _PrefixState:
     keys: tuple[Any, ...]
     values: tuple[Any, ...]
     last_hidden: Any  # [hidden_size], before the final norm
+    last_middle: Any  # [hidden_size], the middle layers' mean (base.py's middle_layers)
 
 
 Attend = Callable[[int, Any, Any, Any], Any]
@@ -65,6 +66,7 @@ class MlxBackend(Backend):
 
     name = "mlx"
     reads_hidden = True
+    hidden_parts = ("final", "middle")
     row_layout = "packed"
 
     def __init__(self, model: nn.Module, *, context_length: int, max_tokens_per_pass: int | None = None) -> None:
@@ -77,6 +79,7 @@ class MlxBackend(Backend):
             )
         self.model = model
         self._layers = list(model.layers)
+        self._middle = middle_layers(len(self._layers))
         args = model.args
         n_kv = getattr(args, "num_key_value_heads", None) or args.num_attention_heads
         head_dim = getattr(args, "head_dim", None) or args.hidden_size // args.num_attention_heads
@@ -133,9 +136,9 @@ class MlxBackend(Backend):
             values.append(v)
             return self._attention(index, q, k, v, masks[self._windows[index]])
 
-        hidden = self._run_layers(mx.array([ids]), start, attend)
-        state = _PrefixState(keys=tuple(keys), values=tuple(values), last_hidden=hidden[0, -1])
-        mx.eval(state.keys, state.values, state.last_hidden)
+        hidden, middle = self._run_layers(mx.array([ids]), start, attend)
+        state = _PrefixState(tuple(keys), tuple(values), last_hidden=hidden[0, -1], last_middle=middle[0, -1])
+        mx.eval(state.keys, state.values, state.last_hidden, state.last_middle)
         return state
 
     def _score_chunk(
@@ -181,14 +184,16 @@ class MlxBackend(Backend):
                 values.append(v[:, :, : n_prefix + n_trunk])
             return self._attention(index, q, k, v, masks[self._windows[index]])
 
-        hidden = self._run_layers(mx.array([list(trunk) + tree.tokens]), mx.array(positions), attend)[0]
+        hidden, middle = self._run_layers(mx.array([list(trunk) + tree.tokens]), mx.array(positions), attend)
+        hidden, middle = hidden[0], middle[0]
         read = [n_trunk + tree.node_of[q.row][q.position] for q in queries]
         gathered = self._gather(hidden, read, queries)
-        states = list(self._normed(hidden[mx.array(read)])) if keep_hidden else []
+        states = list(self._joined(hidden[mx.array(read)], middle[mx.array(read)])) if keep_hidden else []
         if not trunk:
             return gathered, None, states
-        kept = _PrefixState(keys=tuple(keys), values=tuple(values), last_hidden=hidden[n_trunk - 1])
-        mx.eval(kept.keys, kept.values, kept.last_hidden)
+        ends = {"last_hidden": hidden[n_trunk - 1], "last_middle": middle[n_trunk - 1]}
+        kept = _PrefixState(keys=tuple(keys), values=tuple(values), **ends)
+        mx.eval(kept.keys, kept.values, kept.last_hidden, kept.last_middle)
         return gathered, kept, states
 
     def _prefix_logp(self, prefix: Prefix) -> np.ndarray:
@@ -196,23 +201,30 @@ class MlxBackend(Backend):
         return np.array(logp.astype(mx.float32))
 
     def _prefix_hidden(self, prefix: Prefix) -> np.ndarray:
-        return self._normed(prefix.state.last_hidden[None])[0]
+        return self._joined(prefix.state.last_hidden[None], prefix.state.last_middle[None])[0]
 
-    def _normed(self, hidden: Any) -> np.ndarray:
-        """Hidden states ``[n, hidden]`` after the final norm (the LM head's input), as float32."""
-        return np.array(self.model.model.norm(hidden).astype(mx.float32))
+    def _joined(self, hidden: Any, middle: Any) -> np.ndarray:
+        """States ``[n, 2 * hidden]`` as float32: after the final norm (the LM head's input), then the
+        middle layers' mean (``hidden_parts``).
+        """
+        final = self.model.model.norm(hidden)
+        return np.array(mx.concatenate([final, middle], axis=-1).astype(mx.float32))
 
     # -- the layer loop -----------------------------------------------------------------------
-    def _run_layers(self, ids: Any, rope_offset: int | Any, attend: Attend) -> Any:
-        """Hidden states before the final norm, ``[batch, length, hidden]``.
+    def _run_layers(self, ids: Any, rope_offset: int | Any, attend: Attend) -> tuple[Any, Any]:
+        """Hidden states before the final norm, ``[batch, length, hidden]``, and the mean of the middle
+        layers' outputs (``middle_layers`` in base.py) of the same shape.
 
         ``rope_offset`` is the position of every sequence's first token, or an array holding one
         position per token of a single packed sequence.
         """
         hidden = self._embed(ids)
+        middle: Any = 0.0
         for index, layer in enumerate(self._layers):
             hidden = self._block(index, layer, hidden, rope_offset, attend)
-        return hidden
+            if index in self._middle:
+                middle = middle + hidden
+        return hidden, middle / len(self._middle)
 
     def _embed(self, ids: Any) -> Any:
         hidden = self.model.model.embed_tokens(ids)

@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import BackendError, BackendUnavailableError
-from .base import Backend, LayoutChoice, Prefix, Query, RowLayout, Rows
+from .base import Backend, LayoutChoice, Prefix, Query, RowLayout, Rows, middle_layers
 from .packing import TokenTree, pack_tree
 
 try:
@@ -73,7 +73,8 @@ def default_dtype(device: torch.device) -> torch.dtype:
 
 class TorchBackend(Backend):
     name = "torch"
-    reads_hidden = True  # the decoder's last_hidden_state: after the final norm, the LM head's input
+    reads_hidden = True  # the final state (the LM head's input) and the middle layers' mean (base.py)
+    hidden_parts = ("final", "middle")
 
     def __init__(
         self, model: Any, *, max_tokens_per_pass: int | None = None, row_layout: LayoutChoice = "auto"
@@ -86,6 +87,7 @@ class TorchBackend(Backend):
         self.head = model.get_output_embeddings()
         self.device = next(model.parameters()).device
         self.n_layers = int(config.num_hidden_layers)
+        self._middle = middle_layers(self.n_layers)
         self.layer_types = tuple(getattr(config, "layer_types", None) or ("full_attention",) * self.n_layers)
         self.window = getattr(config, "sliding_window", None)
         self.softcap = getattr(config, "final_logit_softcapping", None)
@@ -117,8 +119,26 @@ class TorchBackend(Backend):
         state: TorchState = prefix.state
         return Cache(layers=[PrefixLayer(k, v, keep, room) for k, v in zip(state.keys, state.values)])
 
+    def _decode(self, **inputs: Any) -> tuple[Any, torch.Tensor]:
+        """One decoder forward, and the mean of the middle layers' outputs at every position
+        (``middle_layers`` in base.py), summed as each layer finishes so no layer's output is kept.
+        """
+        total: list[torch.Tensor] = []
+
+        def add(_module: Any, _args: Any, output: Any) -> None:
+            state = output[0] if isinstance(output, tuple) else output
+            total.append(state if not total else total.pop() + state)
+
+        hooks = [self.decoder.layers[i].register_forward_hook(add) for i in self._middle]
+        try:
+            out = self.decoder(**inputs)
+        finally:
+            for hook in hooks:
+                hook.remove()
+        return out, total[0] / len(self._middle)
+
     @staticmethod
-    def _kept(cache: Cache, last_hidden: torch.Tensor) -> TorchState:
+    def _kept(cache: Cache, last_hidden: torch.Tensor, last_middle: torch.Tensor) -> TorchState:
         layers = [layer for layer in cache.layers if isinstance(layer, PrefixLayer)]
         assert len(layers) == len(cache.layers), "every layer of the engine's caches is a PrefixLayer"
         keys = tuple(layer.keys for layer in layers if layer.keys is not None)
@@ -127,7 +147,9 @@ class TorchBackend(Backend):
         buffers = [layer.buffers for layer in layers if layer.buffers is not None]
         if buffers and len(buffers) == len(layers):
             room = Room([k for k, _ in buffers], [v for _, v in buffers], keys[0].shape[-2])
-        return TorchState(keys=keys, values=values, last_hidden=last_hidden.detach(), room=room)
+        return TorchState(
+            keys=keys, values=values, last_hidden=last_hidden.detach(), room=room, last_middle=last_middle.detach()
+        )
 
     @torch.inference_mode()
     def _prefill(self, ids: tuple[int, ...], parent: Prefix | None, room: int = 0) -> TorchState:
@@ -140,14 +162,14 @@ class TorchBackend(Backend):
             # additive one in every layer; the additive one, made once, reads the same and is cheaper
             k_pos = torch.arange(start + len(ids), device=self.device)
             mask = self._masks(q_pos[None], k_pos[None], (k_pos[None, :] <= q_pos[:, None])[None])
-        out = self.decoder(
+        out, middle = self._decode(
             input_ids=torch.tensor([ids], device=self.device),
             position_ids=q_pos[None],
             attention_mask=mask,
             cache=cache,
             use_cache=True,
         )
-        state = self._kept(cache, out.last_hidden_state[0, -1])
+        state = self._kept(cache, out.last_hidden_state[0, -1], middle[0, -1])
         self.synchronize()
         return state
 
@@ -197,17 +219,20 @@ class TorchBackend(Backend):
     ) -> tuple[list[np.ndarray], TorchState | None, list[np.ndarray]]:
         state = None
         if self.row_layout == "packed":
-            hidden, index, state = self._packed_hidden(prefix, trunk, tree, queries)
+            hidden, middle, index, state = self._packed_hidden(prefix, trunk, tree, queries)
         else:
             assert prefix is not None and not trunk  # packs_trunk is false: score prefilled the trunk
-            hidden, index = self._copied_hidden(prefix, tree.rows, queries)
+            hidden, middle, index = self._copied_hidden(prefix, tree.rows, queries)
         read = hidden[index]
         logp = self._logp(read)
         values = [logp[k, list(q.ids)].double().cpu().numpy() for k, q in enumerate(queries)]
-        return values, state, list(read.float().cpu().numpy()) if keep_hidden else []
+        if not keep_hidden:
+            return values, state, []
+        return values, state, list(torch.cat([read, middle[index]], -1).float().cpu().numpy())
 
     def _prefix_hidden(self, prefix: Prefix) -> np.ndarray:
-        return prefix.state.last_hidden.float().cpu().numpy()
+        state: TorchState = prefix.state
+        return torch.cat([state.last_hidden, state.last_middle]).float().cpu().numpy()
 
     def _masks(self, q_pos: torch.Tensor, k_pos: torch.Tensor, allowed: torch.Tensor) -> Any:
         """Additive masks per attention type; ``allowed`` is [batch, q, k] before any window. Each is a
@@ -232,7 +257,7 @@ class TorchBackend(Backend):
 
     def _packed_hidden(
         self, prefix: Prefix | None, trunk: tuple[int, ...], tree: TokenTree, queries: list[Query]
-    ) -> tuple[torch.Tensor, list[int], TorchState | None]:
+    ) -> tuple[torch.Tensor, torch.Tensor, list[int], TorchState | None]:
         n_prefix, n_trunk = (prefix.n_tokens if prefix is not None else 0), len(trunk)
         depth = torch.tensor(tree.depth, device=self.device, dtype=torch.long)
         q_pos = torch.cat([torch.arange(n_trunk, device=self.device), n_trunk + depth]) + n_prefix
@@ -245,20 +270,21 @@ class TorchBackend(Backend):
             1,
         )
         cache = self._cache(prefix, keep=n_prefix + n_trunk if trunk else 0)
-        out = self.decoder(
+        out, middle = self._decode(
             input_ids=torch.tensor([list(trunk) + tree.tokens], device=self.device),
             position_ids=q_pos[None],
             attention_mask=self._masks(q_pos[None], k_pos[None], allowed[None]),
             cache=cache,
             use_cache=True,
         )
-        hidden = out.last_hidden_state[0]
+        hidden, middle = out.last_hidden_state[0], middle[0]
         index = [n_trunk + tree.node_of[q.row][q.position] for q in queries]
-        return hidden, index, (self._kept(cache, hidden[n_trunk - 1]) if trunk else None)
+        kept = self._kept(cache, hidden[n_trunk - 1], middle[n_trunk - 1]) if trunk else None
+        return hidden, middle, index, kept
 
     def _copied_hidden(
         self, prefix: Prefix, rows: list[tuple[int, ...]], queries: list[Query]
-    ) -> tuple[torch.Tensor, list[int]]:
+    ) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
         """The fallback: rows batched and padded, each on its own broadcast copy of the prefix KV."""
         n_prefix, width, batch = prefix.n_tokens, max(len(row) for row in rows), len(rows)
         pad = self.model.config.pad_token_id or 0
@@ -273,15 +299,15 @@ class TorchBackend(Backend):
                 for k, v in zip(state.keys, state.values)
             ]
         )
-        out = self.decoder(
+        out, middle = self._decode(
             input_ids=ids,
             position_ids=q_pos[None].expand(batch, -1),
             attention_mask=self._masks(q_pos[None], k_pos[None], causal[None].expand(batch, -1, -1)),
             cache=cache,
             use_cache=True,
         )
-        hidden = out.last_hidden_state.reshape(batch * width, -1)
-        return hidden, [q.row * width + q.position for q in queries]
+        hidden, middle = out.last_hidden_state.reshape(batch * width, -1), middle.reshape(batch * width, -1)
+        return hidden, middle, [q.row * width + q.position for q in queries]
 
     # -- growing rows (generation) -----------------------------------------------------------
     @torch.inference_mode()
@@ -343,7 +369,7 @@ class TorchBackend(Backend):
         else:
             arena = self._arena_for(prefix, kept, n_rows, extended)
             cache = Cache(layers=[ArenaLayer(arena, i, k, v) for i, (k, v) in enumerate(zip(state.keys, state.values))])
-        out = self.decoder(
+        out, middle = self._decode(
             input_ids=torch.tensor([list(trunk) + tokens], device=device),
             position_ids=q_pos[None],
             attention_mask=self._masks(q_pos[None], k_pos[None], allowed[None]),
@@ -352,7 +378,8 @@ class TorchBackend(Backend):
         )
         hidden_all = out.last_hidden_state[0]
         if trunk:
-            prefix, arena = self._trunk_prefix(prefix, trunk, cache, hidden_all[n_trunk - 1], n_rows)
+            ends = (hidden_all[n_trunk - 1], middle[0, n_trunk - 1])
+            prefix, arena = self._trunk_prefix(prefix, trunk, cache, ends, n_rows)
         arena.used += n_rows
         grown = GrownRows(
             arena=arena,
@@ -369,7 +396,7 @@ class TorchBackend(Backend):
         return Rows(prefix, extended, tuple(by_row), grown)
 
     def _trunk_prefix(
-        self, prefix: Prefix, trunk: tuple[int, ...], cache: Cache, last_hidden: torch.Tensor, n_rows: int
+        self, prefix: Prefix, trunk: tuple[int, ...], cache: Cache, ends: tuple[torch.Tensor, torch.Tensor], n_rows: int
     ) -> tuple[Prefix, Arena]:
         """After a pass with a trunk: the prefix it extends to (views of the new buffers), and the
         arena of the rows read with it, which owns the room behind that prefix.
@@ -384,8 +411,9 @@ class TorchBackend(Backend):
         state = TorchState(
             keys=tuple(k[..., :n, :] for k in keys),
             values=tuple(v[..., :n, :] for v in values),
-            last_hidden=last_hidden.detach(),
+            last_hidden=ends[0].detach(),
             room=room,
+            last_middle=ends[1].detach(),
         )
         return Prefix(ids=prefix.ids + trunk, state=state), Arena(keys, values, offset=n)
 

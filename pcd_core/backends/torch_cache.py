@@ -48,6 +48,7 @@ class TorchState:
     keys: tuple[torch.Tensor, ...]
     values: tuple[torch.Tensor, ...]
     last_hidden: torch.Tensor
+    last_middle: torch.Tensor  # the middle layers' mean at the last token (base.py's middle_layers)
     room: Room | None = None
 
 

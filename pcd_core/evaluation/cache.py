@@ -32,8 +32,9 @@ import numpy as np
 
 from ..errors import PcdError
 
-#: the line format written; version 2 adds ``hidden`` (None or per field a base64 float16 state). A file
-#: of another version is refused rather than misread
+#: the line format written; version 2 adds ``hidden`` (None or per field a base64 float16 state), and
+#: later ``hidden_parts`` (what the states hold, ``Backend.hidden_parts``; a line without it holds the
+#: final state only). A file of another version is refused rather than misread
 CACHE_VERSION = 2
 READABLE_CACHE_VERSIONS = (1, 2)
 
@@ -44,6 +45,7 @@ class CachedAnswer:
     candidate_mass: dict[str, float]
     constrained_ar: dict[str, int] | None  # the baseline's label index per field (-1: not written); None: not run
     hidden: dict[str, np.ndarray] | None = None  # per field, the hidden state at its first decision point
+    hidden_parts: tuple[str, ...] = ("final",)  # what each state holds, in order (Backend.hidden_parts)
 
 
 def encode_state(state: np.ndarray) -> str:
@@ -88,6 +90,7 @@ class AnswerCache:
                     {name: float(m) for name, m in entry["candidate_mass"].items()},
                     None if ar is None else {name: int(i) for name, i in ar.items()},
                     None if states is None else {name: decode_state(text) for name, text in states.items()},
+                    tuple(str(part) for part in entry.get("hidden_parts") or ("final",)),
                 )
             except (ValueError, KeyError, TypeError, AttributeError) as error:
                 raise PcdError(
@@ -96,14 +99,16 @@ class AnswerCache:
                 ) from error
             self._entries[key] = answer  # a later line (the baseline or the states added) wins
 
-    def get(self, key: str, *, needs_constrained: bool, needs_hidden: bool = False) -> CachedAnswer | None:
+    def get(
+        self, key: str, *, needs_constrained: bool, needs_hidden: tuple[str, ...] | None = None
+    ) -> CachedAnswer | None:
         """The cached answer under ``key``, or None when there is none, or it lacks a needed baseline
-        pick or hidden states.
+        pick, or hidden states holding the parts ``needs_hidden`` (states of other parts are read again).
         """
         found = self._entries.get(key)
         if found is None or (needs_constrained and found.constrained_ar is None):
             return None
-        if needs_hidden and found.hidden is None:
+        if needs_hidden is not None and (found.hidden is None or found.hidden_parts != needs_hidden):
             return None
         return found
 
@@ -117,6 +122,7 @@ class AnswerCache:
             "candidate_mass": answer.candidate_mass,
             "constrained_ar": answer.constrained_ar,
             "hidden": None if answer.hidden is None else {n: encode_state(v) for n, v in answer.hidden.items()},
+            "hidden_parts": None if answer.hidden is None else list(answer.hidden_parts),
         }
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)

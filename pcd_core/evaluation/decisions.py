@@ -21,7 +21,7 @@ import numpy as np
 from ..calibration import Calibration, FieldCalibration
 from ..calibration_choice import TEMPERATURE_SD, choose_fit
 from ..heads import Head
-from ..selective import DELTA, abstention_threshold, answer_set, conformal_threshold, first_tested, risk_coverage
+from ..selective import CONFIDENCE, abstention_threshold, answer_set, conformal_threshold, first_tested, risk_coverage
 from . import metrics
 from .runner import Answers, variants
 
@@ -49,19 +49,28 @@ def _calibrated(answers: Answers, name: str, calibration: Calibration) -> np.nda
 
 
 def fitted_thresholds(
-    rows: np.ndarray, gold: np.ndarray, abstain_risk: float | None, coverage: float | None
+    rows: np.ndarray,
+    gold: np.ndarray,
+    abstain_risk: float | None,
+    coverage: float | None,
+    level: float = CONFIDENCE,
 ) -> tuple[float | None, float | None]:
-    """The abstention threshold for ``abstain_risk`` and the answer-set threshold for ``coverage``
-    (each None when its target is) fitted on probability rows and their gold label indices.
+    """The abstention threshold for ``abstain_risk`` (bounded at confidence ``level``) and the
+    answer-set threshold for ``coverage`` (each None when its target is) fitted on probability rows and
+    their gold label indices.
     """
     correct = metrics.predictions(rows) == gold
-    below = None if abstain_risk is None else abstention_threshold(rows.max(axis=1), correct, abstain_risk)
+    below = None if abstain_risk is None else abstention_threshold(rows.max(axis=1), correct, abstain_risk, level)
     floor = None if coverage is None else conformal_threshold(rows[np.arange(len(gold)), gold], coverage)
     return below, floor
 
 
 def with_decisions(
-    calibration: Calibration, answers: Answers, abstain_risk: float | None, coverage: float | None
+    calibration: Calibration,
+    answers: Answers,
+    abstain_risk: float | None,
+    coverage: float | None,
+    level: float = CONFIDENCE,
 ) -> Calibration:
     """``calibration`` with each field's abstention and answer-set thresholds fitted on ``answers``."""
     fields = dict(calibration.fields)
@@ -70,10 +79,13 @@ def with_decisions(
         if out is None or not out.gold:
             continue
         below, floor = fitted_thresholds(
-            _calibrated(answers, name, calibration), np.asarray(out.gold), abstain_risk, coverage
+            _calibrated(answers, name, calibration), np.asarray(out.gold), abstain_risk, coverage, level
         )
         fields[name] = replace(found, abstain_below=below, set_threshold=floor)
-    return replace(calibration, fields=fields, abstain_risk=abstain_risk, coverage=coverage)
+    confidence = None if abstain_risk is None else level
+    return replace(
+        calibration, fields=fields, abstain_risk=abstain_risk, coverage=coverage, abstain_confidence=confidence
+    )
 
 
 def _scores(rows: np.ndarray, gold: np.ndarray, found: FieldCalibration | Head) -> dict[str, float | None]:
@@ -150,7 +162,7 @@ def decision_report(answers: Answers, calibration: Calibration) -> dict[str, Any
     of the zero-shot calibration at the top level, and under ``head`` those of the trained heads, when
     some head has thresholds (a field with a head is answered by it, so its row is what a caller gets).
     """
-    report: dict[str, Any] = {"target_risk": calibration.abstain_risk, "delta": DELTA}
+    report: dict[str, Any] = {"target_risk": calibration.abstain_risk, "confidence": calibration.abstain_confidence}
     report["target_coverage"] = calibration.coverage
     report.update(_tally(answers, _fitted(answers, calibration, head=False)))
     heads = _tally(answers, _fitted(answers, calibration, head=True))
@@ -159,13 +171,13 @@ def decision_report(answers: Answers, calibration: Calibration) -> dict[str, Any
     return report
 
 
-def too_few(n: int, risk: float | None) -> str | None:
+def too_few(n: int, risk: float | None, level: float = CONFIDENCE) -> str | None:
     """A sentence when ``n`` train examples per field cannot promise the target risk, whatever the model does."""
-    if risk is None or n >= first_tested(risk):
+    if risk is None or n >= first_tested(risk, level):
         return None
     return (
         f"{n} train examples cannot promise risk {risk}: the bound (Clopper-Pearson at confidence "
-        f"{1 - DELTA:.2f}, pcd_core/selective.py) is first tested at {first_tested(risk)} answered examples, "
+        f"{level:.2f}, pcd_core/selective.py) is first tested at {first_tested(risk, level)} answered examples, "
         "so every field will abstain; fit on more examples (--train-limit)"
     )
 

@@ -21,6 +21,7 @@ import numpy as np
 from ..calibration import Calibration
 from ..errors import OptionError
 from ..heads import Head, fit_head, out_of_fold
+from ..selective import CONFIDENCE
 from . import metrics
 from .decisions import fitted_thresholds
 from .runner import Answers, FieldAnswers, variants
@@ -29,11 +30,13 @@ from .runner import Answers, FieldAnswers, variants
 CURVE_SIZES = (16, 64, 256, 1000)
 
 
-def _fit(out: FieldAnswers, model: str, n: int | None = None, seed: int = 0) -> Head:
+def _fit(
+    out: FieldAnswers, model: str, n: int | None = None, seed: int = 0, parts: tuple[str, ...] = ("final",)
+) -> Head:
     if len(out.hidden) != len(out.gold):
         raise OptionError("heads need answers read with hidden states (pcd calibrate --head probe)")
     end = len(out.gold) if n is None else n
-    return fit_head(out.states()[:end], out.gold[:end], out.labels, model, seed=seed)
+    return fit_head(out.states()[:end], out.gold[:end], out.labels, model, seed=seed, parts=parts)
 
 
 def fit_heads(
@@ -42,6 +45,8 @@ def fit_heads(
     seed: int = 0,
     abstain_risk: float | None = None,
     coverage: float | None = None,
+    level: float = CONFIDENCE,
+    parts: tuple[str, ...] = ("final",),
 ) -> dict[str, Head]:
     """One head per field with gold labels, fitted on every train answer's state; with ``abstain_risk``
     or ``coverage``, carrying the thresholds for them, fitted on its out-of-fold probabilities.
@@ -50,10 +55,10 @@ def fit_heads(
     for name, out in answers.fields.items():
         if not out.gold:
             continue
-        head = _fit(out, model, seed=seed)
+        head = _fit(out, model, seed=seed, parts=parts)
         if abstain_risk is not None or coverage is not None:
             rows = out_of_fold(out.states(), out.gold, head, seed=seed)
-            below, floor = fitted_thresholds(rows, np.asarray(out.gold), abstain_risk, coverage)
+            below, floor = fitted_thresholds(rows, np.asarray(out.gold), abstain_risk, coverage, level)
             head = replace(head, abstain_below=below, set_threshold=floor)
         heads[name] = head
     return heads

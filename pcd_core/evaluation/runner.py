@@ -91,12 +91,13 @@ def read_answers(
     priors = engine.content_free_priors(schema)
     compiled = engine.compile(schema)
     reused = 0
+    parts = engine.backend.hidden_parts if hidden else None
     bar = tqdm(total=len(records), desc="eval", unit="ex", disable=not progress, mininterval=2.0)
     for first in range(0, len(records), batch_size):
         chunk = records[first : first + batch_size]
         keys = [answer_key(engine.model_name, schema, record["text"]) for record in chunk]
         found = [
-            cache.get(key, needs_constrained=constrained is None or first + k < constrained, needs_hidden=hidden)
+            cache.get(key, needs_constrained=constrained is None or first + k < constrained, needs_hidden=parts)
             if cache
             else None
             for k, key in enumerate(keys)
@@ -125,6 +126,7 @@ def read_answers(
                     {n: np.asarray(result.fields[n].hidden, np.float16).astype(np.float32) for n in names}
                     if hidden
                     else None,
+                    parts or ("final",),
                 )
                 if cache is not None:
                     cache.put(key, answer)

@@ -34,7 +34,8 @@ def write_decisions(decisions: dict[str, Any], out: TextIO) -> None:
     """The held-out abstention and answer-set table: a row per field and pooled."""
     columns = ("n", "abstain_below", "coverage", "risk", "set_threshold", "set_coverage", "mean_set_size")
     out.write(
-        f"\ndecisions (target risk {decisions['target_risk']}, target coverage {decisions['target_coverage']})\n"
+        f"\ndecisions (target risk {decisions['target_risk']} at confidence {decisions.get('confidence')}, "
+        f"target coverage {decisions['target_coverage']})\n"
         f"| field | {' | '.join(columns)} |\n|{'---|' * (len(columns) + 1)}\n"
     )
     rows = [*decisions["fields"].items(), ("pooled", decisions["overall"])]
@@ -156,8 +157,8 @@ def quality_row(report: dict[str, Any]) -> str:
 
 #: the trained-heads table head of docs/heads.md; ``head_row`` renders its rows
 HEADS_HEAD = (
-    "| model | data | n held-out / train | accuracy raw | debiased | calibrated | head | ECE calibrated | ECE head "
-    "| head accuracy at n train |\n|" + "---|" * 10
+    "| model | data | head reads | n held-out / train | accuracy raw | debiased | calibrated | head | ECE calibrated "
+    "| ECE head | head accuracy at n train |\n|" + "---|" * 11
 )
 
 
@@ -174,7 +175,8 @@ def head_row(report: dict[str, Any]) -> str:
     trained = _train_size(meta)
     calibrated, head, nan = overall.get("calibrated", {}), overall.get("head", {}), math.nan
     return (
-        f"| {meta['model']} | {meta['data']} | {meta['n']} / {trained} | {overall['raw']['accuracy']:.3f} "
+        f"| {meta['model']} | {meta['data']} | {_head_parts(meta)} | {meta['n']} / {trained} "
+        f"| {overall['raw']['accuracy']:.3f} "
         f"| {overall['debiased']['accuracy']:.3f} | {calibrated.get('accuracy', nan):.3f} "
         f"| {head.get('accuracy', nan):.3f} | {calibrated.get('ece', nan):.3f} | {head.get('ece', nan):.3f} | {curve} |"
     )
@@ -182,8 +184,8 @@ def head_row(report: dict[str, Any]) -> str:
 
 #: the trained heads' abstention and answer-set table head of docs/trust.md; ``head_trust_row`` renders its rows
 HEAD_TRUST_HEAD = (
-    "| model | data | n train / held-out | target risk | head accuracy | threshold | coverage | risk "
-    "| set coverage (target) | mean set size |\n|" + "---|" * 10
+    "| model | data | head reads | n train / held-out | target risk (confidence) | head accuracy | threshold "
+    "| coverage | risk | set coverage (target) | mean set size |\n|" + "---|" * 11
 )
 
 
@@ -199,11 +201,19 @@ def head_trust_row(report: dict[str, Any]) -> str:
     shown = ", ".join("never" if t > 1 else f"{t:.3f}" for t in thresholds)
     risk = "–" if held_out.get("risk") is None else f"{held_out['risk']:.3f}"
     trained = _train_size(meta)
+    confidence = decisions.get("confidence") or 1 - decisions["delta"]  # older reports: a bound at 1 - delta
     return (
-        f"| {meta['model']} | {meta['data']} | {trained} / {meta['n']} | {decisions['target_risk']:.2f} "
+        f"| {meta['model']} | {meta['data']} | {_head_parts(meta)} | {trained} / {meta['n']} "
+        f"| {decisions['target_risk']:.2f} ({confidence:.1f}) "
         f"| {report['overall']['head']['accuracy']:.3f} | {shown} | {held_out['coverage']:.3f} | {risk} "
         f"| {held_out['set_coverage']:.3f} ({decisions['target_coverage']}) | {held_out['mean_set_size']:.2f} |"
     )
+
+
+def _head_parts(meta: dict[str, Any]) -> str:
+    """What a report's heads read (``Head.parts``); a report from before the parts were kept: the final state."""
+    heads = meta.get("calibration", {}).get("heads", {}).values()
+    return ", ".join(sorted({"+".join(h.get("parts", ["final"])) for h in heads})) or "–"
 
 
 def _train_size(meta: dict[str, Any]) -> Any:
