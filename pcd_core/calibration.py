@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from .backends.base import FINAL_STATE
 from .debias import debiased, log_probabilities, with_probabilities
 from .errors import HiddenStatesUnavailableError, OptionError, PcdError
 from .heads import Head
@@ -115,7 +116,7 @@ class Calibration:
         found = self.heads.get(name)
         return found if found is not None and found.labels == tuple(labels) else None
 
-    def check_heads(self, model: str, backend: str, reads_hidden: bool, parts: tuple[str, ...] = ("final",)) -> None:
+    def check_heads(self, model: str, backend: str, reads_hidden: bool, parts: tuple[str, ...] = FINAL_STATE) -> None:
         """Refuse, when an engine loads, heads of another model or a backend that cannot read hidden
         states (vLLM): a head applied to another model's states would answer confidently and wrongly.
         """

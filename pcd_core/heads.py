@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from .backends.base import FINAL_STATE
 from .errors import OptionError, PcdError
 
 INSTALL_HINT = "fitting a head needs scikit-learn: pip install 'pcd-engine[heads]'"
@@ -60,7 +61,7 @@ class Head:
     set_threshold: float | None = None
     # what the states it reads hold, a leading run of Backend.hidden_parts (pcd_core/backends/base.py);
     # a head saved before there were parts read the final state alone
-    parts: tuple[str, ...] = ("final",)
+    parts: tuple[str, ...] = FINAL_STATE
 
     @property
     def width(self) -> int:
@@ -123,7 +124,7 @@ class Head:
                 # a head saved before heads had thresholds has neither: it never abstains
                 abstain_below=_optional_float(data.get("abstain_below")),
                 set_threshold=_optional_float(data.get("set_threshold")),
-                parts=tuple(str(part) for part in data.get("parts") or ("final",)),
+                parts=tuple(str(part) for part in data.get("parts") or FINAL_STATE),
             )
         except (KeyError, TypeError, ValueError) as error:
             raise PcdError(f"a head in the calibration file is malformed: {error}") from error
@@ -131,7 +132,7 @@ class Head:
         shapes_agree = (
             head.scale.shape == (width,) and head.weights.shape == (n_labels, width) and head.bias.shape == (n_labels,)
         )
-        parts_agree = head.parts[:1] == ("final",) and width % len(head.parts) == 0
+        parts_agree = head.parts[:1] == FINAL_STATE and width % len(head.parts) == 0
         if n_labels < 2 or not shapes_agree or not parts_agree or not np.all(head.scale > 0):
             raise PcdError("a head in the calibration file is malformed: its shapes or scales do not agree")
         for threshold in (head.abstain_below, head.set_threshold):
@@ -191,7 +192,7 @@ def fit_head(
     model: str,
     *,
     seed: int = 0,
-    parts: tuple[str, ...] = ("final",),
+    parts: tuple[str, ...] = FINAL_STATE,
 ) -> Head:
     """Fit one field's head on train states ``[n, width]`` holding ``parts`` and their gold label
     indices (``_train_states`` says what they need).

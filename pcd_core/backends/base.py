@@ -104,6 +104,10 @@ DEFAULT_MAX_TOKENS_PER_PASS = 4096
 #: estimated KV and mask bytes one pass may need before ``score`` refuses it
 DEFAULT_MAX_PASS_BYTES = 2 * 2**30
 
+#: the hidden parts of a backend that gives the final state alone, and what a head or an answers-file
+#: line saved before there were parts read
+FINAL_STATE: tuple[str, ...] = ("final",)
+
 #: the band of depth whose layer outputs the ``middle`` hidden part averages. A probe on SmolLM2-135M's
 #: polarity states (1,000 train / 1,000 held out, docs/heads.md) read 0.753 from the final state and
 #: 0.805 from this band's mean; single layers in the band read 0.778 to 0.820, and the layer just below
@@ -157,7 +161,7 @@ class Backend(ABC):
     #: what a hidden state holds, in order, each of the model's hidden size: ``final`` (after the last
     #: norm, the LM head's input) and, where the backend runs the layers itself, ``middle`` (the mean
     #: of the outputs of ``middle_layers``). A trained head reads a leading run of them
-    hidden_parts: tuple[str, ...] = ("final",)
+    hidden_parts: tuple[str, ...] = FINAL_STATE
 
     def __init__(
         self,

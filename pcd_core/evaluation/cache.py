@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from ..backends.base import FINAL_STATE
 from ..errors import PcdError
 
 #: the line format written; version 2 adds ``hidden`` (None or per field a base64 float16 state), and
@@ -45,7 +46,7 @@ class CachedAnswer:
     candidate_mass: dict[str, float]
     constrained_ar: dict[str, int] | None  # the baseline's label index per field (-1: not written); None: not run
     hidden: dict[str, np.ndarray] | None = None  # per field, the hidden state at its first decision point
-    hidden_parts: tuple[str, ...] = ("final",)  # what each state holds, in order (Backend.hidden_parts)
+    hidden_parts: tuple[str, ...] = FINAL_STATE  # what each state holds, in order (Backend.hidden_parts)
 
 
 def encode_state(state: np.ndarray) -> str:
@@ -90,7 +91,7 @@ class AnswerCache:
                     {name: float(m) for name, m in entry["candidate_mass"].items()},
                     None if ar is None else {name: int(i) for name, i in ar.items()},
                     None if states is None else {name: decode_state(text) for name, text in states.items()},
-                    tuple(str(part) for part in entry.get("hidden_parts") or ("final",)),
+                    tuple(str(part) for part in entry.get("hidden_parts") or FINAL_STATE),
                 )
             except (ValueError, KeyError, TypeError, AttributeError) as error:
                 raise PcdError(

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from ..backends.base import FINAL_STATE
 from ..calibration import Calibration
 from ..errors import OptionError
 from ..heads import Head, fit_head, out_of_fold
@@ -31,7 +32,7 @@ CURVE_SIZES = (16, 64, 256, 1000)
 
 
 def _fit(
-    out: FieldAnswers, model: str, n: int | None = None, seed: int = 0, parts: tuple[str, ...] = ("final",)
+    out: FieldAnswers, model: str, n: int | None = None, seed: int = 0, parts: tuple[str, ...] = FINAL_STATE
 ) -> Head:
     if len(out.hidden) != len(out.gold):
         raise OptionError("heads need answers read with hidden states (pcd calibrate --head probe)")
@@ -46,7 +47,7 @@ def fit_heads(
     abstain_risk: float | None = None,
     coverage: float | None = None,
     level: float = CONFIDENCE,
-    parts: tuple[str, ...] = ("final",),
+    parts: tuple[str, ...] = FINAL_STATE,
 ) -> dict[str, Head]:
     """One head per field with gold labels, fitted on every train answer's state; with ``abstain_risk``
     or ``coverage``, carrying the thresholds for them, fitted on its out-of-fold probabilities.

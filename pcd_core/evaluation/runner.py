@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
+from ..backends.base import FINAL_STATE
 from ..calibration import BIAS_SD, Calibration, FieldCalibration, fit
 from ..debias import PRIOR_FLOOR
 from ..errors import PcdError
@@ -126,7 +127,7 @@ def read_answers(
                     {n: np.asarray(result.fields[n].hidden, np.float16).astype(np.float32) for n in names}
                     if hidden
                     else None,
-                    parts or ("final",),
+                    parts or FINAL_STATE,
                 )
                 if cache is not None:
                     cache.put(key, answer)
