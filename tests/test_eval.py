@@ -225,6 +225,12 @@ def test_eval_reads_questions_in_k_rotations_and_keeps_them_apart_from_one_order
         build_report(expected)["fields"]["size"]["raw"]["nll"]
     )
     assert reports[2]["fields"]["size"]["raw"]["nll"] != pytest.approx(reports[1]["fields"]["size"]["raw"]["nll"])
+    # the rotations are rows of the same passes: K = 2 costs K = 1's passes, over more row tokens
+    assert reports[2]["forward_passes"] == reports[1]["forward_passes"] > 0
+    assert reports[2]["tokens_read"] > reports[1]["tokens_read"]
+    again = tmp_path / "again.json"
+    assert main([*argv, "--order-samples", "2", "--json", str(again)]) == 0
+    assert json.loads(again.read_text())["forward_passes"] == 0  # every answer came from the file
 
 
 def test_order_samples_without_questions_fails_before_the_model_loads(tmp_path, monkeypatch, capsys):

@@ -56,3 +56,27 @@ def test_the_heads_trust_table_is_the_recorded_runs():
     for report in headed:
         assert head_trust_row(report) in PAGE, head_trust_row(report)
         assert "--head probe" in report["meta"]["command"] and "--abstain-risk" in report["meta"]["command"]
+
+
+def test_the_labelled_order_samples_table_is_the_recorded_runs():
+    """Every K = 1 / K = 3 run on labelled data (docs/eval/order/) is a row of the page's table, and
+    K = 3 read its examples in the passes K = 1 did.
+    """
+    from pcd_integrations.commands.eval_output import ORDER_HEAD, order_row
+
+    assert ORDER_HEAD in PAGE
+    runs = {
+        path.name: json.loads(path.read_text()) for path in sorted((ROOT / "docs" / "eval" / "order").glob("*.json"))
+    }
+    reports = {name: run for name, run in runs.items() if "meta" in run}  # not the question files
+    assert len(reports) >= 4
+    for name, report in reports.items():
+        assert order_row(report) in PAGE, order_row(report)
+        assert report["meta"]["command"].startswith("pcd eval") and "--questions" in report["meta"]["command"]
+        if name.endswith(".k3.json"):
+            alone = reports[name.replace(".k3.json", ".k1.json")]
+            assert (
+                report["meta"]["n"] == alone["meta"]["n"] and report["reused_answers"] == alone["reused_answers"] == 0
+            )
+            assert report["forward_passes"] == alone["forward_passes"] > 0
+            assert report["tokens_read"] > alone["tokens_read"]

@@ -53,6 +53,18 @@ class Answers:
     priors: dict[str, tuple[float, ...]]
     seconds: float = 0.0
     reused: int = 0  # examples whose answer came from an answers file, not the model (their time is not in seconds)
+    # what the examples read now cost: the model's forward passes and the tokens they read (reused ones cost none)
+    forward_passes: int = 0
+    tokens_read: int = 0
+
+
+def _spent(engine: Any, before: Any) -> dict[str, int]:
+    """The passes and tokens this thread has run on ``engine`` since ``before`` (its counter's tally then)."""
+    now = engine.backend.counter.mine()
+    return {
+        "forward_passes": now.forward_passes - before.forward_passes,
+        "tokens_read": now.tokens_read - before.tokens_read,
+    }
 
 
 def gold_index(schema: Schema, name: str, value: Any) -> int:
@@ -92,6 +104,7 @@ def read_answers(
     priors = engine.content_free_priors(schema)
     compiled = engine.compile(schema)
     reused = 0
+    counted = engine.backend.counter.mine()
     parts = engine.backend.hidden_parts if hidden else None
     bar = tqdm(total=len(records), desc="eval", unit="ex", disable=not progress, mininterval=2.0)
     for first in range(0, len(records), batch_size):
@@ -135,7 +148,7 @@ def read_answers(
             _keep(answers, gold, answer, with_ar, hidden)
         bar.update(len(chunk))
     bar.close()
-    return Answers(parsed, answers, priors, time.perf_counter() - started, reused)
+    return Answers(parsed, answers, priors, time.perf_counter() - started, reused, **_spent(engine, counted))
 
 
 def _written_label(schema: Schema, name: str, written: Mapping[str, Any]) -> int:
@@ -186,6 +199,7 @@ def read_question_answers(
     started = time.perf_counter()
     priors = engine.question_priors(asked)
     reused = 0
+    counted = engine.backend.counter.mine()
     scope = questions if order_samples == 1 else {"questions": questions, "order_samples": order_samples}
     bar = tqdm(total=len(records), desc="eval", unit="ex", disable=not progress, mininterval=2.0)
     for first in range(0, len(records), batch_size):
@@ -210,7 +224,7 @@ def read_question_answers(
         for record, answer in zip(chunk, found):
             _keep_question(answers, record, answer)
     bar.close()
-    return Answers(None, answers, priors, time.perf_counter() - started, reused)
+    return Answers(None, answers, priors, time.perf_counter() - started, reused, **_spent(engine, counted))
 
 
 def _keep_question(answers: dict[str, FieldAnswers], record: dict[str, Any], answer: CachedAnswer | None) -> None:
@@ -342,4 +356,6 @@ def build_report(answers: Answers, calibration: Calibration | None = None) -> di
         }
     report["seconds"] = round(answers.seconds, 1)
     report["reused_answers"] = answers.reused
+    report["forward_passes"] = answers.forward_passes
+    report["tokens_read"] = answers.tokens_read
     return report

@@ -210,6 +210,34 @@ def head_trust_row(report: dict[str, Any]) -> str:
     )
 
 
+#: the order-samples table head of docs/trust.md; ``order_row`` renders its rows
+ORDER_HEAD = (
+    "| model | data | n held-out | K | accuracy raw | ECE raw | accuracy debiased | ECE debiased "
+    "| passes per example | tokens per example | seconds per example |\n|" + "---|" * 11
+)
+
+
+def order_row(report: dict[str, Any]) -> str:
+    """The order-samples row (docs/trust.md; tests/test_trust_docs.py checks each against its run) of one
+    ``pcd eval --questions FILE --order-samples K --json`` report: accuracy and ECE raw and debiased, and
+    what the examples read by that run cost each (``–`` where every answer came from an answers file).
+    """
+    meta, overall = report["meta"], report["overall"]
+    read = meta["n"] - report["reused_answers"]
+
+    def each(total: float, digits: int) -> str:
+        return f"{total / read:.{digits}f}" if read else "–"
+
+    data = meta["data"]
+    name = data.split("/")[-2] if data.endswith("/data.jsonl") else data  # a bundled set's file: its folder
+    return (
+        f"| {meta['model']} | {name} | {meta['n']} | {meta['order_samples']} "
+        f"| {overall['raw']['accuracy']:.3f} | {overall['raw']['ece']:.3f} "
+        f"| {overall['debiased']['accuracy']:.3f} | {overall['debiased']['ece']:.3f} "
+        f"| {each(report['forward_passes'], 2)} | {each(report['tokens_read'], 0)} | {each(report['seconds'], 2)} |"
+    )
+
+
 def _head_parts(meta: dict[str, Any]) -> str:
     """What a report's heads read (``Head.parts``); a report from before the parts were kept: the final state."""
     heads = meta.get("calibration", {}).get("heads", {}).values()

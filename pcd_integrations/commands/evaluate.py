@@ -397,6 +397,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
         report["overall"][variant] = build_report(answers, other)["overall"]["calibrated"]
     report["meta"]["train_seconds"] = round(train_answers.seconds, 1)
     report["meta"]["train_reused_answers"] = train_answers.reused
+    report["meta"]["train_forward_passes"] = train_answers.forward_passes
     if warning:
         report["meta"]["warning"] = warning
     _finish(args, report, answers, calibration)
@@ -407,6 +408,12 @@ def run_calibrate(args: argparse.Namespace) -> int:
 def _head_summary(calibration: Calibration) -> dict[str, Any]:
     """What the report keeps of each head: not its weights (the calibration file has them)."""
     return {
-        name: {"model": h.model, "n_train": h.n_train, "strength": h.strength, "width": h.width, "parts": list(h.parts)}
+        name: {
+            "model": h.model,
+            "n_train": h.n_train,
+            "strength": h.strength,
+            "width": h.width,
+            "parts": list(h.parts),
+        }
         for name, h in calibration.heads.items()
     }
