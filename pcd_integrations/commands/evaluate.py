@@ -408,12 +408,6 @@ def run_calibrate(args: argparse.Namespace) -> int:
 def _head_summary(calibration: Calibration) -> dict[str, Any]:
     """What the report keeps of each head: not its weights (the calibration file has them)."""
     return {
-        name: {
-            "model": h.model,
-            "n_train": h.n_train,
-            "strength": h.strength,
-            "width": h.width,
-            "parts": list(h.parts),
-        }
+        name: {"model": h.model, "n_train": h.n_train, "strength": h.strength, "width": h.width, "parts": list(h.parts)}
         for name, h in calibration.heads.items()
     }
