@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
-from .asking import AskedQuestion, as_text, ask
+from .asking import STATE_CLOSE, AskedQuestion, as_text, ask
 from .backends.base import Backend
 from .backends.packing import pack_tree
 from .calibration import Adjust
@@ -195,7 +195,8 @@ def plan_decide(
     does not push the common head out of the cache; the rest is read as the request's own trunk.
     """
     head_ids = tokenizer.encode_head(prompt.head if cache_turns else prompt.shared_head or prompt.head)
-    state_text = prompt.head + normalise_input(as_text(request.state))
+    # the reminder that the state has ended belongs to the trunk, which every question's row shares
+    state_text = prompt.head + normalise_input(as_text(request.state)) + STATE_CLOSE
     whole = tokenizer.encode_head(state_text)
     asked = tuple(ask(tokenizer, prompt, state_text, q, qid) for qid, q in request.questions.items())
     siblings = tuple(

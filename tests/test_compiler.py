@@ -128,14 +128,53 @@ def test_a_line_that_merges_with_the_text_after_it_raises_tokenization_error():
     assert caught.value.field == "sentiment"
 
 
-def test_a_question_that_merges_with_the_end_of_the_state_is_refused():
-    from pcd_core.asking import ask, render_decide_prompt
-    from pcd_core.questions import NoulQuestion
+def test_the_state_close_is_read_in_the_trunk_so_a_merging_fence_end_is_asked_and_a_merging_question_refused():
+    # Qwen's tokenizer reads the fence's closing ">>>" and the line breaks after it as one token
+    from pcd_core.asking import STATE_CLOSE, as_text, ask, question_block, render_decide_prompt
+    from pcd_core.deciding import plan_decide
+    from pcd_core.questions import DecideRequest, NoulQuestion
 
-    tokenizer = TextTokenizer(_MergingVocabulary(".\n"))
+    tokenizer = TextTokenizer(_MergingVocabulary(">\n\n"))
     prompt = render_decide_prompt(tokenizer)
     question = NoulQuestion(instructions="Is it broken?")
-    assert ask(tokenizer, prompt, prompt.head + "It broke!", question, "q").trie.row
-    with pytest.raises(TokenizationError, match="end of the state") as caught:
-        ask(tokenizer, prompt, prompt.head + "It broke.", question, "q")
+    plan = plan_decide(tokenizer, prompt, DecideRequest(state="It broke.", questions={"q": question}), 4096)
+    read = plan.whole + plan.asked[0].trie.variants[0].ids
+    expected = tokenizer.encode_head(
+        prompt.head + as_text("It broke.") + STATE_CLOSE + question_block(question, []) + prompt.tail
+    )
+    assert read[: len(expected)] == expected  # trunk and row: the prompt read in one piece
+    merging = TextTokenizer(_MergingVocabulary("\nQ"))
+    head = render_decide_prompt(merging).head
+    with pytest.raises(TokenizationError, match="question's text merges") as caught:
+        ask(merging, render_decide_prompt(merging), head + "It broke." + STATE_CLOSE, question, "q")
     assert caught.value.field == "q"
+
+
+@pytest.mark.parametrize("alias", ["smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b"])
+def test_each_models_tokenizer_asks_every_kind_of_question_after_any_state(alias):
+    # Qwen's tokenizer refused every decide before the state close moved into the trunk
+    from pcd_core.asking import render_decide_prompt
+    from pcd_core.deciding import plan_decide
+    from pcd_core.dummy_weights import dummy_tokenizer
+    from pcd_core.errors import PcdError
+    from pcd_core.questions import ChoiceQuestion, DecideRequest, NoulQuestion, ScoreQuestion
+
+    try:
+        tokenizer = dummy_tokenizer(alias)
+    except PcdError as error:
+        if alias.startswith("qwen"):  # an optional package; the two embedded models always run
+            pytest.skip(str(error))
+        raise
+    prompt = render_decide_prompt(tokenizer)
+    questions = {
+        "broken": NoulQuestion(instructions="Is it broken?"),
+        "by_criteria": NoulQuestion(criteria={"true": "it mentions a refund"}),
+        "team": ChoiceQuestion(instructions="Which team?", criteria={"billing": None, "sales": "deals"}),
+        "severity": ScoreQuestion(instructions="How bad?", criteria=["low", "high"]),
+    }
+    for state in ["It broke.", "Is it broken?", "ok!)", "Fine", "two\n\nlines.", {"order": 7}]:
+        plan = plan_decide(tokenizer, prompt, DecideRequest(state=state, questions=questions), 8192)
+        assert len(plan.asked) == len(questions)
+        assert all(
+            tokenizer.decode(a.trie.row).lstrip().startswith(("Question", "Options", "Answer")) for a in plan.asked
+        )
