@@ -276,16 +276,18 @@ class Engine:
 
         return self._priors((schema_key(schema), task), read)
 
-    def question_priors(self, questions: dict[str, Any]) -> dict[str, tuple[float, ...]]:
+    def question_priors(self, questions: dict[str, Any], order_samples: int = 1) -> dict[str, tuple[float, ...]]:
         """Per question (validated models, as ``DecideRequest.questions`` holds them), the mean answer
         distribution over the ``CONTENT_FREE`` states; a noul's is (true, false), its readout's order.
+        Read in ``order_samples`` orders, as the answers it debiases: K = 3 averages out most of the
+        first-listed lean that a one-order prior carries, and dividing by that prior would over-correct.
         """
 
         def read(text: str) -> dict[str, list[float]]:
-            answers = self.decide(text, questions, debias=False, calibrate=False).answers
+            answers = self.decide(text, questions, debias=False, calibrate=False, order_samples=order_samples).answers
             return {qid: distribution(answers[qid]) for qid in questions}
 
-        return self._priors(("decide", questions_key(questions)), read)
+        return self._priors(("decide", questions_key(questions), order_samples), read)
 
     def _priors(self, key: Any, read: PriorRead) -> dict[str, tuple[float, ...]]:
         with self._lock:  # one measurement per key, however many callers ask at once

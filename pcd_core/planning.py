@@ -110,10 +110,10 @@ class Planner:
         state: Any,
         questions: dict[str, Any],
         keywords: DecideKeywords,
-        priors: Callable[[dict[str, Any]], Priors],
+        priors: Callable[[dict[str, Any], int], Priors],
     ) -> Prepared[DecidePlan]:
-        """A decide made ready: checked, rendered, planned; ``priors(questions)`` gets the validated
-        questions and is called only if one is debiased.
+        """A decide made ready: checked, rendered, planned; ``priors(questions, order_samples)`` gets the
+        validated questions and the orders they are read in, and is called only if one is debiased.
         """
         started = time.perf_counter()
         context, cache_key, order_samples = (
@@ -140,7 +140,7 @@ class Planner:
             order_samples=samples,
         )
         names = {qid: asked.names for qid, asked in zip(request.questions, plan.asked)}
-        adjust = self._adjuster(names, keywords, lambda: priors(request.questions))
+        adjust = self._adjuster(names, keywords, lambda: priors(request.questions, samples))
         return plan, adjust, Meter(Stats(compile_ms=ms_since(started)))
 
     def _adjuster(

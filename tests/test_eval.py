@@ -390,3 +390,27 @@ def test_batched_reading_gives_the_answers_of_one_at_a_time_on_the_real_model(en
     batched = read_question_answers(engine, QUESTIONS, QUESTION_RECORDS, progress=False, batch_size=3)
     for qid in QUESTIONS:
         assert np.abs(batched.fields[qid].array() - asked.fields[qid].array()).max() <= 1e-5
+
+
+def test_an_example_refused_for_its_input_is_named_and_left_out_and_the_rest_read_as_without_it(engine):
+    """One empty or over-long text no longer stops a run: its batch is read again one by one, the
+    refused example is named in the report, and every other answer is the one a run without it gives.
+    """
+    empty, too_long = "   ", "word " * 9000  # SmolLM2's context is 8,192 tokens
+    mixed = RECORDS[:2] + [{"text": empty, "labels": RECORDS[0]["labels"]}] + RECORDS[2:4]
+    mixed.append({"text": too_long, "labels": RECORDS[1]["labels"]})
+    fills = read_answers(engine, SCHEMA, mixed, constrained=0, progress=False, batch_size=3)
+    alone = read_answers(engine, SCHEMA, RECORDS[:4], constrained=0, progress=False, batch_size=3)
+    labels = {q["text"]: q["labels"] for q in QUESTION_RECORDS}
+    mixed_questions = [{"text": r["text"], "labels": labels.get(r["text"], {"red": True})} for r in mixed]
+    asked = read_question_answers(engine, QUESTIONS, mixed_questions, progress=False, batch_size=3)
+    asked_alone = read_question_answers(engine, QUESTIONS, QUESTION_RECORDS[:4], progress=False, batch_size=3)
+    for read, clean in ((fills, alone), (asked, asked_alone)):
+        assert [(r["example"], r["text"][:5]) for r in read.refused] == [(2, empty), (5, "word ")]
+        assert "empty" in read.refused[0]["error"] and read.refused[1]["error"]
+        for name, out in read.fields.items():
+            assert out.gold == clean.fields[name].gold
+            assert np.abs(out.array() - clean.fields[name].array()).max() <= 1e-5
+        report = build_report(read)
+        assert report["refused"] == read.refused
+        assert all(entry["raw"]["n"] == 4 for entry in report["fields"].values())

@@ -72,3 +72,18 @@ def test_three_rotations_cost_the_passes_of_one_on_the_embedded_model(engine):
     assert three.stats.n_rows > one.stats.n_rows
     assert three.answers["team"].order_spread is not None and three.answers["refund"].order_spread is None
     assert sum(three.answers["team"].probabilities.values()) == pytest.approx(1.0)
+
+
+def test_answers_read_in_k_orders_are_debiased_by_a_prior_read_in_the_same_k_orders():
+    from pcd_core.questions import DecideRequest
+
+    engine = oracle_engine(window=8)
+    questions = {"team": _choice(OPTIONS)}
+    asked = DecideRequest(state="", questions=questions).questions
+    prior_one, prior_three = (engine.question_priors(asked, k)["team"] for k in (1, 3))
+    assert prior_three != pytest.approx(prior_one)  # the rotations move the content-free reading too
+    raw = engine.decide(STATE, questions, order_samples=3, debias=False, calibrate=False).answers["team"]
+    debiased = engine.decide(STATE, questions, order_samples=3, debias=True, calibrate=False).answers["team"]
+    scaled = [raw.probabilities[name] / p for name, p in zip(OPTIONS, prior_three)]
+    expected = {name: value / sum(scaled) for name, value in zip(OPTIONS, scaled)}
+    assert debiased.probabilities == pytest.approx(expected)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,12 +22,16 @@ from tqdm.auto import tqdm
 from ..backends.base import FINAL_STATE
 from ..calibration import BIAS_SD, Calibration, FieldCalibration, fit
 from ..debias import PRIOR_FLOOR
-from ..errors import PcdError
+from ..errors import PcdError, PromptError, RequestError, TokenizationError
 from ..schema import Schema, parse_schema
 from . import metrics
 from .cache import AnswerCache, CachedAnswer, answer_key
 
 logger = logging.getLogger(__name__)
+
+#: what one input is refused for (empty, too long, merging with the prompt): such an example is left
+#: out of the metrics and named in the report's ``refused``; any other error stops the run
+INPUT_ERRORS = (PromptError, RequestError, TokenizationError)
 
 
 @dataclass
@@ -56,6 +60,7 @@ class Answers:
     # what the examples read now cost: the model's forward passes and the tokens they read (reused ones cost none)
     forward_passes: int = 0
     tokens_read: int = 0
+    refused: list[dict[str, Any]] = field(default_factory=list)  # ``_refusal``s, in read order
 
 
 def _spent(engine: Any, before: Any) -> dict[str, int]:
@@ -65,6 +70,25 @@ def _spent(engine: Any, before: Any) -> dict[str, int]:
         "forward_passes": now.forward_passes - before.forward_passes,
         "tokens_read": now.tokens_read - before.tokens_read,
     }
+
+
+def _read_each(read: Callable[[list[str]], Sequence[Any]], texts: list[str]) -> list[Any]:
+    """``read(texts)``; where it refuses an input (a batch is refused whole, before any pass), each
+    text is read alone, so that a bad example costs its own answer only: its place holds the error.
+    """
+    if not texts:
+        return []
+    try:
+        return list(read(texts))
+    except INPUT_ERRORS as error:
+        if len(texts) == 1:
+            return [error]
+    return [answer for text in texts for answer in _read_each(read, [text])]
+
+
+def _refusal(index: int, text: str, error: Exception) -> dict[str, Any]:
+    """How the report names an example refused for its input: its place among those read, its start."""
+    return {"example": index, "text": text[:80], "error": str(error)}
 
 
 def gold_index(schema: Schema, name: str, value: Any) -> int:
@@ -104,6 +128,7 @@ def read_answers(
     priors = engine.content_free_priors(schema)
     compiled = engine.compile(schema)
     reused = 0
+    refused: list[dict[str, Any]] = []
     counted = engine.backend.counter.mine()
     parts = engine.backend.hidden_parts if hidden else None
     bar = tqdm(total=len(records), desc="eval", unit="ex", disable=not progress, mininterval=2.0)
@@ -118,11 +143,16 @@ def read_answers(
         ]
         missing = [k for k, answer in enumerate(found) if answer is None]
         texts = [chunk[k]["text"] for k in missing]
-        fills = engine.fill_many(schema, texts, debias=False, calibrate=False, hidden=hidden) if texts else []
+        fills = _read_each(
+            lambda some: engine.fill_many(schema, some, debias=False, calibrate=False, hidden=hidden), texts
+        )
         results = dict(zip(missing, fills))  # raw, whatever the defaults
         for k, (record, key, answer) in enumerate(zip(chunk, keys, found)):
             with_ar = constrained is None or first + k < constrained
             reused += answer is not None
+            if answer is None and isinstance(results[k], INPUT_ERRORS):
+                refused.append(_refusal(first + k, record["text"], results[k]))
+                continue
             if answer is None:
                 picks = None
                 if with_ar:
@@ -148,7 +178,8 @@ def read_answers(
             _keep(answers, gold, answer, with_ar, hidden)
         bar.update(len(chunk))
     bar.close()
-    return Answers(parsed, answers, priors, time.perf_counter() - started, reused, **_spent(engine, counted))
+    seconds = time.perf_counter() - started
+    return Answers(parsed, answers, priors, seconds, reused, **_spent(engine, counted), refused=refused)
 
 
 def _written_label(schema: Schema, name: str, written: Mapping[str, Any]) -> int:
@@ -197,9 +228,11 @@ def read_question_answers(
     asked = DecideRequest(state="", questions=questions).questions
     answers = {qid: FieldAnswers(answer_names(q)) for qid, q in asked.items()}
     started = time.perf_counter()
-    priors = engine.question_priors(asked)
+    priors = engine.question_priors(asked, order_samples)
     reused = 0
+    refused: list[dict[str, Any]] = []
     counted = engine.backend.counter.mine()
+    raw = {"debias": False, "calibrate": False, "order_samples": order_samples}
     scope = questions if order_samples == 1 else {"questions": questions, "order_samples": order_samples}
     bar = tqdm(total=len(records), desc="eval", unit="ex", disable=not progress, mininterval=2.0)
     for first in range(0, len(records), batch_size):
@@ -208,9 +241,11 @@ def read_question_answers(
         found = [cache.get(key, needs_constrained=False) if cache is not None else None for key in keys]
         missing = [k for k, answer in enumerate(found) if answer is None]
         states = [chunk[k]["text"] for k in missing]
-        raw = {"debias": False, "calibrate": False, "order_samples": order_samples}
-        responses = engine.decide_many(states, asked, **raw) if states else []
+        responses = _read_each(lambda some: engine.decide_many(some, asked, **raw), states)
         for k, response in zip(missing, responses):
+            if isinstance(response, INPUT_ERRORS):
+                refused.append(_refusal(first + k, chunk[k]["text"], response))
+                continue
             read = CachedAnswer(
                 {qid: distribution(response.answers[qid]) for qid in asked},
                 {qid: response.answers[qid].candidate_mass for qid in asked},
@@ -222,14 +257,15 @@ def read_question_answers(
         reused += len(chunk) - len(missing)
         bar.update(len(chunk))
         for record, answer in zip(chunk, found):
-            _keep_question(answers, record, answer)
+            if answer is not None:  # None: refused
+                _keep_question(answers, record, answer)
     bar.close()
-    return Answers(None, answers, priors, time.perf_counter() - started, reused, **_spent(engine, counted))
+    seconds = time.perf_counter() - started
+    return Answers(None, answers, priors, seconds, reused, **_spent(engine, counted), refused=refused)
 
 
-def _keep_question(answers: dict[str, FieldAnswers], record: dict[str, Any], answer: CachedAnswer | None) -> None:
+def _keep_question(answers: dict[str, FieldAnswers], record: dict[str, Any], answer: CachedAnswer) -> None:
     """Add one record's answer to every question it has a gold label for."""
-    assert answer is not None  # read from the cache or just now
     gold = {}
     for qid, out in answers.items():
         if qid not in record["labels"]:
@@ -358,4 +394,5 @@ def build_report(answers: Answers, calibration: Calibration | None = None) -> di
     report["reused_answers"] = answers.reused
     report["forward_passes"] = answers.forward_passes
     report["tokens_read"] = answers.tokens_read
+    report["refused"] = answers.refused
     return report

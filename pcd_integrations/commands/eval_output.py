@@ -220,10 +220,11 @@ ORDER_HEAD = (
 def order_row(report: dict[str, Any]) -> str:
     """The order-samples row (docs/trust.md; tests/test_trust_docs.py checks each against its run) of one
     ``pcd eval --questions FILE --order-samples K --json`` report: accuracy and ECE raw and debiased, and
-    what the examples read by that run cost each (``–`` where every answer came from an answers file).
+    what the examples read by that run cost each (``–`` where every answer came from an answers file);
+    refused examples cost no pass and are not counted.
     """
     meta, overall = report["meta"], report["overall"]
-    read = meta["n"] - report["reused_answers"]
+    read = meta["n"] - report["reused_answers"] - len(report.get("refused", ()))
 
     def each(total: float, digits: int) -> str:
         return f"{total / read:.{digits}f}" if read else "–"

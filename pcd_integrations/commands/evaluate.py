@@ -260,6 +260,10 @@ def _read(
     if cache is not None:
         read = len(records) - answers.reused
         print(f"{answers.reused} of {len(records)} answers were in {cache.path}; {read} read now", file=sys.stderr)
+    if answers.refused:
+        print(f"{len(answers.refused)} of {len(records)} examples were refused and left out:", file=sys.stderr)
+        for refusal in answers.refused[:5]:
+            print(f"  example {refusal['example']} ({refusal['text']!r}): {refusal['error']}", file=sys.stderr)
     return answers
 
 
@@ -398,6 +402,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
     report["meta"]["train_seconds"] = round(train_answers.seconds, 1)
     report["meta"]["train_reused_answers"] = train_answers.reused
     report["meta"]["train_forward_passes"] = train_answers.forward_passes
+    report["meta"]["train_refused"] = train_answers.refused
     if warning:
         report["meta"]["warning"] = warning
     _finish(args, report, answers, calibration)
