@@ -276,18 +276,22 @@ class Engine:
 
         return self._priors((schema_key(schema), task), read)
 
-    def question_priors(self, questions: dict[str, Any], order_samples: int = 1) -> dict[str, tuple[float, ...]]:
+    def question_priors(
+        self, questions: dict[str, Any], order_samples: int | None = None
+    ) -> dict[str, tuple[float, ...]]:
         """Per question (validated models, as ``DecideRequest.questions`` holds them), the mean answer
         distribution over the ``CONTENT_FREE`` states; a noul's is (true, false), its readout's order.
-        Read in ``order_samples`` orders, as the answers it debiases: K = 3 averages out most of the
-        first-listed lean that a one-order prior carries, and dividing by that prior would over-correct.
+        Read in ``order_samples`` orders (None: the engine's default, as ``decide``), as the answers it
+        debiases: K = 3 averages out most of the first-listed lean that a one-order prior carries, and
+        dividing by that prior would over-correct.
         """
+        samples = self.planner.order_samples if order_samples is None else order_samples
 
         def read(text: str) -> dict[str, list[float]]:
-            answers = self.decide(text, questions, debias=False, calibrate=False, order_samples=order_samples).answers
+            answers = self.decide(text, questions, debias=False, calibrate=False, order_samples=samples).answers
             return {qid: distribution(answers[qid]) for qid in questions}
 
-        return self._priors(("decide", questions_key(questions), order_samples), read)
+        return self._priors(("decide", questions_key(questions), samples), read)
 
     def _priors(self, key: Any, read: PriorRead) -> dict[str, tuple[float, ...]]:
         with self._lock:  # one measurement per key, however many callers ask at once
