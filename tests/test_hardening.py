@@ -85,7 +85,8 @@ def test_options_fields_and_row_tokens_have_their_own_bounds(oracle):
     choice = {"type": "choice", "instructions": "which?", "criteria": {k: None for k in "abcd"}}
     with pytest.raises(LimitError, match="max_options"):
         check_decide(tight, "state", {"q": choice})
-    many = {f"q{i}": {"type": "noul", "instructions": "x" * 100} for i in range(5)}
+    # distinct from their first letter: rows that share a start share its tokens in the packed tree
+    many = {f"q{i}": {"type": "noul", "instructions": f"{i}" + "x" * 100} for i in range(5)}
     engine = oracle_engine()
     engine.planner.limits = tight
     passes = engine.backend.forward_passes
