@@ -1,6 +1,6 @@
 """The seven-field double-billing ticket, raw and debiased, on one model: JSON on stdout.
 
-python examples/ticket_check.py MODEL > docs/eval/MODEL.ticket.json
+python examples/ticket_check.py MODEL [BACKEND] > docs/eval/MODEL.ticket.json
 The right answers are examples/ticket_answers.json (the same as tests/test_double_billing.py's).
 """
 
@@ -14,8 +14,9 @@ EXAMPLES = Path(__file__).resolve().parent
 right = json.loads((EXAMPLES / "ticket_answers.json").read_text())
 schema = json.loads((EXAMPLES / "ticket_schema.json").read_text())
 text = (EXAMPLES / "ticket.txt").read_text()
-engine = Engine.load(sys.argv[1] if len(sys.argv) > 1 else "smollm2-135m")
-out = {"model": engine.model_name, "right": right}
+backend = {"backend": sys.argv[2]} if len(sys.argv) > 2 else {}  # else the default (PCD_BACKEND or torch)
+engine = Engine.load(sys.argv[1] if len(sys.argv) > 1 else "smollm2-135m", **backend)
+out = {"model": engine.model_name, "backend": engine.backend.name, "right": right}
 for debias in (False, True):
     result = engine.fill(schema, text, debias=debias)
     out["debiased" if debias else "raw"] = {

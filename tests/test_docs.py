@@ -320,17 +320,33 @@ def test_the_llamacpp_speed_figures_are_the_recorded_run():
     )
 
 
+def _versus_cells(run: dict) -> list[str]:
+    """The cells docs/llamacpp.md's versus tables show for one ``pcd bench --versus torch`` record."""
+    cells = []
+    for fill in run["records"][:-1]:
+        assert fill["rival_backend"] == "torch" and fill["pcd_valid"]
+        cells += [
+            f"| {fill['pcd_ms'] / 1000:.2f} s | {fill['rival_pcd_ms'] / 1000:.2f} s |",
+            f"{fill['rival_ratio']:.2f}x",
+        ]
+    lines = run["records"][-1]
+    assert lines["mode"] == "versus"
+    return cells + [
+        f"| {lines['generation_tokens_per_s']:.1f} tokens/s | {lines['rival_generation_tokens_per_s']:.1f} tokens/s |",
+        f"{lines['generation_ratio']:.2f}x",
+        f"| {lines['cold_load_ms'] / 1000:.1f} s | {lines['rival_cold_load_ms'] / 1000:.1f} s | **{lines['load_ratio']:.2f}x**",
+        f"| {lines['rss_mb']:,.0f} MB | {lines['rival_rss_mb']:,.0f} MB | {lines['rss_ratio']:.3f} |",
+    ]
+
+
 def test_the_llamacpp_versus_and_settings_figures_are_the_recorded_runs():
     text = flat("docs/llamacpp.md")
-    run = json.loads((ROOT / "docs" / "bench" / "llamacpp_versus.json").read_text())
-    closed = run["records"][0]
-    assert closed["schema"] == "support_ticket" and closed["rival_backend"] == "torch" and closed["pcd_valid"]
-    # the shell's '' is an empty argument, which the recorded command shows as nothing
-    assert run["meta"]["command"].replace("--baselines  ", "--baselines '' ") in text
-    assert (
-        f"took {closed['pcd_ms'] / 1000:.1f} s on llama.cpp and {closed['rival_pcd_ms'] / 1000:.1f} s on torch, "
-        f"**{closed['rival_ratio']:.2f}× in llama.cpp's favour**" in text
-    )
+    for name in ("llamacpp_versus.json", "qwen1.5b_llamacpp_versus_torch.json"):
+        run = json.loads((ROOT / "docs" / "bench" / name).read_text())
+        # the shell's '' is an empty argument, which the recorded command shows as nothing
+        assert run["meta"]["command"].replace("--baselines  ", "--baselines '' ") in text, name
+        for cell in _versus_cells(run):
+            assert cell in text, (name, cell)
     settings = json.loads((ROOT / "docs" / "bench" / "llamacpp_settings.json").read_text())
     first, second = settings["torch_over_llamacpp_per_round"]
     for name in ("t2", "t1"):
