@@ -173,9 +173,9 @@ def stream_tokens(
 
     def step() -> np.ndarray | None:
         nonlocal rows
-        if rows is None:  # the prompt's pass gave the first token's log-probs
-            rows = Rows(prefix, ((),), (None,))
+        if not new:  # the prompt's pass gave the first token's log-probs
             return backend.next_logp(prefix)
+        # the first grow starts the reply's row (rows=None), so a backend keeps its KV from there on
         rows = backend.grow(prefix, rows, [new])
         return rows.logp[0]
 

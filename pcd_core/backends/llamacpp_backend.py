@@ -344,14 +344,11 @@ class LlamaCppBackend(Backend):
         """Read only each row's new tokens, each row in a sequence of its own that keeps its KV.
 
         A ``Rows`` grown a second time (not the latest view of its sequences) continues from copies
-        of them cut at its own lengths, so an older ``Rows`` reads as it did. Rows that hold tokens
-        but no sequences of this backend, or would need more sequences than are free, fall back to
-        the base class (each step re-reads the rows).
+        of them cut at its own lengths, so an older ``Rows`` reads as it did. Rows that would need
+        more sequences than are free fall back to the base class (each step re-reads the rows).
         """
         kept: LlamaRowsState | None = rows.state if rows is not None else None
-        # rows that hold no token yet (a chat reply's first step) start sequences like rows=None
-        unknown = kept is None and any(len(row) > n for row, n in zip(extended, n_new, strict=True))
-        if unknown or len(extended) > self.n_seq_max - MAX_LIVE_PREFIXES - 2:
+        if (rows is not None and kept is None) or len(extended) > self.n_seq_max - MAX_LIVE_PREFIXES - 2:
             return super()._grow(prefix, rows, extended, n_new, trunk, room)
         with self._lock:
             try:
