@@ -214,7 +214,7 @@ def _check_hidden(
     width = read.hidden[0].shape
     for k, query in enumerate(queries):
         assert read.hidden[k].shape == width and np.all(np.isfinite(read.hidden[k]))
-        extended = backend.prefill(rows[query.row][: query.position + 1], parent=whole)
+        extended = backend.prefill(rows[query.row][: query.position + 1], parent=whole, hidden=True)
         alone = backend.score(extended, [rows[0]], [Query(0, -1, (0,))], hidden=True).hidden
         assert alone is not None
         np.testing.assert_allclose(

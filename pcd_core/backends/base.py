@@ -188,10 +188,15 @@ class Backend(ABC):
         return self.row_layout == "packed"
 
     # -- the contract -------------------------------------------------------------------------
-    def prefill(self, ids: Sequence[int], parent: Prefix | None = None, *, room: int = 0) -> Prefix:
+    def prefill(
+        self, ids: Sequence[int], parent: Prefix | None = None, *, room: int = 0, hidden: bool = False
+    ) -> Prefix:
         """Read ``ids`` after ``parent``. ``room`` is a hint: about how many tokens a ``grow`` after
         this prefix will write, which a backend may reserve behind the prefix's state so that the
-        generation never copies it (the torch backend does); it never changes a result.
+        generation never copies it (the torch backend does); it never changes a result. ``hidden``
+        says that the hidden state after the last token will be asked for (``score(..., hidden=True)``
+        with a query there): a backend that computes hidden states only on request (llama.cpp) then
+        computes it in this pass instead of reading the last token again later.
         """
         ids = tuple(int(i) for i in ids)
         if not ids:
@@ -202,7 +207,7 @@ class Backend(ABC):
         if room < 0:
             raise BackendError(f"room must be 0 or more tokens, got {room}")
         self.counter.add(len(ids))
-        state = self._prefill(ids, parent, room)
+        state = self._prefill_hidden(ids, parent, room) if hidden else self._prefill(ids, parent, room)
         return Prefix(ids=(parent.ids if parent is not None else ()) + ids, state=state)
 
     def score(
@@ -244,7 +249,7 @@ class Backend(ABC):
         before = (prefix.n_tokens if prefix is not None else 0) + len(trunk) - carried
         self._check_memory(before, carried, [tree for tree, _, _ in passes])
         if trunk and (not passes or not self.packs_trunk):
-            prefix, trunk = self.prefill(trunk, parent=prefix), ()
+            prefix, trunk = self.prefill(trunk, parent=prefix, hidden=hidden), ()
         results: list[np.ndarray | None] = [None] * len(queries)
         states: list[np.ndarray | None] = [None] * len(queries)
         for number, (tree, picked, chunk_queries) in enumerate(passes):
@@ -382,6 +387,12 @@ class Backend(ABC):
     ) -> tuple[list[np.ndarray], Any, list[np.ndarray]]:
         """``_score_chunk``, plus the final hidden state (float32) at each query's position."""
         raise HiddenStatesUnavailableError(f"the {self.name} backend {self.hidden_unavailable_because}")
+
+    def _prefill_hidden(self, ids: tuple[int, ...], parent: Prefix | None, room: int) -> Any:
+        """``_prefill`` for a prefix whose last hidden state will be read; the same unless a backend
+        keeps hidden states only when asked.
+        """
+        return self._prefill(ids, parent, room)
 
     def _prefix_hidden(self, prefix: Prefix) -> np.ndarray:
         """The final hidden state after the prefix's last token, from its stored state."""

@@ -71,22 +71,24 @@ _LOG_CALLBACK = llama.llama_log_callback(_log_to_python)
 llama.llama_log_set(_LOG_CALLBACK, ctypes.c_void_p(0))
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(eq=False)
 class LlamaPrefixState:
     """A prefix's sequence (re-read from ``ids`` when evicted), and the logits and final hidden state
-    after its last token.
+    after its last token. ``hidden`` is None when the pass that read the prefix computed no hidden
+    states; ``_prefix_hidden`` fills it in on first need.
     """
 
     seq: Seq
     ids: tuple[int, ...]
     logits: np.ndarray
-    hidden: np.ndarray
+    hidden: np.ndarray | None
 
 
 @dataclass(frozen=True)
 class _Outputs:
-    """What one ``llama_decode`` gave for its flagged batch entries, by batch index: the logits, and the
-    final hidden state (the context's per-token embeddings: after the output norm, the LM head's input).
+    """What one ``llama_decode`` gave for its flagged batch entries, by batch index: the logits, and,
+    when the pass computed them, the final hidden states (the context's per-token embeddings: after
+    the output norm, the LM head's input).
     """
 
     logits: dict[int, np.ndarray]
@@ -165,9 +167,11 @@ class LlamaCppBackend(Backend):
         if not self._ctx:
             llama.llama_model_free(self._model)
             raise BackendError(f"llama.cpp could not make a context of {cells} cells for {path}")
-        # per-token embeddings beside the logits, for every flagged entry: a trained head reads them
-        # (score(..., hidden=True)); a copy of n_embd floats per output, nothing recomputed
-        llama.llama_set_embeddings(self._ctx, True)
+        # Per-token embeddings (the hidden states a trained head reads) are switched on only for the
+        # passes that ask for them: with embeddings on, llama.cpp makes every token of a batch an
+        # output (its batch allocator overrides the flags), which puts the LM head on every token and
+        # grows the output buffer to the batch (a 1,400-token prompt: +318 MB resident on SmolLM2).
+        self._embeddings = False
         self._n_embd = int(llama.llama_model_n_embd(self._model))
         self._memory = llama.llama_get_memory(self._ctx)
         self._vocab_p = llama.llama_model_get_vocab(self._model)
@@ -210,7 +214,7 @@ class LlamaCppBackend(Backend):
 
     def _new_prefix(self, ids: tuple[int, ...], seq: int, out: _Outputs, index: int) -> LlamaPrefixState:
         holder = Seq(seq)
-        state = LlamaPrefixState(holder, ids, out.logits[index], out.hidden[index])
+        state = LlamaPrefixState(holder, ids, out.logits[index], out.hidden.get(index))
         self.sequences.release_later(state, holder)
         self.sequences.register(holder)
         return state
@@ -221,8 +225,13 @@ class LlamaCppBackend(Backend):
             llama.llama_memory_seq_cp(self._memory, source, target, -1, end)
 
     # -- one batch ----------------------------------------------------------------------------
-    def _decode(self, layout: BatchLayout) -> _Outputs:
-        """Run one batch; the logits and hidden states of every flagged entry, by batch index."""
+    def _decode(self, layout: BatchLayout, hidden: bool = False) -> _Outputs:
+        """Run one batch; the logits of every flagged entry, by batch index, and their hidden states
+        with ``hidden``.
+        """
+        if hidden != self._embeddings:
+            llama.llama_set_embeddings(self._ctx, hidden)
+            self._embeddings = hidden
         n = len(layout.tokens)
         batch = llama.llama_batch_init(n, 0, layout.max_seqs_per_token)
         try:
@@ -250,14 +259,17 @@ class LlamaCppBackend(Backend):
                 if wanted:
                     logits = llama.llama_get_logits_ith(self._ctx, i)
                     out.logits[i] = np.ctypeslib.as_array(logits, shape=(self._vocab,)).copy()
-                    hidden = llama.llama_get_embeddings_ith(self._ctx, i)
-                    out.hidden[i] = np.ctypeslib.as_array(hidden, shape=(self._n_embd,)).copy()
+                    if hidden:
+                        state = llama.llama_get_embeddings_ith(self._ctx, i)
+                        out.hidden[i] = np.ctypeslib.as_array(state, shape=(self._n_embd,)).copy()
             return out
         finally:
             llama.llama_batch_free(batch)
 
     # -- the hooks ----------------------------------------------------------------------------
-    def _prefill(self, ids: tuple[int, ...], parent: Prefix | None, room: int = 0) -> LlamaPrefixState:
+    def _prefill(
+        self, ids: tuple[int, ...], parent: Prefix | None, room: int = 0, hidden: bool = False
+    ) -> LlamaPrefixState:
         with self._lock:
             try:
                 source = self._prefix_seq(parent)
@@ -265,7 +277,7 @@ class LlamaCppBackend(Backend):
                 self._copy(source, seq)
                 start = parent.n_tokens if parent is not None else 0
                 try:
-                    out = self._decode(pass_layout_for_prompt(ids, seq, start))
+                    out = self._decode(pass_layout_for_prompt(ids, seq, start), hidden)
                 except BaseException:
                     self.sequences.drop(seq)
                     raise
@@ -274,23 +286,30 @@ class LlamaCppBackend(Backend):
             finally:
                 self.sequences.unpin_all()
 
+    def _prefill_hidden(self, ids: tuple[int, ...], parent: Prefix | None, room: int) -> LlamaPrefixState:
+        return self._prefill(ids, parent, room, hidden=True)
+
     def _score_chunk(
         self, prefix: Prefix | None, trunk: tuple[int, ...], tree: TokenTree, queries: list[Query]
     ) -> tuple[list[np.ndarray], LlamaPrefixState | None]:
-        values, state, _ = self._score_chunk_hidden(prefix, trunk, tree, queries)
-        return values, state
+        with self._lock:
+            try:
+                values, state, _ = self._packed(prefix, trunk, tree, queries, hidden=False)
+                return values, state
+            finally:
+                self.sequences.unpin_all()
 
     def _score_chunk_hidden(
         self, prefix: Prefix | None, trunk: tuple[int, ...], tree: TokenTree, queries: list[Query]
     ) -> tuple[list[np.ndarray], LlamaPrefixState | None, list[np.ndarray]]:
         with self._lock:
             try:
-                return self._packed(prefix, trunk, tree, queries)
+                return self._packed(prefix, trunk, tree, queries, hidden=True)
             finally:
                 self.sequences.unpin_all()
 
     def _packed(
-        self, prefix: Prefix | None, trunk: tuple[int, ...], tree: TokenTree, queries: list[Query]
+        self, prefix: Prefix | None, trunk: tuple[int, ...], tree: TokenTree, queries: list[Query], hidden: bool
     ) -> tuple[list[np.ndarray], LlamaPrefixState | None, list[np.ndarray]]:
         source = self._prefix_seq(prefix)
         n_prefix = prefix.n_tokens if prefix is not None else 0
@@ -307,7 +326,7 @@ class LlamaCppBackend(Backend):
                 leaf_seqs.append(seq)
             nodes = [tree.node_of[q.row][q.position] for q in queries]
             layout = pass_layout(n_prefix, trunk, tree, leaf_seqs=leaf_seqs, trunk_seq=trunk_seq, read_nodes=nodes)
-            out = self._decode(layout)
+            out = self._decode(layout, hidden)
         except BaseException:
             if trunk_seq is not None:
                 self.sequences.drop(trunk_seq)
@@ -321,15 +340,37 @@ class LlamaCppBackend(Backend):
         if trunk_seq is not None:
             ids = (prefix.ids if prefix is not None else ()) + trunk
             state = self._new_prefix(ids, trunk_seq, out, len(trunk) - 1)
-        return values, state, [out.hidden[i] for i in read]
+        return values, state, [out.hidden[i] for i in read] if hidden else []
 
     def _prefix_logp(self, prefix: Prefix) -> np.ndarray:
         state: LlamaPrefixState = prefix.state
         return _log_softmax(state.logits)
 
     def _prefix_hidden(self, prefix: Prefix) -> np.ndarray:
+        """The stored hidden state, or, for a prefix read without one (``prefill`` not told that it
+        would be asked), its last token read again at its position in a sequence of its own: one
+        token, counted as a pass.
+        """
         state: LlamaPrefixState = prefix.state
+        if state.hidden is None:
+            with self._lock:
+                try:
+                    state.hidden = self._reread_last(prefix)
+                finally:
+                    self.sequences.unpin_all()
         return state.hidden
+
+    def _reread_last(self, prefix: Prefix) -> np.ndarray:
+        source = self._prefix_seq(prefix)
+        seq = self.sequences.take()
+        try:
+            last = prefix.n_tokens - 1
+            self._copy(source, seq, last)
+            self.counter.add(1)
+            out = self._decode(pass_layout_for_prompt(prefix.ids[last:], seq, last), hidden=True)
+            return out.hidden[0]
+        finally:
+            self.sequences.drop(seq)
 
     # -- growing rows (generation) -----------------------------------------------------------
     def _grow(

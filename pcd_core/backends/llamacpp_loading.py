@@ -2,12 +2,17 @@
 
 llama.cpp reads the GGUF's weights as they are. The engine still needs a Hugging Face tokenizer
 (chat template, the compiler's encodings, llguidance's byte view), which transformers builds from
-the same GGUF's metadata: on two cores that takes 15 s or more (its GGUF reader walks the 49k-token
+the same GGUF's metadata: on two cores that takes seconds (its GGUF reader walks the 49k-token
 vocabulary and its merges through a numpy memmap), so the tokenizer alone, a few MB, is saved once
-in the cache folder (``models.cache_dir``) and later loads read it in a second. No weights are
-written anywhere. The tokenizer must agree with llama.cpp's own vocabulary, token for token, or
-the engine would score ids the model reads as other text: ``check_vocabulary`` refuses a mismatch
-at load.
+in the cache folder (``models.cache_dir``). No weights are written anywhere.
+
+Every load, the first included, reads the saved tokenizer with ``PreTrainedTokenizerFast``, which
+does not import torch; ``AutoTokenizer`` does (through transformers' model configurations), and
+torch stays resident once imported (180 MB here, more once its thread pools start), as much as the
+embedded model's weights and KV cache together. So only the first load of a GGUF, whose build goes
+through transformers' GGUF reader, which imports torch too, holds it; later processes never do. The
+tokenizer must agree with llama.cpp's own vocabulary, token for token, or the engine would score ids
+the model reads as other text: ``check_vocabulary`` refuses a mismatch at load.
 
 The context's thread count is the ``threads`` load option (``pcd_core/options.py``), else
 ``PCD_LLAMACPP_THREADS`` when set, else every core of the machine.
@@ -48,22 +53,32 @@ def tokenizer_dir(gguf: Path, cache: Path) -> Path:
 def gguf_tokenizer(gguf: Path, cache: Path) -> Any:
     """The Hugging Face tokenizer stored in a GGUF, built once and then read from the cache."""
     try:
-        from transformers import AutoTokenizer
+        from transformers import PreTrainedTokenizerFast
     except ImportError as error:
         raise PcdError(
             "the llamacpp backend builds its tokenizer with transformers: pip install transformers"
         ) from error
     target = tokenizer_dir(gguf, cache)
-    if (target / "tokenizer_config.json").is_file():
-        return AutoTokenizer.from_pretrained(str(target), local_files_only=True)
+    if not (target / "tokenizer_config.json").is_file():
+        build_tokenizer(gguf, target)
+    # the saved folder names its class (GemmaTokenizer, Qwen2Tokenizer...) and holds the whole
+    # tokenizer: read this way it encodes, decodes and templates as the class that saved it does
+    return PreTrainedTokenizerFast.from_pretrained(str(target), local_files_only=True)
+
+
+def build_tokenizer(gguf: Path, target: Path) -> None:
+    """Build the tokenizer that ``gguf`` describes, with the class transformers picks for its
+    architecture, and save it as ``target`` atomically: a concurrent load sees the whole folder or none.
+    """
+    from transformers import AutoTokenizer
+
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name, local_files_only=True)
     partial = target.with_name(f"{target.name}.partial-{os.getpid()}")
     tokenizer.save_pretrained(partial)
     try:
-        partial.rename(target)  # atomic: a concurrent load sees the whole folder or none
+        partial.rename(target)
     except OSError:  # another process finished first; its copy is the same
         shutil.rmtree(partial, ignore_errors=True)
-    return tokenizer
 
 
 def threads_from_environment() -> int | None:

@@ -5,9 +5,13 @@
 - Cold load and memory: each backend loads in a fresh Python process of its own (``python -m
   pcd_core.bench.versus``), with ``PCD_CACHE_DIR`` pointed at a new empty folder, so that no weights
   or tokenizer cache helps it and neither backend's libraries or pages count for the other. The child
-  times ``Engine.load``, runs one fill so the engine has touched what a fill needs, and reports the
-  process's resident memory (RSS) then, and before the load (Python and the engine's imports). The
-  GGUF file itself may sit in the operating system's page cache for both: that is not a weights cache.
+  times ``Engine.load`` and runs one fill so the engine has touched what a fill needs. Then a second
+  fresh process loads again from the cache the first one wrote and fills once: the loaded engine's
+  resident memory (RSS) is taken there, as a server or a script that runs after the first load holds
+  it. Both are recorded: the first process can hold what only a first load needs (the llama.cpp
+  backend builds its tokenizer through transformers' GGUF reader, which imports torch;
+  ``pcd_core/backends/llamacpp_loading.py``). The GGUF file itself may sit in the operating system's
+  page cache for both: that is not a weights cache.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ GENERATION_TOKENS = 96
 
 @dataclass(frozen=True)
 class LoadProbe:
-    """What one backend's fresh process measured: the cold load and its memory."""
+    """What one backend's fresh process measured: its load and its memory."""
 
     backend: str
     load_ms: float
@@ -79,39 +83,50 @@ def probe_load(model: str, backend: str, schema: dict[str, Any], text: str) -> L
     return LoadProbe(backend, load_ms, before / 2**20, rss_bytes() / 2**20)
 
 
-def probe_in_child(model: str, backend: str, schema: dict[str, Any], text: str) -> LoadProbe:
-    """``probe_load`` in a fresh process with an empty cache folder of its own, removed afterwards."""
+def probe_in_child(model: str, backend: str, schema: dict[str, Any], text: str) -> tuple[LoadProbe, LoadProbe]:
+    """``probe_load`` in a fresh process with an empty cache folder of its own (the cold load), then in
+    another fresh process with the cache it wrote (the warm one); the folder is removed afterwards.
+    """
+    request = json.dumps({"model": model, "backend": backend, "schema": schema, "text": text})
     with tempfile.TemporaryDirectory(prefix="pcd-cold-") as cache:
-        request = json.dumps({"model": model, "backend": backend, "schema": schema, "text": text})
-        done = subprocess.run(
-            [sys.executable, "-m", __name__],
-            input=request,
-            capture_output=True,
-            text=True,
-            env={**os.environ, "PCD_CACHE_DIR": cache},
-            check=False,
-        )
+        cold, warm = (_run_child(request, cache) for _ in range(2))
+    return cold, warm
+
+
+def _run_child(request: str, cache: str) -> LoadProbe:
+    done = subprocess.run(
+        [sys.executable, "-m", __name__],
+        input=request,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PCD_CACHE_DIR": cache},
+        check=False,
+    )
     if done.returncode != 0:  # the child's traceback ends with the error itself
         last = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
-        raise PcdError(f"the cold load of {backend!r} failed: {last}")
+        raise PcdError(f"the load of {json.loads(request)['backend']!r} failed: {last}")
     return LoadProbe(**json.loads(done.stdout.strip().splitlines()[-1]))
 
 
 def bench_cold(model: str, backend: str, rival: str, schema: dict[str, Any], text: str) -> dict[str, Any]:
-    """Cold load time and loaded RSS of both backends, each in its own fresh process, one after the
-    other; ``load_ratio`` is the rival's load time over this backend's, ``rss_ratio`` this one's RSS
-    over the rival's.
+    """Cold load time and loaded RSS of both backends, each in fresh processes of its own, one backend
+    after the other; ``load_ratio`` is the rival's cold load time over this backend's, ``rss_ratio``
+    this one's RSS over the rival's, both after a warm load (``rss_cold_mb``: after the cold one).
     """
-    ours, theirs = probe_in_child(model, backend, schema, text), probe_in_child(model, rival, schema, text)
+    (ours, our_warm), (theirs, their_warm) = (probe_in_child(model, name, schema, text) for name in (backend, rival))
     return {
         "cold_load_ms": ours.load_ms,
         "rival_cold_load_ms": theirs.load_ms,
         "load_ratio": theirs.load_ms / ours.load_ms,
-        "rss_mb": ours.rss_loaded_mb,
-        "rss_before_load_mb": ours.rss_before_mb,
-        "rival_rss_mb": theirs.rss_loaded_mb,
-        "rival_rss_before_load_mb": theirs.rss_before_mb,
-        "rss_ratio": ours.rss_loaded_mb / theirs.rss_loaded_mb,
+        "warm_load_ms": our_warm.load_ms,
+        "rival_warm_load_ms": their_warm.load_ms,
+        "rss_mb": our_warm.rss_loaded_mb,
+        "rss_before_load_mb": our_warm.rss_before_mb,
+        "rss_cold_mb": ours.rss_loaded_mb,
+        "rival_rss_mb": their_warm.rss_loaded_mb,
+        "rival_rss_before_load_mb": their_warm.rss_before_mb,
+        "rival_rss_cold_mb": theirs.rss_loaded_mb,
+        "rss_ratio": our_warm.rss_loaded_mb / their_warm.rss_loaded_mb,
     }
 
 

@@ -315,7 +315,7 @@ def _print_versus(records: list[dict[str, Any]]) -> None:
                 f"{record['rival_generation_tokens_per_s']:.1f} on {theirs} ({record['generation_ratio']:.2f}x)\n"
                 f"cold load (empty cache): {record['cold_load_ms']:.0f} ms on {ours}, "
                 f"{record['rival_cold_load_ms']:.0f} ms on {theirs} ({record['load_ratio']:.2f}x faster)\n"
-                f"RSS after load and one fill: {record['rss_mb']:.0f} MB on {ours}, "
+                f"RSS after a warm load and one fill: {record['rss_mb']:.0f} MB on {ours}, "
                 f"{record['rival_rss_mb']:.0f} MB on {theirs} ({record['rss_ratio']:.2f} of it)"
             )
 
