@@ -21,6 +21,13 @@ re-read from their ids when used again (counted as a pass), so nothing is refuse
 stays bounded. A prefix's sequence is freed when the ``Prefix`` is garbage-collected (a finalizer
 queues it; the next call removes it, under the backend's lock, never inside another call).
 
+The KV cache starts at ``START_CELLS`` cells (or the context's length, if shorter) and doubles, up to
+the context's length, when one call needs more cells than are free after evicting every prefix it
+does not read: llama.cpp cannot resize a context, so a new one takes its place, every prefix is read
+again when next used and growing rows are read again whole at their next step. Memory follows use:
+the cells a context holds are resident from its start (llama.cpp clears them), 180 MB for SmolLM2's
+8,192.
+
 At load, packed rows are checked against each row read in a pass of its own in this backend; a
 layout that differs by more than ``LAYOUT_TOLERANCE`` is refused (``BackendError``).
 
@@ -35,9 +42,10 @@ import logging
 import os
 import threading
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -60,6 +68,15 @@ MAX_ROWS_PER_PASS = 128
 MAX_LIVE_PREFIXES = 64
 #: how far packed rows may differ from each row read alone, in log-probs (see ``_self_check``)
 LAYOUT_TOLERANCE = 1e-3
+#: the KV cells a context starts with; it doubles on demand up to the context's length (a fill of the
+#: 28-field ticket with its cached head needs about 1,800; 4,096 cells of SmolLM2 are 90 MB)
+START_CELLS = 4096
+
+T = TypeVar("T")
+
+
+class _ContextFull(Exception):
+    """A pass found no room in a context that may still grow: ``_locked`` enlarges it and runs again."""
 
 
 def _log_to_python(level: int, text: bytes, user_data: Any) -> None:
@@ -132,11 +149,13 @@ class LlamaCppBackend(Backend):
         *,
         threads: int | None = None,
         n_ctx: int | None = None,
+        start_cells: int | None = None,
         max_tokens_per_pass: int | None = None,
     ) -> None:
         if threads is not None and threads < 1:
             raise ValueError(f"threads must be positive, got {threads!r}")
         self.threads = threads or os.cpu_count() or 1
+        self.path = Path(path)
         llama.llama_backend_init()
         model_params = llama.llama_model_default_params()
         model_params.n_gpu_layers = 0
@@ -149,24 +168,17 @@ class LlamaCppBackend(Backend):
         if not self._model:
             raise BackendError(f"llama.cpp could not load {path}")
         trained = int(llama.llama_model_n_ctx_train(self._model))
-        cells = min(trained, n_ctx or 8192)
-        super().__init__(context_length=cells, max_tokens_per_pass=max_tokens_per_pass)
+        length = min(trained, n_ctx or 8192)
+        super().__init__(context_length=length, max_tokens_per_pass=max_tokens_per_pass)
         self.n_seq_max = int(llama.llama_max_parallel_sequences())
-        params = llama.llama_context_default_params()
-        params.n_ctx = cells
-        params.n_batch = cells  # a pass is one llama_decode, however many tokens it packs
-        params.n_seq_max = self.n_seq_max
-        params.kv_unified = True  # one token in several sequences needs one shared cache
-        # Where a read's cells lie in the cache moves its result (llama.cpp 0.3.36, SmolLM2 Q4_1,
-        # one thread): with flash attention (the default, kept) a row placed in a freed hole
-        # before its prefix's cells moved a probability by 0.019; without it, a 14-token prompt
-        # read into cells 12-15 mod 16 moved one by 0.026 and strayed further from torch. Packing
-        # itself is exact either way (the self-check reads 0.0); see LAYOUT_TOLERANCE.
-        params.n_threads = params.n_threads_batch = self.threads
-        self._ctx = llama.llama_init_from_model(self._model, params)
-        if not self._ctx:
+        self.cells = min(length, start_cells or START_CELLS)
+        try:
+            self._ctx = self._new_context(self.cells)
+        except BackendError:
             llama.llama_model_free(self._model)
-            raise BackendError(f"llama.cpp could not make a context of {cells} cells for {path}")
+            raise
+        # the context and the model, freed together when the backend goes; _enlarge swaps the first
+        self._handles = [self._ctx, self._model]
         # Per-token embeddings (the hidden states a trained head reads) are switched on only for the
         # passes that ask for them: with embeddings on, llama.cpp makes every token of a batch an
         # output (its batch allocator overrides the flags), which puts the LM head on every token and
@@ -179,10 +191,10 @@ class LlamaCppBackend(Backend):
         n_layer, n_embd = int(llama.llama_model_n_layer(self._model)), int(llama.llama_model_n_embd(self._model))
         n_head, n_head_kv = int(llama.llama_model_n_head(self._model)), int(llama.llama_model_n_head_kv(self._model))
         self.kv_bytes_per_token = 2 * n_layer * (n_embd // n_head) * n_head_kv * 2  # f16 keys and values
-        self.path = Path(path)
         self._lock = threading.RLock()
         self.sequences = SeqPool(self.n_seq_max, MAX_LIVE_PREFIXES, self._remove_cells)
-        weakref.finalize(self, _free_context, self._ctx, self._model)
+        self._row_groups: weakref.WeakSet[_RowSeqs] = weakref.WeakSet()  # to mark lost when the context grows
+        weakref.finalize(self, _free_handles, self._handles)
         self.layout_error = self._self_check()
         if self.layout_error > LAYOUT_TOLERANCE:
             raise BackendError(
@@ -193,6 +205,55 @@ class LlamaCppBackend(Backend):
     @property
     def vocab_size(self) -> int:
         return self._vocab
+
+    # -- the context --------------------------------------------------------------------------
+    def _new_context(self, cells: int) -> Any:
+        params = llama.llama_context_default_params()
+        params.n_ctx = cells
+        params.n_batch = cells  # a pass is one llama_decode, however many tokens it packs
+        params.n_seq_max = self.n_seq_max
+        params.kv_unified = True  # one token in several sequences needs one shared cache
+        # Where a read's cells lie in the cache moves its result (llama.cpp 0.3.36, SmolLM2 Q4_1,
+        # one thread): with flash attention (the default, kept) a row placed in a freed hole
+        # before its prefix's cells moved a probability by 0.019; without it, a 14-token prompt
+        # read into cells 12-15 mod 16 moved one by 0.026 and strayed further from torch. Packing
+        # itself is exact either way (the self-check reads 0.0); see LAYOUT_TOLERANCE.
+        params.n_threads = params.n_threads_batch = self.threads
+        ctx = llama.llama_init_from_model(self._model, params)
+        if not ctx:
+            raise BackendError(f"llama.cpp could not make a context of {cells} cells for {self.path}")
+        return ctx
+
+    def _enlarge(self) -> None:
+        """Replace the context by one of twice the cells (up to ``context_length``), empty: every
+        prefix is evicted (read again when used) and every group of growing rows lost (read again
+        whole at its next step). The new context is made before the old one goes, so a failure
+        leaves the backend as it was.
+        """
+        cells = min(2 * self.cells, self.context_length)
+        ctx = self._new_context(cells)
+        logger.info("llama.cpp: the KV cache grows from %d to %d cells", self.cells, cells)
+        llama.llama_free(self._handles[0])
+        self._ctx = self._handles[0] = ctx
+        self._memory, self.cells, self._embeddings = llama.llama_get_memory(ctx), cells, False
+        self.sequences.forget_all()
+        for group in list(self._row_groups):
+            for holder in group.seqs:
+                holder.id = None
+
+    def _locked(self, read: Callable[[], T]) -> T:
+        """Run one hook's ``read`` under the lock, unpinning its sequences after; a read that finds the
+        cache full with nothing left to evict runs again in an enlarged context.
+        """
+        with self._lock:
+            while True:
+                try:
+                    return read()
+                except _ContextFull:
+                    self.sequences.unpin_all()
+                    self._enlarge()
+                finally:
+                    self.sequences.unpin_all()
 
     # -- sequences ----------------------------------------------------------------------------
     def _remove_cells(self, seq: int) -> None:
@@ -206,8 +267,12 @@ class LlamaCppBackend(Backend):
         state: LlamaPrefixState = prefix.state
         if state.seq.id is None:  # evicted: read its ids again from scratch
             seq = self.sequences.take()
+            try:
+                self._decode(pass_layout_for_prompt(state.ids, seq))
+            except BaseException:
+                self.sequences.drop(seq)
+                raise
             self.counter.add(len(state.ids))
-            self._decode(pass_layout_for_prompt(state.ids, seq))
             state.seq.id = seq
             self.sequences.register(state.seq)
         return self.sequences.hold(state.seq)
@@ -233,6 +298,8 @@ class LlamaCppBackend(Backend):
             llama.llama_set_embeddings(self._ctx, hidden)
             self._embeddings = hidden
         n = len(layout.tokens)
+        if n > self.cells:  # more tokens than the context has cells: llama.cpp would refuse the batch
+            self._no_room()
         batch = llama.llama_batch_init(n, 0, layout.max_seqs_per_token)
         try:
             for i, (token, position, seqs, wanted) in enumerate(
@@ -248,10 +315,7 @@ class LlamaCppBackend(Backend):
             batch.n_tokens = n
             while (code := llama.llama_decode(self._ctx, batch)) == 1:  # no room in the KV cache
                 if not self.sequences.evict_one():
-                    raise PromptError(
-                        f"llama.cpp's KV cache of {self.context_length} cells is full: the prompt, the "
-                        "rows and the prefixes in use do not fit; pass n_ctx to the backend or ask less"
-                    )
+                    self._no_room()
             if code != 0:
                 raise BackendError(f"llama_decode failed with code {code}")
             out = _Outputs({}, {})
@@ -266,25 +330,32 @@ class LlamaCppBackend(Backend):
         finally:
             llama.llama_batch_free(batch)
 
+    def _no_room(self) -> None:
+        if self.cells < self.context_length:
+            raise _ContextFull
+        raise PromptError(
+            f"llama.cpp's KV cache of {self.cells} cells is full: the prompt, the rows and the prefixes "
+            "in use do not fit; pass n_ctx to the backend or ask less"
+        )
+
     # -- the hooks ----------------------------------------------------------------------------
     def _prefill(
         self, ids: tuple[int, ...], parent: Prefix | None, room: int = 0, hidden: bool = False
     ) -> LlamaPrefixState:
-        with self._lock:
-            try:
-                source = self._prefix_seq(parent)
-                seq = self.sequences.take()
-                self._copy(source, seq)
-                start = parent.n_tokens if parent is not None else 0
-                try:
-                    out = self._decode(pass_layout_for_prompt(ids, seq, start), hidden)
-                except BaseException:
-                    self.sequences.drop(seq)
-                    raise
-                whole = (parent.ids if parent is not None else ()) + ids
-                return self._new_prefix(whole, seq, out, len(ids) - 1)
-            finally:
-                self.sequences.unpin_all()
+        return self._locked(lambda: self._read_prompt(ids, parent, hidden))
+
+    def _read_prompt(self, ids: tuple[int, ...], parent: Prefix | None, hidden: bool) -> LlamaPrefixState:
+        source = self._prefix_seq(parent)
+        seq = self.sequences.take()
+        self._copy(source, seq)
+        start = parent.n_tokens if parent is not None else 0
+        try:
+            out = self._decode(pass_layout_for_prompt(ids, seq, start), hidden)
+        except BaseException:
+            self.sequences.drop(seq)
+            raise
+        whole = (parent.ids if parent is not None else ()) + ids
+        return self._new_prefix(whole, seq, out, len(ids) - 1)
 
     def _prefill_hidden(self, ids: tuple[int, ...], parent: Prefix | None, room: int) -> LlamaPrefixState:
         return self._prefill(ids, parent, room, hidden=True)
@@ -292,21 +363,13 @@ class LlamaCppBackend(Backend):
     def _score_chunk(
         self, prefix: Prefix | None, trunk: tuple[int, ...], tree: TokenTree, queries: list[Query]
     ) -> tuple[list[np.ndarray], LlamaPrefixState | None]:
-        with self._lock:
-            try:
-                values, state, _ = self._packed(prefix, trunk, tree, queries, hidden=False)
-                return values, state
-            finally:
-                self.sequences.unpin_all()
+        values, state, _ = self._locked(lambda: self._packed(prefix, trunk, tree, queries, hidden=False))
+        return values, state
 
     def _score_chunk_hidden(
         self, prefix: Prefix | None, trunk: tuple[int, ...], tree: TokenTree, queries: list[Query]
     ) -> tuple[list[np.ndarray], LlamaPrefixState | None, list[np.ndarray]]:
-        with self._lock:
-            try:
-                return self._packed(prefix, trunk, tree, queries, hidden=True)
-            finally:
-                self.sequences.unpin_all()
+        return self._locked(lambda: self._packed(prefix, trunk, tree, queries, hidden=True))
 
     def _packed(
         self, prefix: Prefix | None, trunk: tuple[int, ...], tree: TokenTree, queries: list[Query], hidden: bool
@@ -353,11 +416,7 @@ class LlamaCppBackend(Backend):
         """
         state: LlamaPrefixState = prefix.state
         if state.hidden is None:
-            with self._lock:
-                try:
-                    state.hidden = self._reread_last(prefix)
-                finally:
-                    self.sequences.unpin_all()
+            state.hidden = self._locked(lambda: self._reread_last(prefix))
         return state.hidden
 
     def _reread_last(self, prefix: Prefix) -> np.ndarray:
@@ -366,8 +425,8 @@ class LlamaCppBackend(Backend):
         try:
             last = prefix.n_tokens - 1
             self._copy(source, seq, last)
-            self.counter.add(1)
             out = self._decode(pass_layout_for_prompt(prefix.ids[last:], seq, last), hidden=True)
+            self.counter.add(1)
             return out.hidden[0]
         finally:
             self.sequences.drop(seq)
@@ -391,11 +450,7 @@ class LlamaCppBackend(Backend):
         kept: LlamaRowsState | None = rows.state if rows is not None else None
         if (rows is not None and kept is None) or len(extended) > self.n_seq_max - MAX_LIVE_PREFIXES - 2:
             return super()._grow(prefix, rows, extended, n_new, trunk, room)
-        with self._lock:
-            try:
-                return self._grow_seqs(prefix, kept, extended, n_new, trunk)
-            finally:
-                self.sequences.unpin_all()
+        return self._locked(lambda: self._grow_seqs(prefix, kept, extended, n_new, trunk))
 
     def _grow_seqs(
         self,
@@ -407,7 +462,11 @@ class LlamaCppBackend(Backend):
     ) -> Rows:
         source = self._prefix_seq(prefix)
         base = prefix.n_tokens + len(trunk)
-        written = [len(row) - n for row, n in zip(extended, n_new)]
+        reading = list(n_new)
+        if kept is not None and any(holder.id is None for holder in kept.rows.seqs):
+            # the context grew since the last step and its cells are gone: read every row whole again
+            kept, reading = None, [len(row) for row in extended]
+        written = [len(row) - n for row, n in zip(extended, reading)]
         trunk_seq = None
         if kept is not None and list(kept.written) == kept.rows.written:
             group = kept.rows  # the latest view: the rows' sequences continue in place
@@ -418,16 +477,18 @@ class LlamaCppBackend(Backend):
             self._copy(source, trunk_seq)
         seqs = [holder.id for holder in group.seqs]
         assert all(seq is not None for seq in seqs), "growing rows never lose their sequences"
-        new = [row[len(row) - n :] for row, n in zip(extended, n_new)]
+        new = [row[len(row) - n :] for row, n in zip(extended, reading)]
         layout = grow_layout(base, trunk, [int(s or 0) for s in seqs], written, new, trunk_seq=trunk_seq)
-        self.counter.add(len(layout.tokens))
         out = self._decode(layout)
+        self.counter.add(len(layout.tokens))
         group.written[:] = [len(row) for row in extended]
         ends = iter(sorted(index for index in out.logits if index >= len(trunk)))
         by_row: list[np.ndarray | None] = [None] * len(extended)
-        for k, n in enumerate(n_new):
+        for k, n in enumerate(reading):
             if n:
-                by_row[k] = _log_softmax(out.logits[next(ends)])
+                end = next(ends)
+                if n_new[k]:  # a row read again without a new token reports none, as the contract says
+                    by_row[k] = _log_softmax(out.logits[end])
         if trunk_seq is not None:
             state = self._new_prefix(prefix.ids + trunk, trunk_seq, out, len(trunk) - 1)
             prefix = Prefix(ids=prefix.ids + trunk, state=state)
@@ -447,6 +508,7 @@ class LlamaCppBackend(Backend):
         group = _RowSeqs(tuple(holders), list(kept.written) if kept is not None else [0] * n_rows)
         for holder in holders:
             self.sequences.release_later(group, holder)
+        self._row_groups.add(group)
         return group
 
     def live_sequences(self) -> dict[int, int]:
@@ -498,6 +560,7 @@ class LlamaCppBackend(Backend):
         return max(float(np.max(np.abs(a - p))) for a, p in zip(alone, packed, strict=True))
 
 
-def _free_context(ctx: Any, model: Any) -> None:
-    llama.llama_free(ctx)
-    llama.llama_model_free(model)
+def _free_handles(handles: list[Any]) -> None:
+    """Free a backend's context and model (``[context, model]``), when the backend goes."""
+    llama.llama_free(handles[0])
+    llama.llama_model_free(handles[1])

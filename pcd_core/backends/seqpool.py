@@ -97,6 +97,16 @@ class SeqPool:
         while len(self._prefixes) > self.max_live_prefixes and self.evict_one():
             pass
 
+    def forget_all(self) -> None:
+        """The KV cache was replaced by an empty one: every prefix is evicted (its owner reads it again
+        when used) and every id is free. The owners of other ids (growing rows) are told by the backend.
+        """
+        for holder in self._prefixes.values():
+            holder.id = None
+        self._prefixes.clear()
+        self._pinned.clear()
+        self._free = list(range(self.n_seq_max - 1, -1, -1))
+
     def pin(self, seq: int) -> None:
         """Keep ``seq`` from eviction until the running call ends (``unpin_all``)."""
         self._pinned.add(seq)
