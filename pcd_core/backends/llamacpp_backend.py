@@ -250,7 +250,6 @@ class LlamaCppBackend(Backend):
                 try:
                     return read()
                 except _ContextFull:
-                    self.sequences.unpin_all()
                     self._enlarge()
                 finally:
                     self.sequences.unpin_all()
@@ -339,10 +338,8 @@ class LlamaCppBackend(Backend):
         )
 
     # -- the hooks ----------------------------------------------------------------------------
-    def _prefill(
-        self, ids: tuple[int, ...], parent: Prefix | None, room: int = 0, hidden: bool = False
-    ) -> LlamaPrefixState:
-        return self._locked(lambda: self._read_prompt(ids, parent, hidden))
+    def _prefill(self, ids: tuple[int, ...], parent: Prefix | None, room: int = 0) -> LlamaPrefixState:
+        return self._locked(lambda: self._read_prompt(ids, parent, hidden=False))
 
     def _read_prompt(self, ids: tuple[int, ...], parent: Prefix | None, hidden: bool) -> LlamaPrefixState:
         source = self._prefix_seq(parent)
@@ -358,7 +355,7 @@ class LlamaCppBackend(Backend):
         return self._new_prefix(whole, seq, out, len(ids) - 1)
 
     def _prefill_hidden(self, ids: tuple[int, ...], parent: Prefix | None, room: int) -> LlamaPrefixState:
-        return self._prefill(ids, parent, room, hidden=True)
+        return self._locked(lambda: self._read_prompt(ids, parent, hidden=True))
 
     def _score_chunk(
         self, prefix: Prefix | None, trunk: tuple[int, ...], tree: TokenTree, queries: list[Query]

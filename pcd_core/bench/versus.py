@@ -89,11 +89,11 @@ def probe_in_child(model: str, backend: str, schema: dict[str, Any], text: str) 
     """
     request = json.dumps({"model": model, "backend": backend, "schema": schema, "text": text})
     with tempfile.TemporaryDirectory(prefix="pcd-cold-") as cache:
-        cold, warm = (_run_child(request, cache) for _ in range(2))
+        cold, warm = (_run_child(request, cache, backend) for _ in range(2))
     return cold, warm
 
 
-def _run_child(request: str, cache: str) -> LoadProbe:
+def _run_child(request: str, cache: str, backend: str) -> LoadProbe:
     done = subprocess.run(
         [sys.executable, "-m", __name__],
         input=request,
@@ -104,7 +104,7 @@ def _run_child(request: str, cache: str) -> LoadProbe:
     )
     if done.returncode != 0:  # the child's traceback ends with the error itself
         last = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
-        raise PcdError(f"the load of {json.loads(request)['backend']!r} failed: {last}")
+        raise PcdError(f"the load of {backend!r} failed: {last}")
     return LoadProbe(**json.loads(done.stdout.strip().splitlines()[-1]))
 
 
