@@ -31,7 +31,7 @@ from .calibration import Adjust
 from .cost import Meter
 from .deciding import DecidePlan
 from .decoding import DecisionTask, Decoded, RoundStats, plan_rows
-from .fairness import ModelLock
+from .fairness import ModelLock, no_pause
 from .filling import Filled, FillPlan
 from .questions import DecideResponse
 from .reading import HeadLookup, after_head, count_request, ms_since, read_head
@@ -142,12 +142,7 @@ class BatchRead:
         others through ``solo(index)``; responses in the states' order.
         """
         started = time.perf_counter()
-        # a trained head reads hidden states, which a batch's rows do not keep: those decides run solo
-        joined = [
-            k
-            for k, (plan, adjust, _) in enumerate(prepared)
-            if (adjust is None or not adjust.reads_hidden) and _joins(plan.whole, plan.head_ids)
-        ]
+        joined = [k for k, (plan, adjust, _) in enumerate(prepared) if decide_joins(plan, adjust)]
         responses: dict[int, DecideResponse] = {}
         for group in _groups(joined, [len(plan.whole) - len(plan.head_ids) for plan, _, _ in prepared]):
             plans = [prepared[k][0] for k in group]
@@ -159,6 +154,14 @@ class BatchRead:
                 merged, spreads = plan.merged(read)
                 responses[k] = plan.respond(model, merged, stats, [], prepared[k][1], spreads)
         return [responses[k] if k in responses else solo(k) for k in range(len(prepared))]
+
+    def decide_joined(self, works: list[tuple[DecidePlan, Meter]]) -> list[tuple[list[Readout], list[str]]]:
+        """Concurrent callers' decides over one head in one ``score`` call (``stepping.PassJoin``,
+        ``engine.py``), holding the model throughout; each one's readouts, and no warnings (as in
+        ``decide_many``: a decide that joins extends the head, so its head read warns of nothing).
+        """
+        readouts = self._decide([plan for plan, _ in works], [meter for _, meter in works], no_pause)
+        return [(read, []) for read in readouts]
 
     def _head(self, head_ids: tuple[int, ...], whole: Sequence[tuple[int, ...]], meters: list[Meter]) -> Prefix:
         """The shared head, looked up once; each input's ``meter`` filled as ``read_head`` fills a solo
@@ -245,6 +248,13 @@ def _groups(joined: Sequence[int], stems: Sequence[int], budget: int | None = No
         groups[-1].append(k)
         used += stems[k]
     return [group for group in groups if len(group) > 1]
+
+
+def decide_joins(plan: DecidePlan, adjust: Adjust | None) -> bool:
+    """Whether a decide can share passes with others (``decide_many``, concurrent decides): it extends
+    its head, and no trained head reads its hidden states, which a batch's rows do not keep.
+    """
+    return (adjust is None or not adjust.reads_hidden) and _joins(plan.whole, plan.head_ids)
 
 
 def _joins(whole: Sequence[int], head_ids: Sequence[int]) -> bool:

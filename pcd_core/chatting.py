@@ -17,11 +17,12 @@ import math
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 import numpy as np
 
-from .backends.base import Backend, Prefix, Rows
+from .backends.base import Backend, GrowStep, Prefix, Rows
 from .cost import Meter
 from .errors import PromptError, ReplyTooLongError
 from .fairness import ModelLock
@@ -29,6 +30,7 @@ from .generation import MAX_ROOM
 from .limits import check_text
 from .reading import HeadLookup, ms_since, read_prompt, read_step
 from .result import Generation
+from .stepping import StepJoin, Ticket, run_step, submit_step
 from .tokenizer import TextTokenizer
 
 Message = dict[str, Any]
@@ -121,6 +123,7 @@ def stream_reply(
     tokenizer: TextTokenizer,
     lookup: HeadLookup,
     lock: ModelLock,
+    steps: StepJoin,
     messages: str | Sequence[Message],
     *,
     max_new_tokens: int,
@@ -129,7 +132,8 @@ def stream_reply(
 ) -> Iterator[str]:
     """A reply's text deltas (``Engine.stream``): the prompt read like any request
     (``reading.read_prompt``: the head cache, then the rest, with room for the reply), then the steps
-    (``stream_tokens``). ``result.stats`` holds the reply's cost so far at every step, and its
+    (``stream_tokens``), each joined with other replies' steps waiting then (``steps``,
+    ``stepping.py``). ``result.stats`` holds the reply's cost so far at every step, and its
     ``total_ms`` once the reply ends or its consumer stops pulling.
     """
     started = time.perf_counter()
@@ -140,7 +144,15 @@ def stream_reply(
     meter.stats = replace(meter.stats, queue_ms=turn.queue_ms)
     try:
         yield from stream_tokens(
-            backend, tokenizer, prefix, max_new_tokens=max_new_tokens, stop=stop, lock=lock, result=result, meter=meter
+            backend,
+            tokenizer,
+            prefix,
+            max_new_tokens=max_new_tokens,
+            stop=stop,
+            lock=lock,
+            steps=steps,
+            result=result,
+            meter=meter,
         )
     finally:
         result.stats = replace(meter.stats, total_ms=ms_since(started))
@@ -154,6 +166,7 @@ def stream_tokens(
     max_new_tokens: int,
     stop: Sequence[str],
     lock: ModelLock,
+    steps: StepJoin,
     result: Generation,
     meter: Meter,
 ) -> Iterator[str]:
@@ -161,8 +174,9 @@ def stream_tokens(
     from ``meter`` (the prompt's read already in it) after every step.
 
     The model lock is taken per step, not for the whole reply, so a long stream does not starve other
-    requests on the same engine; each step is counted by ``reading.read_step``: the time it waited
-    for the lock, the passes it ran, one step.
+    requests on the same engine. Each step is handed to ``steps`` before the lock is asked for, so
+    that a pass starting meanwhile reads it with other replies' steps (``stepping.py``); it is counted
+    by ``reading.read_step``: the time it waited for the lock, the pass it ran or shared, one step.
     """
     if max_new_tokens < 1:
         raise PromptError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
@@ -171,17 +185,23 @@ def stream_tokens(
     new: tuple[int, ...] = ()
     shown = ""
 
-    def step() -> np.ndarray | None:
+    def step(ticket: Ticket[GrowStep, Rows] | None) -> np.ndarray | None:
         nonlocal rows
-        if not new:  # the prompt's pass gave the first token's log-probs
+        if ticket is None:  # the prompt's pass gave the first token's log-probs
             return backend.next_logp(prefix)
-        # the first grow starts the reply's row (rows=None), so a backend keeps its KV from there on
-        rows = backend.grow(prefix, rows, [new])
+        rows = run_step(backend, steps, ticket)
         return rows.logp[0]
 
     while True:
-        with lock.turn() as turn:
-            read = read_step(backend, meter, step, turn.queue_ms)
+        # the first grow starts the reply's row (rows=None), so a backend keeps its KV from there on
+        ticket = submit_step(steps, prefix, rows, [new]) if new else None
+        try:
+            # a step another reply's pass read needs the model no more: its wait ends there
+            with lock.turn(served=ticket.served if ticket is not None else None) as turn:
+                read = read_step(backend, meter, partial(step, ticket), turn.queue_ms)
+        finally:
+            if ticket is not None:
+                steps.withdraw(ticket)
         assert read is not None  # the one row always has a new token here
         logp = read
         token = int(np.argmax(logp))

@@ -6,28 +6,29 @@ the number of fields, plus one per further ``depends_on`` wave (``filling.py``);
 (``deciding.py``); ``fill_many`` / ``decide_many`` read a batch in those passes (``batching.py``).
 Every prompt, a chat reply's included, is read through ``reading.py`` into one ``Stats`` (``cost.py``).
 One FIFO lock serialises model access, handed to a waiting request at each pass boundary
-(``fairness.py``), so threads and async callers may share an engine. ``tests/test_engine.py`` checks
-the pass counts and every ``Stats`` field on the real model.
+(``fairness.py``), so threads and async callers may share an engine; concurrent replies' steps, and
+concurrent decides over one head, are read together in shared passes (``stepping.py``).
+``tests/test_engine.py`` checks the pass counts and every ``Stats`` field on the real model.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from functools import cached_property
 from typing import Any, Unpack
 
 from .backends.base import Backend, Prefix
-from .batching import BatchRead, Prepared
+from .batching import BATCH_STEM_TOKENS, BatchRead, Prepared, decide_joins
 from .caches import Lru, schema_key
 from .chatting import Message, stream_reply
 from .compiler import CompiledSchema
 from .conversation import Conversation
+from .cost import Meter
 from .deciding import DecideKeywords, DecidePlan
 from .decoding import DecodeOptions
-from .fairness import ModelLock
+from .fairness import ModelLock, in_thread
 from .filling import FillKeywords, FillPlan, fill_passes
 from .grammar import GrammarTokenizer
 from .models import load_backend
@@ -35,7 +36,9 @@ from .options import LoadOptions, load_options
 from .planning import Planner, PlannerSettings, PriorRead, questions_key
 from .questions import DecideResponse, distribution
 from .reading import ms_since
+from .readout import Readout
 from .result import Extraction, FieldResult, Generation
+from .stepping import PassJoin, step_join
 from .tokenizer import TextTokenizer
 
 
@@ -59,6 +62,13 @@ class Engine:
         # (vLLM) needs no lock
         self._lock = ModelLock(serialise=backend.serialises)
         self._heads = Lru(head_cache_size)
+        self._steps = step_join(backend)  # concurrent replies' steps, read in shared passes
+        # concurrent decides over one head, read in shared passes (stepping.py)
+        self._decides: PassJoin[tuple[DecidePlan, Meter], tuple[list[Readout], list[str]]] = PassJoin(
+            run_many=lambda works: BatchRead(self.backend, self._head, self._lock).decide_joined(works),
+            run_alone=self._decide_alone,
+            budget=lambda: (self._joined_decide_tokens, None),
+        )
 
     @classmethod
     def load(cls, options: LoadOptions | str | None = None, /, **keywords: Any) -> Engine:
@@ -170,10 +180,10 @@ class Engine:
 
     async def afill(self, schema: Any, text: str, **keywords: Unpack[FillKeywords]) -> Extraction:
         """``fill`` in a worker thread, so that the event loop keeps running while the model reads."""
-        return await asyncio.to_thread(self.fill, schema, text, **keywords)
+        return await in_thread(self.fill, schema, text, **keywords)
 
     async def afill_many(self, schema: Any, texts: list[str], **keywords: Unpack[FillKeywords]) -> list[Extraction]:
-        return await asyncio.to_thread(self.fill_many, schema, texts, **keywords)
+        return await in_thread(self.fill_many, schema, texts, **keywords)
 
     # -- plain generation ---------------------------------------------------------------------
     def generate(
@@ -197,7 +207,7 @@ class Engine:
         the cost (``result.stats``, filled on the read path of ``fill`` and ``decide``: ``chatting.py``).
         """
         result = result if result is not None else Generation()
-        model = (self.backend, self.tokenizer, self._head, self._lock)
+        model = (self.backend, self.tokenizer, self._head, self._lock, self._steps)
         yield from stream_reply(*model, messages, max_new_tokens=max_new_tokens, stop=stop, result=result)
 
     # -- questions ----------------------------------------------------------------------------
@@ -223,14 +233,43 @@ class Engine:
         return self._read_decide(self.planner.decide(state, questions, keywords, self.question_priors), started)
 
     def _read_decide(self, prepared: Prepared[DecidePlan], started: float) -> DecideResponse:
-        """A prepared decide's pass, under the lock; ``started`` is when its call began."""
+        """A prepared decide's pass, under the lock; ``started`` is when its call began. One that can
+        share a pass (``batching.decide_joins``) is read with the decides over the same head that
+        wait when a pass starts (``stepping.py``), each with its own decide's answers.
+        """
         plan, adjust, meter = prepared
-        reads_hidden = adjust is not None and adjust.reads_hidden
-        with self._lock.turn() as turn:
-            decoded, warnings = plan.read(self.backend, self._head, meter, turn.pause, reads_hidden)
+        size = len(plan.whole) - len(plan.head_ids) + plan.row_tokens()  # request and row tokens
+        if not decide_joins(plan, adjust) or size > self._joined_decide_tokens:
+            reads_hidden = adjust is not None and adjust.reads_hidden
+            with self._lock.turn() as turn:
+                decoded, warnings = plan.read(self.backend, self._head, meter, turn.pause, reads_hidden)
+            read = list(decoded.readouts)
+        else:
+            ticket = self._decides.submit((plan, meter), plan.head_ids, size)
+            try:
+                with self._lock.turn(served=ticket.served) as turn:
+                    read, warnings = self._decides.run(ticket, turn.pause)
+            finally:
+                self._decides.withdraw(ticket)
         stats = replace(meter.stats, queue_ms=turn.queue_ms, total_ms=ms_since(started))
-        readouts, spreads = plan.merged(list(decoded.readouts))
+        readouts, spreads = plan.merged(read)
         return plan.respond(self.model_name, readouts, stats, warnings, adjust, spreads)
+
+    @property
+    def _joined_decide_tokens(self) -> int:
+        """The most request and row tokens a joined read of decides takes (one pass per round, so
+        that it never keeps a waiting request from the model for longer than a solo read's pass);
+        a decide over it is read alone, handing the model over between its passes.
+        """
+        return min(BATCH_STEM_TOKENS, self.backend.max_tokens_per_pass or BATCH_STEM_TOKENS)
+
+    def _decide_alone(
+        self, work: tuple[DecidePlan, Meter], pause: Callable[[], None]
+    ) -> tuple[list[Readout], list[str]]:
+        """One decide that shares its pass with none: read as ``decide`` reads it, on its own."""
+        plan, meter = work
+        decoded, warnings = plan.read(self.backend, self._head, meter, pause)
+        return list(decoded.readouts), warnings
 
     def decide_many(
         self,
@@ -256,13 +295,13 @@ class Engine:
         self, state: Any, questions: dict[str, Any], **keywords: Unpack[DecideKeywords]
     ) -> DecideResponse:
         """``decide`` in a worker thread, with the same keywords."""
-        return await asyncio.to_thread(self.decide, state, questions, **keywords)
+        return await in_thread(self.decide, state, questions, **keywords)
 
     async def adecide_many(
         self, states: Sequence[Any], questions: dict[str, Any], **keywords: Any
     ) -> list[DecideResponse]:
         """``decide_many`` in a worker thread."""
-        return await asyncio.to_thread(self.decide_many, states, questions, **keywords)
+        return await in_thread(self.decide_many, states, questions, **keywords)
 
     # -- content-free priors, for debiasing (measured once per schema or question set) --------
     def content_free_priors(self, schema: Any, task: str = "") -> dict[str, tuple[float, ...]]:

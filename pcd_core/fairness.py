@@ -21,7 +21,7 @@ equal sequential ones.
 
 Cancellation rides on the same boundaries. A server that sees its client leave sets the request's
 ``Cancellation``; the engine call runs under it (``cancellable``: a context variable, which
-``asyncio.to_thread`` carries into the worker thread, so no engine signature changes and every entry
+``in_thread`` carries into the worker thread, so no engine signature changes and every entry
 point, fill, decide, generate and stream, is covered by the one lock they all take). The request then
 raises ``Cancelled`` where it would next take or offer the model: on entering a turn, at every
 ``pause``, and while it waits in the queue (it leaves the queue). The model is released on the way out
@@ -34,15 +34,18 @@ next request's wait; ``tests/test_mcp_server.py`` abandons an MCP fill mid-gener
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from .errors import Cancelled
 
@@ -94,13 +97,35 @@ def run_cancellable(token: Cancellation, call: Callable[[], _T]) -> _T:
         return call()
 
 
+#: worker threads for engine calls made from async code. Such a call mostly waits for the model, and
+#: concurrent callers' work shares passes only when each has a thread waiting (``stepping.py``), so
+#: the pool is sized for callers, not for the CPUs that ``asyncio.to_thread``'s default pool follows
+#: (six threads on a 2-core machine: eight HTTP clients' replies could not all step together)
+ENGINE_THREADS = 64
+_pool: list[ThreadPoolExecutor] = []
+_pool_guard = threading.Lock()
+
+
+async def in_thread(call: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+    """``call(*args, **kwargs)`` in one of the engine's worker threads, in a copy of the caller's context (its
+    cancellation and request listeners ride along), as ``asyncio.to_thread`` runs it in its own.
+    """
+    with _pool_guard:
+        if not _pool:
+            _pool.append(ThreadPoolExecutor(max_workers=ENGINE_THREADS, thread_name_prefix="pcd-engine"))
+    context = contextvars.copy_context()
+    return await asyncio.get_running_loop().run_in_executor(
+        _pool[0], functools.partial(context.run, call, *args, **kwargs)
+    )
+
+
 async def in_worker(call: Callable[[], _T], token: Cancellation, reason: str) -> _T:
     """``call()`` in a worker thread under ``token``, which is set with ``reason`` on the way out: a
     no-op once the call is done, and the engine's stop at its next pass boundary when the awaiting
     task was cancelled (a request abandoned). Both servers run their engine calls through it.
     """
     try:
-        return await asyncio.to_thread(run_cancellable, token, call)
+        return await in_thread(run_cancellable, token, call)
     finally:
         token.cancel(reason)
 
@@ -132,9 +157,11 @@ class ModelLock:
         with self._changed:
             return len(self._queue)
 
-    def acquire(self, cancel: Cancellation | None = None) -> float:
+    def acquire(self, cancel: Cancellation | None = None, served: Callable[[], bool] | None = None) -> float:
         """Take the model in arrival order (at once when this thread holds it); returns seconds waited.
-        With ``cancel``, a wait ends in ``Cancelled`` as soon as it is set, the ticket given up.
+        With ``cancel``, a wait ends in ``Cancelled`` as soon as it is set, the ticket given up. With
+        ``served``, a wait ends without the model once it says true: another request did this one's
+        work (``stepping.py``), so the caller has nothing left to read (``holds`` tells which).
         """
         if not self.serialise:
             return 0.0
@@ -142,7 +169,7 @@ class ModelLock:
             if self._owner == threading.get_ident():
                 self._depth += 1
                 return 0.0
-            return self._wait_for_turn(cancel)
+            return self._wait_for_turn(cancel, served)
 
     def holds(self) -> bool:
         """Whether the calling thread holds the model (always, when the lock is off)."""
@@ -176,9 +203,10 @@ class ModelLock:
             self._changed.notify_all()
             return self._wait_for_turn(cancel)
 
-    def _wait_for_turn(self, cancel: Cancellation | None = None) -> float:
+    def _wait_for_turn(self, cancel: Cancellation | None = None, served: Callable[[], bool] | None = None) -> float:
         """Take the free model, or queue a ticket and wait until it is first and the model is free
-        (``_changed`` is held); returns seconds waited, 0.0 exactly when nobody was in the way.
+        (``_changed`` is held); returns seconds waited, 0.0 exactly when nobody was in the way. A
+        wait that ``served`` ends leaves the queue without the model.
         """
         waited = 0.0
         if self._owner is not None or self._queue:
@@ -186,10 +214,14 @@ class ModelLock:
             self._queue.append(ticket)
             started = time.perf_counter()
             while self._owner is not None or self._queue[0] is not ticket:
+                if served is not None and served():
+                    self._queue.remove(ticket)
+                    self._changed.notify_all()  # the next ticket may be first now
+                    return time.perf_counter() - started
                 self._changed.wait(CANCEL_POLL_S if cancel is not None else None)
                 if cancel is not None and cancel.cancelled:
                     self._queue.remove(ticket)
-                    self._changed.notify_all()  # the next ticket may be first now
+                    self._changed.notify_all()
                     cancel.check()
             self._queue.popleft()
             waited = time.perf_counter() - started
@@ -197,13 +229,14 @@ class ModelLock:
         return waited
 
     @contextmanager
-    def turn(self) -> Iterator[Turn]:
+    def turn(self, served: Callable[[], bool] | None = None) -> Iterator[Turn]:
         """Hold the model for one request; the ``Turn`` hands it over at pass boundaries and, under a
-        set ``Cancellation``, raises ``Cancelled`` there instead of going on.
+        set ``Cancellation``, raises ``Cancelled`` there instead of going on. With ``served`` (see
+        ``acquire``) the block may run without the model, once another request did its work.
         """
         held = Turn(self, cancel=current_cancellation())
         held.check()
-        held.queue_ms += self.acquire(held.cancel) * 1000.0
+        held.queue_ms += self.acquire(held.cancel, served) * 1000.0
         try:
             held.check()
             yield held

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .backends.base import Backend, Prefix, Query
+from .backends.base import Backend, GrowStep, Prefix, Query, Rows
 from .backends.packing import TokenTree, plan_chunks
 from .tokenizer import TextTokenizer
 
@@ -299,3 +299,45 @@ def check_grow(
     if trunk:
         want = backend.next_logp(backend.prefill(trunk, parent=start))
         np.testing.assert_allclose(backend.next_logp(prefix), want, atol=atol, err_msg="the trunk's prefix differs")
+
+
+def check_grow_many(
+    backend: Backend,
+    prompts: Sequence[Sequence[int]],
+    steps: Sequence[Sequence[Sequence[Sequence[int]] | None]],
+    atol: float = 1e-4,
+    joins: bool = True,
+) -> None:
+    """Assert that ``grow_many`` reads each generation as its own ``grow`` would: every row equals a
+    plain prefill of it after its own prompt.
+
+    ``steps[s][g]`` are the new tokens of generation ``g``'s rows at step ``s``, or None where that
+    generation is not stepped (it has not started, or it sits this step out). With ``joins``, every
+    step that reads a token costs one pass, whatever the number of generations in it; else one per
+    generation with a new token (the base class).
+    """
+    prefixes = [backend.prefill(prompt) for prompt in prompts]
+    snapshots = [backend.next_logp(prefix) for prefix in prefixes]
+    rows: list[Rows | None] = [None] * len(prompts)
+    for step in steps:
+        stepped = [g for g, new in enumerate(step) if new is not None]
+        growing = [GrowStep(prefixes[g], rows[g], tuple(tuple(n) for n in step[g] or ())) for g in stepped]
+        reading = sum(1 for g in stepped if any(step[g] or ()))
+        passes = backend.forward_passes
+        grown = backend.grow_many(growing)
+        want_passes = min(reading, 1) if joins else reading
+        assert backend.forward_passes - passes == want_passes, (
+            f"grow_many took {backend.forward_passes - passes} passes for {reading} generations, not {want_passes}"
+        )
+        for g, result in zip(stepped, grown, strict=True):
+            rows[g] = result
+            for i, tokens in enumerate(step[g] or ()):
+                if not tokens:
+                    assert result.logp[i] is None, "a row without new tokens was read"
+                    continue
+                want = backend.next_logp(backend.prefill(result.ids[i], parent=prefixes[g]))
+                got = result.logp[i]
+                assert got is not None
+                np.testing.assert_allclose(got, want, atol=atol, err_msg=f"generation {g}, row {i} differs")
+    for prefix, snapshot in zip(prefixes, snapshots):
+        np.testing.assert_allclose(backend.next_logp(prefix), snapshot, atol=0, err_msg="grow_many changed a prefix")

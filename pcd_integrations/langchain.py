@@ -18,7 +18,6 @@ list of gaps.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
@@ -26,6 +25,7 @@ from operator import itemgetter
 from typing import Any, Literal, get_args
 
 from pcd_core import BackendUnavailableError, Engine, Extraction, PromptError, Stats
+from pcd_core.fairness import in_thread
 from pcd_core.result import Generation
 from pcd_core.tools import NO_TOOL, ToolDecision, ToolSpec, choose_tool, normalise_tool_choice, tool_arguments
 
@@ -403,7 +403,7 @@ class ChatPCD(LazyEngine, BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        return await asyncio.to_thread(self._result, self._chunks(messages, stop, kwargs))
+        return await in_thread(self._result, self._chunks(messages, stop, kwargs))
 
     def _stream(
         self,

@@ -43,6 +43,7 @@ from pcd_core import (
     ScoreAnswer,
     Stats,
 )
+from pcd_core.fairness import in_thread
 
 try:
     from langchain_core import decisions
@@ -286,7 +287,7 @@ class PCDDecisionModel(LazyEngine, BaseDecisionModel):
     async def _aread_together(self, inputs: Sequence[ClassifierRequest]) -> dict[tuple[str, str], list[Any]]:
         """``_read_together`` with the engine loaded and the reads run in worker threads."""
         await self.aload_engine()
-        return await asyncio.to_thread(self._read_together, inputs)
+        return await in_thread(self._read_together, inputs)
 
     def batch(
         self,

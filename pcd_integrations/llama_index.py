@@ -27,12 +27,12 @@ completion, tools and structured prediction side by side, so that they stay alik
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from collections.abc import AsyncGenerator, Generator, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pcd_core import BackendUnavailableError
+from pcd_core.fairness import in_thread
 
 try:
     from llama_index.core.base.llms.types import (
@@ -248,7 +248,7 @@ class PCDLLM(FunctionCallingLLM, LazyEngine):
     @llm_chat_callback()
     async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
         await self.aload_engine()
-        return await asyncio.to_thread(self._chat, messages, kwargs)
+        return await in_thread(self._chat, messages, kwargs)
 
     @llm_chat_callback()
     def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
@@ -266,7 +266,7 @@ class PCDLLM(FunctionCallingLLM, LazyEngine):
     @llm_completion_callback()
     async def acomplete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
         await self.aload_engine()
-        generation = await asyncio.to_thread(self._generate, self._completion_messages(prompt), kwargs)
+        generation = await in_thread(self._generate, self._completion_messages(prompt), kwargs)
         return self._completion(generation)
 
     @llm_completion_callback()

@@ -9,9 +9,10 @@ check that the loop keeps turning and that the streams equal their blocking form
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncGenerator, Iterator
 from typing import TypeVar
+
+from pcd_core.fairness import in_thread
 
 __all__ = ["iterate_in_thread"]
 
@@ -23,5 +24,5 @@ async def iterate_in_thread(items: Iterator[_T]) -> AsyncGenerator[_T, None]:
     raised by a step is raised here, where the caller iterates.
     """
     done = object()
-    while (item := await asyncio.to_thread(next, items, done)) is not done:
-        yield item  # type: ignore[misc]
+    while (item := await in_thread(next, items, done)) is not done:
+        yield item

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from pcd_core.bench import BenchCase, agreement, bench_case, is_valid, parse_lenient, valid_output
 from pcd_core.bench.checks import json_object_end
 from pcd_core.schema import parse_schema
@@ -220,3 +222,30 @@ def test_throughput_times_the_solo_loop_and_the_batch_on_one_engine(engine, tmp_
     inputs.write_text('{"words": "no text key"}\n')
     assert pcd([*argv]) == 2
     assert "--throughput-inputs" in capsys.readouterr().err
+
+
+def test_clients_time_one_http_client_and_several_on_one_served_engine(engine, tmp_path, monkeypatch, capsys):
+    pytest.importorskip("fastapi", reason="--clients serves the engine (the http extra)")
+    from pcd_core.engine import Engine
+
+    monkeypatch.setattr(Engine, "load", classmethod(lambda cls, *args, **kwargs: engine))
+    out = tmp_path / "clients.json"
+    argv = ["bench", "--clients", "3", "--client-requests", "2", "--client-tokens", "4", "--json", str(out)]
+    assert pcd(argv) == 0
+    chat, decisions = json.loads(out.read_text())["records"]
+    assert (chat["route"], decisions["route"]) == ("chat", "decisions")
+    for record in (chat, decisions):
+        assert (record["one_requests"], record["many_requests"]) == (2, 6)
+        assert record["requests_ratio"] == record["many_requests_per_s"] / record["one_requests_per_s"] > 0
+        assert record["many_peak_rss_mb"] >= record["one_peak_rss_mb"] > 0
+    # every reply's tokens are counted from its usage (tests/test_stepping.py checks the shared passes)
+    assert 0 < chat["one_tokens"] <= 2 * 4 and 0 < chat["many_tokens"] <= 6 * 4
+    assert decisions["one_forward_passes"] == 2  # one pass for each warm decide
+    assert "| chat | torch | 3 |" in capsys.readouterr().out
+
+
+def test_clients_options_are_checked_before_a_model_loads(capsys):
+    assert pcd(["bench", "--clients", "-1"]) == 2
+    assert pcd(["bench", "--clients", "2", "--client-requests", "0"]) == 2
+    assert pcd(["bench", "--clients", "2", "--throughput", "4"]) == 2
+    assert capsys.readouterr().err.count("pcd: error: --client") == 3

@@ -416,3 +416,24 @@ def test_the_throughput_table_is_the_recorded_runs():
             f"| {record['peak_rss_mb']:.0f} | {record['same_answers']} |"
         )
         assert row in text, row
+
+
+def test_the_clients_table_is_the_recorded_runs():
+    """Each row of the many-clients table is ``pcd bench --clients``'s own rendering of its record."""
+    import io
+
+    from pcd_core.bench.report import write_table
+
+    text = page("docs/benchmarks.md")
+    for name in ("clients_torch.json", "clients_llamacpp.json"):
+        assert f"--json docs/bench/{name}" in text
+        rendered = io.StringIO()
+        write_table(bench_records(name), rendered)
+        rows = [
+            line
+            for line in rendered.getvalue().splitlines()
+            if line.startswith("| chat") or line.startswith("| decisions")
+        ]
+        assert len(rows) == 2
+        for row in rows:
+            assert row in text, row

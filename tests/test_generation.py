@@ -14,7 +14,7 @@ from pcd_core.errors import BackendError, GenerationError, OptionError
 from pcd_core.generation import generate_open_fields
 from pcd_core.grammar import GrammarTokenizer
 from pcd_core.prompt import INSTRUCTIONS, MIXED_INSTRUCTIONS
-from pcd_core.testing import check_grow, oracle_engine
+from pcd_core.testing import check_grow, check_grow_many, oracle_engine
 
 TICKET = (
     "Subject: Charged twice!!\n\nHi, I was billed twice for my March invoice ($49 each). Please refund the "
@@ -68,6 +68,26 @@ def open_steps(result):
 def test_grow_equals_prefills_on_the_torch_backend(engine, room, trunk):
     steps = [[(5, 6, 7), (8, 9)], [(10,), (11, 12)], [(13,), ()]]
     check_grow(engine.backend, list(range(200, 260)), steps, room=room, trunk=trunk)
+
+
+#: three generations after prompts of different lengths: one starts late, one sits a step out, one
+#: has two rows of which one gets no token in a step
+MANY_PROMPTS = [list(range(200, 260)), list(range(300, 309)), list(range(400, 431))]
+MANY_STEPS = [
+    [[(5,)], [(8, 9), (10,)], None],
+    [[(6,)], [(11,), ()], [(20,)]],
+    [None, [(), (12,)], [(21, 22)]],
+    [[(7,)], [(13,), (14,)], [(23,)]],
+]
+
+
+def test_grow_many_reads_each_generation_as_its_own_grow_on_the_torch_backend(engine):
+    check_grow_many(engine.backend, MANY_PROMPTS, MANY_STEPS)
+
+
+def test_grow_many_on_the_oracle_runs_one_grow_per_generation():
+    oracle = oracle_engine()
+    check_grow_many(oracle.backend, [p[:20] for p in MANY_PROMPTS], MANY_STEPS, atol=1e-9, joins=False)
 
 
 def test_a_generation_writes_into_the_room_after_its_prefix_and_a_second_one_gets_its_own(engine):

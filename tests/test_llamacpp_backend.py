@@ -26,7 +26,7 @@ from pcd_core.backends import llamacpp_backend
 from pcd_core.backends.base import Query
 from pcd_core.backends.llamacpp_loading import VOCABULARY_SAMPLES, check_vocabulary, tokenizer_dir
 from pcd_core.errors import BackendError, OptionError, PcdError
-from pcd_core.testing import check_backend, check_grow
+from pcd_core.testing import check_backend, check_grow, check_grow_many
 
 #: torch's top-two margin above which llama.cpp must decide a field the same. The issue asks for 0.05;
 #: that fails here (measured flips: fintech_fraud customer_contact_required at torch margin 0.074,
@@ -69,6 +69,12 @@ def test_grow_equals_prefills(llama_engine, ids):
     steps = [[rows[0][:2], rows[1][:1], ()], [rows[0][2:3], (), rows[2][:2]], [(), rows[1][1:2], rows[2][2:3]]]
     check_grow(llama_engine.backend, prompt, steps, atol=SELF_ATOL)
     check_grow(llama_engine.backend, prompt, steps, atol=SELF_ATOL, trunk=rows[2][:2])
+
+
+def test_grow_many_reads_each_generation_as_its_own_grow_in_one_batch(llama_engine, ids):
+    from test_generation import MANY_PROMPTS, MANY_STEPS
+
+    check_grow_many(llama_engine.backend, MANY_PROMPTS, MANY_STEPS, atol=SELF_ATOL)
 
 
 def test_an_older_rows_grows_from_its_own_lengths(llama_engine, ids):
@@ -305,7 +311,9 @@ def test_bundled_schemas_decide_as_torch(engine, llama_engine, name, capsys):
         schema, text, task = case["json_schema"], case["input"], case.get("task", "")
     expected = engine.fill(schema, text, task=task)
     got = llama_engine.fill(schema, text, task=task)
-    assert got.stats.forward_passes == expected.stats.forward_passes
+    # the same passes after the head, which either engine may have cached from an earlier test
+    warm = [r.stats.forward_passes - (r.stats.head_cache == "miss") for r in (got, expected)]
+    assert warm[0] == warm[1]
     worst = _compare_fields(expected, got, name)
     with capsys.disabled():
         print(f"\n{name}: largest probability gap llama.cpp vs torch {worst:.4f}")

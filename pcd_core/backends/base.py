@@ -27,6 +27,14 @@ A backend knows nothing about schemas, labels or JSON. It offers:
     it with ``score`` (every row re-read whole, one pass per call); a backend that keeps the rows' KV
     (torch) reads only the new tokens. ``check_backend`` proves both agree with plain prefills.
 
+``grow_many(steps) -> list[Rows]``
+    The steps of several generations, each after its own prefix (a ``GrowStep``: a prefix, its
+    rows, their new tokens), read in ONE forward pass where the backend can join them (torch's
+    packed layout, llama.cpp): each row sees its own prefix and its own row only, so each result is
+    its own ``grow``'s. This is how concurrent replies share a pass (``pcd_core/stepping.py``): a
+    step of one token is dominated by reading the weights, which a joined pass reads once. The base
+    class runs the steps one ``grow`` after another.
+
 ``next_logp(prefix)``, the full-vocabulary log-softmax after a prefix, exists for token-by-token
 baselines; the engine needs a whole vocabulary only for generated rows.
 
@@ -134,6 +142,27 @@ class Rows:
     ids: tuple[tuple[int, ...], ...]
     logp: tuple[np.ndarray | None, ...]
     state: Any = field(default=None, repr=False)
+
+
+@dataclass(frozen=True, eq=False)
+class GrowStep:
+    """One generation's step for ``Backend.grow_many``: ``grow(prefix, rows, new)``'s arguments."""
+
+    prefix: Prefix
+    rows: Rows | None
+    new: tuple[tuple[int, ...], ...]
+
+
+@dataclass(frozen=True, eq=False)
+class Growth:
+    """A checked ``GrowStep`` as the ``_grow`` hooks take it: every row extended, and how many of each
+    row's tokens are new.
+    """
+
+    prefix: Prefix
+    rows: Rows | None
+    extended: tuple[tuple[int, ...], ...]
+    n_new: list[int]
 
 
 class Backend(ABC):
@@ -304,24 +333,61 @@ class Backend(ABC):
             raise BackendError("only a grow that starts rows can read a trunk")
         if room < 0:
             raise BackendError(f"room must be 0 or more tokens, got {room}")
+        growth = self._extend(GrowStep(prefix, rows, tuple(tuple(int(t) for t in n) for n in new)), len(trunk))
+        if not any(growth.n_new):
+            if trunk:
+                prefix = self.prefill(trunk, parent=prefix, room=room)
+            return Rows(prefix, growth.extended, tuple(None for _ in new), rows.state if rows is not None else None)
+        grown = self._grow(prefix, rows, growth.extended, growth.n_new, trunk, room)
+        _check_finite([logp for logp in grown.logp if logp is not None])
+        return grown
+
+    def grow_many(self, steps: Sequence[GrowStep]) -> list[Rows]:
+        """Every step's ``grow`` (no trunks), joined into one pass where the backend can; see the
+        contract. All steps are checked before any pass; a step with no new token runs none.
+        """
+        growths = [self._extend(step, 0) for step in steps]
+        results: list[Rows | None] = [None] * len(growths)
+        active = []
+        for k, growth in enumerate(growths):
+            if any(growth.n_new):
+                active.append(k)
+            else:
+                kept = growth.rows.state if growth.rows is not None else None
+                results[k] = Rows(growth.prefix, growth.extended, tuple(None for _ in growth.n_new), kept)
+        if len(active) == 1:
+            only = growths[active[0]]
+            results[active[0]] = self._grow(only.prefix, only.rows, only.extended, only.n_new)
+        elif active:
+            for k, joined in zip(active, self._grow_many([growths[k] for k in active]), strict=True):
+                results[k] = joined
+        done = [grown for grown in results if grown is not None]
+        assert len(done) == len(growths)
+        _check_finite([logp for grown in done for logp in grown.logp if logp is not None])
+        return done
+
+    def _extend(self, step: GrowStep, n_trunk: int) -> Growth:
+        """A step checked against its rows and the context: each row with its new tokens appended."""
+        rows, new = step.rows, step.new
         old = rows.ids if rows is not None else tuple(() for _ in new)
-        if rows is not None and rows.prefix is not prefix:
+        if rows is not None and rows.prefix is not step.prefix:
             raise BackendError("grow continues rows only after the prefix they started from")
         if len(new) != len(old):
             raise BackendError(f"grow got {len(new)} extensions for {len(old)} rows")
-        extended = tuple(o + tuple(int(t) for t in n) for o, n in zip(old, new))
-        if not any(new):
-            if trunk:
-                prefix = self.prefill(trunk, parent=prefix, room=room)
-            return Rows(prefix, extended, tuple(None for _ in new), rows.state if rows is not None else None)
-        reach = prefix.n_tokens + len(trunk) + max(len(row) for row in extended)
-        if reach > self.context_length:
-            raise PromptError(
-                f"a generated row reaches {reach} tokens, over the model's context of {self.context_length}"
-            )
-        grown = self._grow(prefix, rows, extended, [len(n) for n in new], trunk, room)
-        _check_finite([logp for logp in grown.logp if logp is not None])
-        return grown
+        extended = tuple(o + n for o, n in zip(old, new))
+        if any(new):
+            reach = step.prefix.n_tokens + n_trunk + max(len(row) for row in extended)
+            if reach > self.context_length:
+                raise PromptError(
+                    f"a generated row reaches {reach} tokens, over the model's context of {self.context_length}"
+                )
+        return Growth(step.prefix, rows, extended, [len(n) for n in new])
+
+    def _grow_many(self, growths: list[Growth]) -> list[Rows]:
+        """The steps of several generations, each with a new token somewhere: here one ``_grow``
+        (one pass) after another; a backend that can read them in one pass overrides it.
+        """
+        return [self._grow(g.prefix, g.rows, g.extended, g.n_new) for g in growths]
 
     def _grow(
         self,

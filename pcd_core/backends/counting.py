@@ -37,6 +37,13 @@ class PassCounter:
             self.tokens_read += n_tokens
         self._tally(1, n_tokens)
 
+    def charge(self, n_passes: int, n_tokens: int) -> None:
+        """Count, in this thread's tally only, passes another thread ran for this thread's request as
+        well as its own (``pcd_core/stepping.py``: replies' steps joined in one pass); the totals
+        counted that pass once already.
+        """
+        self._tally(n_passes, n_tokens)
+
     def _tally(self, n_passes: int, n_tokens: int) -> None:
         mine = self.mine()
         self._threads.tally = Tally(mine.forward_passes + n_passes, mine.tokens_read + n_tokens)

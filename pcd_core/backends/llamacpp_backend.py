@@ -12,7 +12,8 @@ may belong to several sequences at once, so:
   the row tree, and the trunk and tree tokens get the sequence sets of ``seqsets.pass_layout``. The
   leaves' sequences are removed afterwards (``llama_memory_seq_rm``), which frees every row cell;
 - ``grow`` keeps each generated row in a sequence of its own (``seqsets.grow_layout``), so a step
-  reads only the new tokens, as the torch backend's arena does.
+  reads only the new tokens, as the torch backend's arena does; ``grow_many`` puts several
+  generations' steps end to end in one batch, each row still in its own sequence.
 
 Sequence ids are bounded (``llama_max_parallel_sequences``, 256 in 0.3.36): ``MAX_ROWS_PER_PASS``
 of them go to one pass's rows, and a call with more rows is split into passes; at most
@@ -50,7 +51,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from ..errors import BackendError, BackendUnavailableError, PromptError
-from .base import Backend, Prefix, Query, Rows
+from .base import Backend, Growth, Prefix, Query, Rows
 from .packing import TokenTree, pack_tree
 from .seqpool import Seq, SeqPool
 from .seqsets import BatchLayout, grow_layout, leaves, pass_layout, pass_layout_for_prompt
@@ -126,6 +127,18 @@ class LlamaRowsState:
 
     rows: _RowSeqs
     written: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class _Step:
+    """One generation step made ready for a pass: its rows' sequences, its batch, and how many of
+    each row's tokens it reads (every token of a row whose cells were lost, else the new ones).
+    """
+
+    group: _RowSeqs
+    layout: BatchLayout
+    reading: list[int]
+    trunk_seq: int | None
 
 
 def _log_softmax(logits: np.ndarray) -> np.ndarray:
@@ -447,16 +460,49 @@ class LlamaCppBackend(Backend):
         kept: LlamaRowsState | None = rows.state if rows is not None else None
         if (rows is not None and kept is None) or len(extended) > self.n_seq_max - MAX_LIVE_PREFIXES - 2:
             return super()._grow(prefix, rows, extended, n_new, trunk, room)
-        return self._locked(lambda: self._grow_seqs(prefix, kept, extended, n_new, trunk))
+        growth = Growth(prefix, rows, extended, n_new)
+        return self._locked(lambda: self._grow_seqs(growth, kept, trunk))
 
-    def _grow_seqs(
-        self,
-        prefix: Prefix,
-        kept: LlamaRowsState | None,
-        extended: tuple[tuple[int, ...], ...],
-        n_new: list[int],
-        trunk: tuple[int, ...],
-    ) -> Rows:
+    def _grow_many(self, growths: list[Growth]) -> list[Rows]:
+        """Several generations' steps in one ``llama_decode``: each step's batch as ``_grow`` lays it
+        out, the batches end to end. Every step's rows are sequences of their own, so no step sees
+        another's cells. Steps that ``_grow`` would not keep in sequences take one pass each.
+        """
+        rows_needed = sum(len(g.extended) for g in growths)
+        kept = [g.rows.state if g.rows is not None else None for g in growths]
+        if any(g.rows is not None and k is None for g, k in zip(growths, kept)) or (
+            rows_needed > self.n_seq_max - MAX_LIVE_PREFIXES - 2
+        ):
+            return super()._grow_many(growths)
+        return self._locked(lambda: self._grow_joined(growths, kept))
+
+    def _grow_joined(self, growths: list[Growth], kept: list[LlamaRowsState | None]) -> list[Rows]:
+        steps = [self._plan_step(growth, rows, ()) for growth, rows in zip(growths, kept)]
+        joined = BatchLayout(
+            tuple(t for step in steps for t in step.layout.tokens),
+            tuple(p for step in steps for p in step.layout.positions),
+            tuple(ids for step in steps for ids in step.layout.seq_ids),
+            tuple(flag for step in steps for flag in step.layout.logits),
+        )
+        out = self._decode(joined)
+        self.counter.add(len(joined.tokens))
+        results, offset = [], 0
+        for growth, step in zip(growths, steps):
+            results.append(self._read_step(growth, (), step, out, offset))
+            offset += len(step.layout.tokens)
+        return results
+
+    def _grow_seqs(self, growth: Growth, kept: LlamaRowsState | None, trunk: tuple[int, ...]) -> Rows:
+        step = self._plan_step(growth, kept, trunk)
+        out = self._decode(step.layout)
+        self.counter.add(len(step.layout.tokens))
+        return self._read_step(growth, trunk, step, out, 0)
+
+    def _plan_step(self, growth: Growth, kept: LlamaRowsState | None, trunk: tuple[int, ...]) -> _Step:
+        """A step's sequences (the rows' own, continued or fresh) and its batch; ``kept`` is the
+        backend's state of ``growth``'s rows.
+        """
+        prefix, extended, n_new = growth.prefix, growth.extended, growth.n_new
         source = self._prefix_seq(prefix)
         base = prefix.n_tokens + len(trunk)
         reading = list(n_new)
@@ -476,18 +522,23 @@ class LlamaCppBackend(Backend):
         assert all(seq is not None for seq in seqs), "growing rows never lose their sequences"
         new = [row[len(row) - n :] for row, n in zip(extended, reading)]
         layout = grow_layout(base, trunk, [int(s or 0) for s in seqs], written, new, trunk_seq=trunk_seq)
-        out = self._decode(layout)
-        self.counter.add(len(layout.tokens))
+        return _Step(group, layout, reading, trunk_seq)
+
+    def _read_step(self, growth: Growth, trunk: tuple[int, ...], step: _Step, out: _Outputs, offset: int) -> Rows:
+        """A step's ``Rows`` from the pass's outputs; its batch starts at ``offset`` in that pass."""
+        prefix, extended, n_new = growth.prefix, growth.extended, growth.n_new
+        group = step.group
         group.written[:] = [len(row) for row in extended]
-        ends = iter(sorted(index for index in out.logits if index >= len(trunk)))
+        end_of_step = offset + len(step.layout.tokens)
+        ends = iter(sorted(index for index in out.logits if offset + len(trunk) <= index < end_of_step))
         by_row: list[np.ndarray | None] = [None] * len(extended)
-        for k, n in enumerate(reading):
+        for k, n in enumerate(step.reading):
             if n:
                 end = next(ends)
                 if n_new[k]:  # a row read again without a new token reports none, as the contract says
                     by_row[k] = _log_softmax(out.logits[end])
-        if trunk_seq is not None:
-            state = self._new_prefix(prefix.ids + trunk, trunk_seq, out, len(trunk) - 1)
+        if step.trunk_seq is not None:
+            state = self._new_prefix(prefix.ids + trunk, step.trunk_seq, out, offset + len(trunk) - 1)
             prefix = Prefix(ids=prefix.ids + trunk, state=state)
         return Rows(prefix, extended, tuple(by_row), LlamaRowsState(group, tuple(group.written)))
 

@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import BackendError, BackendUnavailableError
-from .base import Backend, LayoutChoice, Prefix, Query, RowLayout, Rows, middle_layers
+from .base import Backend, Growth, LayoutChoice, Prefix, Query, RowLayout, Rows, middle_layers
 from .packing import TokenTree, pack_tree
 
 try:
@@ -49,7 +49,8 @@ try:
 except ImportError as error:  # pragma: no cover - exercised only without the extra
     raise BackendUnavailableError("torch", error.name or "torch") from error
 
-from .torch_cache import Arena, ArenaLayer, GrownRows, PrefixLayer, Room, TorchState  # they need torch, imported above
+# they need torch, imported above
+from .torch_cache import Arena, ArenaLayer, GrownRows, JoinedLayer, PrefixLayer, Room, TorchState
 from .torch_check import CheckCase, rounding_floor, whole_pass_case
 
 logger = logging.getLogger(__name__)
@@ -335,12 +336,7 @@ class TorchBackend(Backend):
         kept: GrownRows | None = rows.state if rows is not None else None
         n_prefix, n_trunk = prefix.n_tokens, len(trunk)
         base = n_prefix + n_trunk  # where the rows' positions start
-        owner, depth, tokens = [], [], []
-        for k, (row, n) in enumerate(zip(extended, n_new)):
-            for j in range(len(row) - n, len(row)):
-                owner.append(k)
-                depth.append(j)
-                tokens.append(row[j])
+        owner, depth, tokens = _new_tokens(extended, n_new)
         self.counter.add(n_trunk + len(tokens))
         device = self.device
         new_owner = torch.tensor(owner, device=device)
@@ -394,6 +390,75 @@ class TorchBackend(Backend):
         for position, k in enumerate(last):
             by_row[k] = logp[position]
         return Rows(prefix, extended, tuple(by_row), grown)
+
+    @torch.inference_mode()
+    def _grow_many(self, growths: list[Growth]) -> list[Rows]:
+        """Several generations' steps in one pass: each step's new tokens laid out as ``_grow`` lays
+        out one step's, the steps side by side. A new token sees its own prefix, its own rows' kept
+        tokens and its own row's earlier tokens: one block of the mask per step, over that step's
+        keys (``JoinedLayer`` gives the steps' keys side by side), so no step sees another's. Steps
+        whose rows share an arena, and the copies layout, take one pass each.
+        """
+        kept = [g.rows.state if g.rows is not None else None for g in growths]
+        arenas = [k.arena for k in kept if isinstance(k, GrownRows)]
+        if self.row_layout != "packed" or len({id(a) for a in arenas}) < len(arenas):
+            return super()._grow_many(growths)
+        device = self.device
+        q_pos, k_pos, blocks, layouts, parts = [], [], [], [], []
+        for growth, rows_state in zip(growths, kept):
+            owner, depth, tokens = _new_tokens(growth.extended, growth.n_new)
+            base = growth.prefix.n_tokens
+            new_owner, new_depth = torch.tensor(owner, device=device), torch.tensor(depth, device=device)
+            old_owner = rows_state.owner if rows_state is not None else new_owner[:0]
+            old_depth = rows_state.depth if rows_state is not None else new_depth[:0]
+            to_kept = new_owner[:, None] == old_owner[None, :]
+            to_new = (new_owner[:, None] == new_owner[None, :]) & (new_depth[None, :] <= new_depth[:, None])
+            blocks.append(
+                torch.cat([torch.ones(len(tokens), base, dtype=torch.bool, device=device), to_kept, to_new], 1)
+            )
+            q_pos.append(base + new_depth)
+            k_pos.append(torch.cat([torch.arange(base, device=device), base + old_depth, base + new_depth]))
+            arena = self._arena_for(growth.prefix, rows_state, len(tokens), growth.extended)
+            layouts.append((owner, tokens, new_owner, new_depth, old_owner, old_depth, arena))
+            parts.append((arena, growth.prefix.state))
+        sizes = [len(layout[1]) for layout in layouts]
+        self.counter.add(sum(sizes))
+        allowed = torch.zeros(sum(sizes), sum(block.shape[1] for block in blocks), dtype=torch.bool, device=device)
+        row = column = 0
+        for block in blocks:
+            allowed[row : row + block.shape[0], column : column + block.shape[1]] = block
+            row, column = row + block.shape[0], column + block.shape[1]
+        cache = Cache(
+            layers=[
+                JoinedLayer([ArenaLayer(arena, i, state.keys[i], state.values[i]) for arena, state in parts], sizes)
+                for i in range(self.n_layers)
+            ]
+        )
+        positions = torch.cat(q_pos)
+        keys = torch.cat(k_pos)
+        out, _ = self._decode(
+            input_ids=torch.tensor([[t for layout in layouts for t in layout[1]]], device=device),
+            position_ids=positions[None],
+            attention_mask=self._masks(positions[None], keys[None], allowed[None]),
+            cache=cache,
+            use_cache=True,
+        )
+        # each row's last new token, every step's, through the output head at once (it is a weight
+        # read as large as a sixth of SmolLM2's layers)
+        ends, start = [], 0
+        for owner, tokens, *_ in layouts:
+            ends.append({k: start + index for index, k in enumerate(owner)})
+            start += len(tokens)
+        logp = self._logp(out.last_hidden_state[0][[i for last in ends for i in last.values()]]).double().cpu().numpy()
+        results, read = [], 0
+        for growth, last, (_, tokens, new_owner, new_depth, old_owner, old_depth, arena) in zip(growths, ends, layouts):
+            arena.used += len(tokens)
+            grown = GrownRows(arena, arena.used, torch.cat([old_owner, new_owner]), torch.cat([old_depth, new_depth]))
+            by_row: list[np.ndarray | None] = [None] * len(growth.extended)
+            for k in last:
+                by_row[k], read = logp[read], read + 1
+            results.append(Rows(growth.prefix, growth.extended, tuple(by_row), grown))
+        return results
 
     def _trunk_prefix(
         self, prefix: Prefix, trunk: tuple[int, ...], cache: Cache, ends: tuple[torch.Tensor, torch.Tensor], n_rows: int
@@ -487,3 +552,14 @@ class TorchBackend(Backend):
         scored, _ = self._score_chunk(prefix, tuple(case.prompt[cut:]), pack_tree(case.rows), queries)
         self.counter.forward_passes, self.counter.tokens_read = saved
         return case.gap(scored)
+
+
+def _new_tokens(extended: tuple[tuple[int, ...], ...], n_new: list[int]) -> tuple[list[int], list[int], list[int]]:
+    """A step's new tokens in row order: each one's row, its depth in the row, and the token."""
+    owner, depth, tokens = [], [], []
+    for k, (row, n) in enumerate(zip(extended, n_new)):
+        for j in range(len(row) - n, len(row)):
+            owner.append(k)
+            depth.append(j)
+            tokens.append(row[j])
+    return owner, depth, tokens

@@ -5,7 +5,8 @@ serves a prefill or a packed pass: it returns prefix + new states to attention a
 the pass asked for, so a read never modifies the prefix it started from. ``Arena`` and
 ``ArenaLayer`` serve generation (``TorchBackend._grow``): the rows' own tokens are written in place
 into one buffer per layer, and a ``Room`` lets the first generation after a prefix write right
-behind it. Only ``torch_backend`` imports this module, after checking that torch is installed.
+behind it; ``JoinedLayer`` puts several generations' arenas side by side in one pass. Only
+``torch_backend`` imports this module, after checking that torch is installed.
 ``tests/test_torch_backend.py`` (grow against a whole pass, the prefix left unchanged) covers it.
 """
 
@@ -134,6 +135,32 @@ class ArenaLayer(DynamicLayer):
         assert self.keys is not None and self.values is not None
         rows_k, rows_v = self.arena.rows_of(self.index, self.arena.used + n)
         return torch.cat([self.keys, rows_k], dim=-2), torch.cat([self.values, rows_v], dim=-2)
+
+
+class JoinedLayer(DynamicLayer):
+    """Several generations' ``ArenaLayer``s in one pass (``TorchBackend._grow_many``): the pass's new
+    keys and values are split by generation, each part written into its own arena, and every
+    generation's keys and values returned side by side; the mask keeps each block to its own.
+    """
+
+    def __init__(self, parts: list[ArenaLayer], sizes: list[int]) -> None:
+        super().__init__()
+        self.parts, self.sizes = parts, sizes
+        self.keys, self.values = parts[0].keys, parts[0].values
+        self.device = parts[0].device
+        self.is_initialized = True
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        keys, values = [], []
+        for part, k, v in zip(
+            self.parts, key_states.split(self.sizes, dim=-2), value_states.split(self.sizes, dim=-2), strict=True
+        ):
+            part_keys, part_values = part.update(k, v)
+            keys.append(part_keys)
+            values.append(part_values)
+        return torch.cat(keys, dim=-2), torch.cat(values, dim=-2)
 
 
 class PrefixLayer(DynamicLayer):

@@ -45,6 +45,23 @@ _THROUGHPUT = (  # pcd bench --throughput: one at a time, then read together, on
     ("peak_rss_mb", "batched peak RSS MB", "{:.0f}"),
     ("same_answers", "same answers", "{}"),
 )
+_CLIENTS = (  # pcd bench --clients: one HTTP client, then N at once, on the same served engine
+    ("route", "route", "{}"),
+    ("backend", "backend", "{}"),
+    ("clients", "clients", "{}"),
+    ("one_requests_per_s", "1 client req/s", "{:.2f}"),
+    ("many_requests_per_s", "N clients req/s", "{:.2f}"),
+    ("requests_ratio", "req/s ratio", "{:.2f}x"),
+    ("one_tokens_per_s", "1 client tok/s", "{:.1f}"),
+    ("many_tokens_per_s", "N clients tok/s", "{:.1f}"),
+    ("tokens_ratio", "tok/s ratio", "{:.2f}x"),
+    ("one_p50_ms", "1 client p50 ms", "{:.0f}"),
+    ("many_p50_ms", "N clients p50 ms", "{:.0f}"),
+    ("one_forward_passes", "1 client passes", "{}"),
+    ("many_forward_passes", "N clients passes", "{}"),
+    ("one_peak_rss_mb", "1 client peak RSS MB", "{:.0f}"),
+    ("many_peak_rss_mb", "N clients peak RSS MB", "{:.0f}"),
+)
 _CHOICES = (  # pcd bench --choices
     ("backend", "backend", "{}"),
     ("options", "options", "{}"),
@@ -67,7 +84,7 @@ def _cell(record: dict[str, Any], key: str, fmt: str) -> str:
 
 def write_table(records: list[dict[str, Any]], out: TextIO) -> None:
     """A Markdown table per kind of record, so that the same text goes into the terminal and the docs."""
-    for mode, columns in ((None, _COLUMNS), ("throughput", _THROUGHPUT), ("choices", _CHOICES)):
+    for mode, columns in ((None, _COLUMNS), ("throughput", _THROUGHPUT), ("clients", _CLIENTS), ("choices", _CHOICES)):
         picked = [r for r in records if r.get("mode") == mode]
         if picked:
             if mode is not None:

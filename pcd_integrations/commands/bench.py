@@ -25,6 +25,7 @@ from pcd_core.options import BACKENDS, LoadOptions
 from pcd_core.schema import parse_schema
 
 from . import common
+from .bench_clients import bench_clients
 
 #: what ``--backend all`` runs, in turn
 LOCAL_BACKENDS = tuple(name for name in BACKENDS if name != "vllm")
@@ -74,6 +75,20 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
         metavar="FILE",
         help="the --throughput inputs, taken in turn: one text per line, or JSON lines with a 'text' "
         "(pcd eval's data.jsonl); default: numbered copies of the case's input",
+    )
+    bench.add_argument(
+        "--clients",
+        type=int,
+        default=0,
+        metavar="N",
+        help="instead, serve the engine on a loopback port and time one HTTP client, then N at once, on "
+        "/v1/chat/completions (generated tokens/s) and /v1/decisions (requests/s)",
+    )
+    bench.add_argument(
+        "--client-requests", type=int, default=8, metavar="R", help="--clients: requests each client sends"
+    )
+    bench.add_argument(
+        "--client-tokens", type=int, default=32, metavar="M", help="--clients: max_tokens of each chat reply"
     )
     bench.add_argument(
         "--choices",
@@ -155,6 +170,13 @@ def choice_counts(args: argparse.Namespace) -> list[int]:
 def _check(args: argparse.Namespace) -> tuple[list[BenchCase], tuple[str, ...]]:
     if args.repeat < 1:
         raise PcdError(f"--repeat {args.repeat}: at least 1")
+    if args.clients < 0:
+        raise PcdError(f"--clients {args.clients}: 1 or more")
+    for flag, value in (("--client-requests", args.client_requests), ("--client-tokens", args.client_tokens)):
+        if value < 1:
+            raise PcdError(f"{flag} {value}: at least 1")
+    if args.clients and (args.throughput or args.choices or args.versus or args.backend in ("all", "vllm")):
+        raise PcdError("--clients runs alone, on one local backend (not with --throughput, --choices or --versus)")
     if args.ar_cap is not None and args.ar_cap < 1:
         raise PcdError(f"--ar-cap {args.ar_cap}: at least 1")
     baselines = tuple(b.strip() for b in args.baselines.split(",") if b.strip())
@@ -214,7 +236,7 @@ def run_bench(args: argparse.Namespace) -> int:
             raise PcdError(f"--versus {args.versus}: name a backend other than --backend {args.backend}")
         rival = Engine.load(args.model, backend=args.versus, max_tokens_per_pass=args.max_tokens_per_pass)
     steps = 2 + args.repeat * (2 + len(baselines))  # warm-up, repeats, the memory runs
-    per_backend = 1 if args.throughput else len(choices) if choices else len(cases) * steps
+    per_backend = 1 if args.throughput or args.clients else len(choices) if choices else len(cases) * steps
     total = len(chosen) * per_backend
     records: list[dict[str, Any]] = []
     meta = {
@@ -243,6 +265,10 @@ def run_bench(args: argparse.Namespace) -> int:
                 records.append(bench_throughput(engine, cases[0], args.throughput, inputs))
                 progress.update(1)
                 continue
+            if args.clients:
+                records.extend(bench_clients(engine, args.clients, args.client_requests, args.client_tokens))
+                progress.update(1)
+                continue
             for n_options in choices:
                 progress.set_postfix_str(f"{backend} a choice of {n_options} options")
                 records.append(bench_choices(engine, n_options, args.repeat))
@@ -267,7 +293,7 @@ def run_bench(args: argparse.Namespace) -> int:
                 )
                 if args.json:  # after every record: a long run interrupted still leaves its results
                     write_json(records, args.json, meta)
-    if rival is not None and engine is not None and not choices and not args.throughput:
+    if rival is not None and engine is not None and not choices and not args.throughput and not args.clients:
         print("pcd bench: plain generation, then each backend's cold load in a fresh process", file=sys.stderr)
         records.append(_versus_record(args, engine, rival, cases[0]))
     if args.dummy_weights:
