@@ -3,8 +3,9 @@
 ``pcd serve``'s app runs under uvicorn on 127.0.0.1 with the embedded model; 8 clients send 25
 requests each, a third of them valid, the rest malformed or over a bound. Then 4 MCP sessions over
 streamable HTTP make 10 calls each. No response may be a 5xx, every valid answer must equal the
-answer the same request gets alone, and the process's resident memory afterwards must be within
-100 MB of what it was before (rejected requests leave nothing behind).
+answer the same request gets alone (its probabilities to 1e-5: concurrent decides share passes,
+``pcd_core/stepping.py``, and a pass's float sums follow its width), and the process's resident
+memory afterwards must be within 100 MB of what it was before (rejected requests leave nothing behind).
 """
 
 import gc
@@ -68,6 +69,17 @@ def request_for(client_index: int, number: int) -> tuple[bytes, int | None]:
     return pool[(client_index + number) % len(pool)], None
 
 
+def same_answers(got, want) -> bool:
+    """Equal answers: the same keys, labels and flags, every number within 1e-5."""
+    if isinstance(want, dict):
+        return isinstance(got, dict) and got.keys() == want.keys() and all(same_answers(got[k], want[k]) for k in want)
+    if isinstance(want, list):
+        return isinstance(got, list) and len(got) == len(want) and all(map(same_answers, got, want))
+    if isinstance(want, float) and isinstance(got, float):
+        return got == pytest.approx(want, abs=1e-5)
+    return got == want
+
+
 @pytest.mark.slow
 def test_concurrent_mixed_traffic_gets_no_5xx_the_sequential_answers_and_no_leak(engine):
     app = create_app(engine, limits=LIMITS)
@@ -93,7 +105,7 @@ def test_concurrent_mixed_traffic_gets_no_5xx_the_sequential_answers_and_no_leak
                 response = await post(client, body)
                 if response.status_code >= 500:
                     failures.append(f"{response.status_code}: {response.text[:200]}")
-                elif which is not None and response.json()["answers"] != alone[which]:
+                elif which is not None and not same_answers(response.json()["answers"], alone[which]):
                     failures.append(f"request {which} answered {response.json()['answers']} != {alone[which]}")
                 elif which is None and response.status_code not in (400, 413, 422):
                     failures.append(f"an invalid request got {response.status_code}")
@@ -115,7 +127,7 @@ def test_concurrent_mixed_traffic_gets_no_5xx_the_sequential_answers_and_no_leak
                         continue
                     result = await client.call_tool("noul", {"state": state, "question": "Is the customer angry?"})
                     noul = result.structured_content["noul"]
-                    if mcp_alone.setdefault(state, noul) != noul:
+                    if not same_answers(mcp_alone.setdefault(state, noul), noul):
                         failures.append(f"MCP noul {noul} != {mcp_alone[state]}")
 
         anyio.run(session, 0)  # one warm-up session: the SDK's first session allocates for good
