@@ -35,6 +35,7 @@ The cache layers that read over a prefix's tensors and the generation arena are 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -336,20 +337,16 @@ class TorchBackend(Backend):
         kept: GrownRows | None = rows.state if rows is not None else None
         n_prefix, n_trunk = prefix.n_tokens, len(trunk)
         base = n_prefix + n_trunk  # where the rows' positions start
-        owner, depth, tokens = _new_tokens(extended, n_new)
+        step = self._step_rows(extended, n_new, kept, base)
+        owner, tokens = step.owner, step.tokens
         self.counter.add(n_trunk + len(tokens))
         device = self.device
-        new_owner = torch.tensor(owner, device=device)
-        new_depth = torch.tensor(depth, device=device)
-        old_owner = kept.owner if kept is not None else new_owner[:0]
-        old_depth = kept.depth if kept is not None else new_depth[:0]
         trunk_pos = torch.arange(n_prefix, base, device=device)
-        q_pos = torch.cat([trunk_pos, base + new_depth])
-        k_pos = torch.cat([torch.arange(n_prefix, device=device), trunk_pos, base + old_depth, base + new_depth])
-        n_old, n_rows = len(old_owner), len(tokens)
-        to_kept = new_owner[:, None] == old_owner[None, :]
-        to_new = (new_owner[:, None] == new_owner[None, :]) & (new_depth[None, :] <= new_depth[:, None])
-        from_rows = torch.cat([torch.ones(n_rows, base, dtype=torch.bool, device=device), to_kept, to_new], 1)
+        q_pos = torch.cat([trunk_pos, base + step.new_depth])
+        k_pos = torch.cat(
+            [torch.arange(n_prefix, device=device), trunk_pos, base + step.old_depth, base + step.new_depth]
+        )
+        n_old, n_rows = len(step.old_owner), len(tokens)
         from_trunk = torch.cat(
             [
                 torch.ones(n_trunk, n_prefix, dtype=torch.bool, device=device),
@@ -358,7 +355,7 @@ class TorchBackend(Backend):
             ],
             1,
         )
-        allowed = torch.cat([from_trunk, from_rows])
+        allowed = torch.cat([from_trunk, step.allowed])
         state: TorchState = prefix.state
         if trunk:  # the prompt's KV, the trunk's and the rows' land in new buffers with room
             cache = self._cache(prefix, keep=None, room=n_rows + room)
@@ -377,12 +374,7 @@ class TorchBackend(Backend):
             ends = (hidden_all[n_trunk - 1], middle[0, n_trunk - 1])
             prefix, arena = self._trunk_prefix(prefix, trunk, cache, ends, n_rows)
         arena.used += n_rows
-        grown = GrownRows(
-            arena=arena,
-            used=arena.used,
-            owner=torch.cat([old_owner, new_owner]),
-            depth=torch.cat([old_depth, new_depth]),
-        )
+        grown = step.grown(arena)
         # the last new token of each extended row carries its next-token distribution
         last = {k: n_trunk + index for index, k in enumerate(owner)}
         logp = self._logp(hidden_all[list(last.values())]).double().cpu().numpy()
@@ -404,40 +396,33 @@ class TorchBackend(Backend):
         if self.row_layout != "packed" or len({id(a) for a in arenas}) < len(arenas):
             return super()._grow_many(growths)
         device = self.device
-        q_pos, k_pos, blocks, layouts, parts = [], [], [], [], []
-        for growth, rows_state in zip(growths, kept):
-            owner, depth, tokens = _new_tokens(growth.extended, growth.n_new)
-            base = growth.prefix.n_tokens
-            new_owner, new_depth = torch.tensor(owner, device=device), torch.tensor(depth, device=device)
-            old_owner = rows_state.owner if rows_state is not None else new_owner[:0]
-            old_depth = rows_state.depth if rows_state is not None else new_depth[:0]
-            to_kept = new_owner[:, None] == old_owner[None, :]
-            to_new = (new_owner[:, None] == new_owner[None, :]) & (new_depth[None, :] <= new_depth[:, None])
-            blocks.append(
-                torch.cat([torch.ones(len(tokens), base, dtype=torch.bool, device=device), to_kept, to_new], 1)
-            )
-            q_pos.append(base + new_depth)
-            k_pos.append(torch.cat([torch.arange(base, device=device), base + old_depth, base + new_depth]))
-            arena = self._arena_for(growth.prefix, rows_state, len(tokens), growth.extended)
-            layouts.append((owner, tokens, new_owner, new_depth, old_owner, old_depth, arena))
-            parts.append((arena, growth.prefix.state))
-        sizes = [len(layout[1]) for layout in layouts]
+        steps = [self._step_rows(g.extended, g.n_new, k, g.prefix.n_tokens) for g, k in zip(growths, kept)]
+        arenas = [self._arena_for(g.prefix, k, len(s.tokens), g.extended) for g, k, s in zip(growths, kept, steps)]
+        sizes = [len(step.tokens) for step in steps]
         self.counter.add(sum(sizes))
-        allowed = torch.zeros(sum(sizes), sum(block.shape[1] for block in blocks), dtype=torch.bool, device=device)
-        row = column = 0
-        for block in blocks:
-            allowed[row : row + block.shape[0], column : column + block.shape[1]] = block
-            row, column = row + block.shape[0], column + block.shape[1]
         cache = Cache(
             layers=[
-                JoinedLayer([ArenaLayer(arena, i, state.keys[i], state.values[i]) for arena, state in parts], sizes)
+                JoinedLayer(
+                    [
+                        ArenaLayer(arena, i, g.prefix.state.keys[i], g.prefix.state.values[i])
+                        for arena, g in zip(arenas, growths)
+                    ],
+                    sizes,
+                )
                 for i in range(self.n_layers)
             ]
         )
-        positions = torch.cat(q_pos)
-        keys = torch.cat(k_pos)
+        bases = [g.prefix.n_tokens for g in growths]
+        positions = torch.cat([base + step.new_depth for base, step in zip(bases, steps)])
+        keys = torch.cat(
+            [
+                torch.cat([torch.arange(base, device=device), base + step.old_depth, base + step.new_depth])
+                for base, step in zip(bases, steps)
+            ]
+        )
+        allowed = torch.block_diag(*(step.allowed for step in steps))
         out, _ = self._decode(
-            input_ids=torch.tensor([[t for layout in layouts for t in layout[1]]], device=device),
+            input_ids=torch.tensor([[t for step in steps for t in step.tokens]], device=device),
             position_ids=positions[None],
             attention_mask=self._masks(positions[None], keys[None], allowed[None]),
             cache=cache,
@@ -446,19 +431,34 @@ class TorchBackend(Backend):
         # each row's last new token, every step's, through the output head at once (it is a weight
         # read as large as a sixth of SmolLM2's layers)
         ends, start = [], 0
-        for owner, tokens, *_ in layouts:
-            ends.append({k: start + index for index, k in enumerate(owner)})
-            start += len(tokens)
+        for step in steps:
+            ends.append({k: start + index for index, k in enumerate(step.owner)})
+            start += len(step.tokens)
         logp = self._logp(out.last_hidden_state[0][[i for last in ends for i in last.values()]]).double().cpu().numpy()
         results, read = [], 0
-        for growth, last, (_, tokens, new_owner, new_depth, old_owner, old_depth, arena) in zip(growths, ends, layouts):
-            arena.used += len(tokens)
-            grown = GrownRows(arena, arena.used, torch.cat([old_owner, new_owner]), torch.cat([old_depth, new_depth]))
+        for growth, last, step, arena in zip(growths, ends, steps, arenas):
+            arena.used += len(step.tokens)
             by_row: list[np.ndarray | None] = [None] * len(growth.extended)
             for k in last:
                 by_row[k], read = logp[read], read + 1
-            results.append(Rows(growth.prefix, growth.extended, tuple(by_row), grown))
+            results.append(Rows(growth.prefix, growth.extended, tuple(by_row), step.grown(arena)))
         return results
+
+    def _step_rows(
+        self, extended: tuple[tuple[int, ...], ...], n_new: list[int], kept: GrownRows | None, base: int
+    ) -> _StepRows:
+        """A step's new tokens (``_new_tokens``) and the mask rows they get: each sees the ``base``
+        tokens before the rows, its own row's kept tokens and its own row's earlier new tokens.
+        """
+        owner, depth, tokens = _new_tokens(extended, n_new)
+        device = self.device
+        new_owner, new_depth = torch.tensor(owner, device=device), torch.tensor(depth, device=device)
+        old_owner = kept.owner if kept is not None else new_owner[:0]
+        old_depth = kept.depth if kept is not None else new_depth[:0]
+        to_kept = new_owner[:, None] == old_owner[None, :]
+        to_new = (new_owner[:, None] == new_owner[None, :]) & (new_depth[None, :] <= new_depth[:, None])
+        allowed = torch.cat([torch.ones(len(tokens), base, dtype=torch.bool, device=device), to_kept, to_new], 1)
+        return _StepRows(owner, tokens, new_owner, new_depth, old_owner, old_depth, allowed)
 
     def _trunk_prefix(
         self, prefix: Prefix, trunk: tuple[int, ...], cache: Cache, ends: tuple[torch.Tensor, torch.Tensor], n_rows: int
@@ -563,3 +563,27 @@ def _new_tokens(extended: tuple[tuple[int, ...], ...], n_new: list[int]) -> tupl
             depth.append(j)
             tokens.append(row[j])
     return owner, depth, tokens
+
+
+@dataclass(frozen=True)
+class _StepRows:
+    """One ``grow`` step's new tokens (their rows, as ids and as tensors, and depths), the rows'
+    kept tokens, and the mask rows of the new tokens over base, kept and new keys.
+    """
+
+    owner: list[int]
+    tokens: list[int]
+    new_owner: torch.Tensor
+    new_depth: torch.Tensor
+    old_owner: torch.Tensor
+    old_depth: torch.Tensor
+    allowed: torch.Tensor
+
+    def grown(self, arena: Arena) -> GrownRows:
+        """The rows' state once this step's tokens are written into ``arena``."""
+        return GrownRows(
+            arena=arena,
+            used=arena.used,
+            owner=torch.cat([self.old_owner, self.new_owner]),
+            depth=torch.cat([self.old_depth, self.new_depth]),
+        )
