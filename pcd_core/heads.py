@@ -162,11 +162,21 @@ def _train_states(hidden: np.ndarray, gold: Sequence[int], labels: Sequence[str]
     return states, answers
 
 
-def _folds(answers: np.ndarray, seed: int) -> Any:
-    """The stratified folds of the strength search, the same ones for the same labels and seed."""
-    from sklearn.model_selection import StratifiedKFold
+def _folds(answers: np.ndarray, seed: int, groups: np.ndarray | None) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The stratified folds of the strength search, the same ones for the same labels, groups and seed.
 
-    return StratifiedKFold(n_splits=min(FOLDS, int(np.bincount(answers).min())), shuffle=True, random_state=seed)
+    With ``groups`` (pcd_core/near_duplicates.py) no group is split across folds, so a held-out example
+    has no near-copy in the fold that scores it; without any group of two or more, the folds are drawn
+    as before groups existed.
+    """
+    from sklearn.model_selection import StratifiedGroupKFold, StratifiedKFold
+
+    n_splits = min(FOLDS, int(np.bincount(answers).min()))
+    positions = np.zeros((len(answers), 1))
+    if groups is not None and len(np.unique(groups)) < len(answers):
+        grouped = StratifiedGroupKFold(n_splits=n_splits, shuffle=True, random_state=seed)
+        return list(grouped.split(positions, answers, groups))
+    return list(StratifiedKFold(n_splits=n_splits, shuffle=True, random_state=seed).split(positions, answers))
 
 
 def _scaling(states: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -193,9 +203,11 @@ def fit_head(
     *,
     seed: int = 0,
     parts: tuple[str, ...] = FINAL_STATE,
+    groups: np.ndarray | None = None,
 ) -> Head:
     """Fit one field's head on train states ``[n, width]`` holding ``parts`` and their gold label
-    indices (``_train_states`` says what they need).
+    indices (``_train_states`` says what they need), its strength chosen on folds that keep each of
+    ``groups`` whole (``_folds``).
     """
     try:
         from sklearn.linear_model import LogisticRegressionCV
@@ -206,7 +218,7 @@ def fit_head(
     model_fit = LogisticRegressionCV(
         Cs=list(STRENGTHS),
         l1_ratios=(0.0,),  # L2 alone
-        cv=_folds(answers, seed),
+        cv=_folds(answers, seed, groups),
         scoring="neg_log_loss",
         tol=1e-8,  # to the optimum: the library's default tolerance leaves probabilities 1e-4 short of it
         max_iter=5000,
@@ -227,10 +239,13 @@ def fit_head(
     )
 
 
-def out_of_fold(hidden: np.ndarray, gold: Sequence[int], head: Head, *, seed: int = 0) -> np.ndarray:
-    """Each train example's label probabilities ``[n, labels]`` from a head fitted without it.
+def out_of_fold(
+    hidden: np.ndarray, gold: Sequence[int], head: Head, *, seed: int = 0, groups: np.ndarray | None = None
+) -> np.ndarray:
+    """Each train example's label probabilities ``[n, labels]`` from a head fitted without it (nor
+    without any example of its group).
 
-    The folds are those ``fit_head`` searched the strength on (same labels, same seed); in each, the
+    The folds are those ``fit_head`` searched the strength on (same labels, groups and seed); in each, the
     states are standardised on the other folds alone and the regression refitted there at the
     ``head``'s strength. The strength itself was chosen on all folds: one number, against the head's
     hundreds of weights, so it leaks little of the example into its own score.
@@ -241,7 +256,7 @@ def out_of_fold(hidden: np.ndarray, gold: Sequence[int], head: Head, *, seed: in
         raise PcdError(INSTALL_HINT) from error
     states, answers = _train_states(hidden, gold, head.labels)
     probabilities = np.zeros((len(answers), len(head.labels)))
-    for kept, left_out in _folds(answers, seed).split(states, answers):
+    for kept, left_out in _folds(answers, seed, groups):
         mean, scale = _scaling(states[kept])
         fold_fit = LogisticRegression(C=head.strength, tol=1e-8, max_iter=5000)
         fold_fit.fit((states[kept] - mean) / scale, answers[kept])

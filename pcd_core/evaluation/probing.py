@@ -22,6 +22,7 @@ from ..backends.base import FINAL_STATE
 from ..calibration import Calibration
 from ..errors import OptionError
 from ..heads import Head, fit_head, out_of_fold
+from ..near_duplicates import near_duplicate_groups
 from ..selective import CONFIDENCE
 from . import metrics
 from .decisions import fitted_thresholds
@@ -31,13 +32,21 @@ from .runner import Answers, FieldAnswers, variants
 CURVE_SIZES = (16, 64, 256, 1000)
 
 
+def _groups(out: FieldAnswers, end: int) -> np.ndarray | None:
+    """The near-duplicate groups of the first ``end`` examples (pcd_core/near_duplicates.py), which
+    the heads' folds keep whole; None for answers that came without their texts.
+    """
+    return near_duplicate_groups(out.texts[:end]) if len(out.texts) == len(out.gold) else None
+
+
 def _fit(
     out: FieldAnswers, model: str, n: int | None = None, seed: int = 0, parts: tuple[str, ...] = FINAL_STATE
 ) -> Head:
     if len(out.hidden) != len(out.gold):
         raise OptionError("heads need answers read with hidden states (pcd calibrate --head probe)")
     end = len(out.gold) if n is None else n
-    return fit_head(out.states()[:end], out.gold[:end], out.labels, model, seed=seed, parts=parts)
+    groups = _groups(out, end)
+    return fit_head(out.states()[:end], out.gold[:end], out.labels, model, seed=seed, parts=parts, groups=groups)
 
 
 def fit_heads(
@@ -58,7 +67,7 @@ def fit_heads(
             continue
         head = _fit(out, model, seed=seed, parts=parts)
         if abstain_risk is not None or coverage is not None:
-            rows = out_of_fold(out.states(), out.gold, head, seed=seed)
+            rows = out_of_fold(out.states(), out.gold, head, seed=seed, groups=_groups(out, len(out.gold)))
             below, floor = fitted_thresholds(rows, np.asarray(out.gold), abstain_risk, coverage, level)
             head = replace(head, abstain_below=below, set_threshold=floor)
         heads[name] = head

@@ -42,6 +42,7 @@ class FieldAnswers:
     gold: list[int] = field(default_factory=list)
     constrained_ar: list[int] = field(default_factory=list)  # the AR-constrained baseline's label index
     hidden: list[np.ndarray] = field(default_factory=list)  # read with hidden states: one per gold label
+    texts: list[str] = field(default_factory=list)  # the example's text, one per gold label
 
     def states(self) -> np.ndarray:
         return np.asarray(self.hidden, dtype=np.float64)
@@ -175,7 +176,7 @@ def read_answers(
                 if cache is not None:
                     cache.put(key, answer)
             gold = {n: gold_index(parsed, n, record["labels"][n]) for n in names if n in record["labels"]}
-            _keep(answers, gold, answer, with_ar, hidden)
+            _keep(answers, record["text"], gold, answer, with_ar, hidden)
         bar.update(len(chunk))
     bar.close()
     seconds = time.perf_counter() - started
@@ -191,11 +192,17 @@ def _written_label(schema: Schema, name: str, written: Mapping[str, Any]) -> int
 
 
 def _keep(
-    answers: dict[str, FieldAnswers], gold: Mapping[str, int], answer: CachedAnswer, with_ar: bool, hidden: bool
+    answers: dict[str, FieldAnswers],
+    text: str,
+    gold: Mapping[str, int],
+    answer: CachedAnswer,
+    with_ar: bool,
+    hidden: bool,
 ) -> None:
     """Add one example's answer to every decision it has a gold label for."""
     for name, index in gold.items():
         out = answers[name]
+        out.texts.append(text)
         out.probabilities.append(answer.probabilities[name])
         out.candidate_mass.append(answer.candidate_mass[name])
         out.gold.append(index)
@@ -275,7 +282,7 @@ def _keep_question(answers: dict[str, FieldAnswers], record: dict[str, Any], ans
         if name not in out.labels:
             raise PcdError(f"question {qid!r}: gold value {value!r} is not one of {list(out.labels)}")
         gold[qid] = out.labels.index(name)
-    _keep(answers, gold, answer, False, False)
+    _keep(answers, record["text"], gold, answer, False, False)
 
 
 def debias_rows(probabilities: np.ndarray, prior: tuple[float, ...]) -> np.ndarray:
