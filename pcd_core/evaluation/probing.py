@@ -40,13 +40,21 @@ def _groups(out: FieldAnswers, end: int) -> np.ndarray | None:
 
 
 def _fit(
-    out: FieldAnswers, model: str, n: int | None = None, seed: int = 0, parts: tuple[str, ...] = FINAL_STATE
+    out: FieldAnswers,
+    model: str,
+    n: int | None = None,
+    seed: int = 0,
+    parts: tuple[str, ...] = FINAL_STATE,
+    groups: np.ndarray | None = None,
 ) -> Head:
+    """A head on the first ``n`` examples (all when None); ``groups``, when the caller has them, are
+    those examples' ``_groups``.
+    """
     if len(out.hidden) != len(out.gold):
         raise OptionError("heads need answers read with hidden states (pcd calibrate --head probe)")
     end = len(out.gold) if n is None else n
-    groups = _groups(out, end)
-    return fit_head(out.states()[:end], out.gold[:end], out.labels, model, seed=seed, parts=parts, groups=groups)
+    kept = _groups(out, end) if groups is None else groups
+    return fit_head(out.states()[:end], out.gold[:end], out.labels, model, seed=seed, parts=parts, groups=kept)
 
 
 def fit_heads(
@@ -65,9 +73,10 @@ def fit_heads(
     for name, out in answers.fields.items():
         if not out.gold:
             continue
-        head = _fit(out, model, seed=seed, parts=parts)
+        groups = _groups(out, len(out.gold))
+        head = _fit(out, model, seed=seed, parts=parts, groups=groups)
         if abstain_risk is not None or coverage is not None:
-            rows = out_of_fold(out.states(), out.gold, head, seed=seed, groups=_groups(out, len(out.gold)))
+            rows = out_of_fold(out.states(), out.gold, head, seed=seed, groups=groups)
             below, floor = fitted_thresholds(rows, np.asarray(out.gold), abstain_risk, coverage, level)
             head = replace(head, abstain_below=below, set_threshold=floor)
         heads[name] = head
