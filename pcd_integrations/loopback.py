@@ -16,13 +16,15 @@ START_TIMEOUT_S = 30
 
 
 @contextmanager
-def serving(app: Any, lifespan: Literal["on", "off"] = "off") -> Iterator[str]:
+def serving(app: Any, lifespan: Literal["on", "off"] = "off", **config: Any) -> Iterator[str]:
     """Serve ``app`` on 127.0.0.1 until the block ends; yields the base URL (``http://127.0.0.1:PORT``).
-    ``lifespan="on"`` runs the app's lifespan, which the MCP SDK's session manager needs.
+    ``lifespan="on"`` runs the app's lifespan, which the MCP SDK's session manager needs; ``config``
+    goes on to ``uvicorn.Config`` (the servers' tests pass ``http=``, the protocol with read timeouts).
     """
     import uvicorn
 
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan=lifespan))
+    settings = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan=lifespan, **config)
+    server = uvicorn.Server(settings)
     thread = threading.Thread(target=server.run, name="loopback-uvicorn", daemon=True)
     thread.start()
     deadline = time.monotonic() + START_TIMEOUT_S

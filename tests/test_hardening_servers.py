@@ -9,7 +9,6 @@ import contextlib
 import json
 import logging
 import socket
-import threading
 import time
 
 import anyio
@@ -29,39 +28,10 @@ from pcd_core.limits import Limits  # noqa: E402
 from pcd_core.testing import oracle_engine  # noqa: E402
 from pcd_integrations.guards import is_loopback, warn_if_exposed  # noqa: E402
 from pcd_integrations.http import create_app  # noqa: E402
+from pcd_integrations.loopback import serving  # noqa: E402
 from pcd_integrations.read_timeouts import ReadTimeouts, http_protocol  # noqa: E402
 
 NOUL = {"type": "noul", "instructions": "Is it broken?"}
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-@contextlib.contextmanager
-def serving(app, port: int | None = None, **config):
-    """Run an ASGI app with uvicorn on a loopback port, in a thread; yields the base URL. ``config``
-    goes to ``uvicorn.Config`` (``http=`` the timed protocol).
-    """
-    import uvicorn
-
-    port = port or free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on", **config)
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the server never started"
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
 
 
 @pytest.fixture(scope="module")
@@ -173,7 +143,7 @@ async def test_mcp_tool_errors_carry_the_real_message(oracle, tool, arguments, w
 # -- bearer key on MCP over HTTP, and the loud warning ---------------------------------------------
 async def test_mcp_over_http_requires_the_bearer_key(oracle):
     app = http_app(build_server(oracle), "127.0.0.1", "s3cret")
-    with serving(app) as url:
+    with serving(app, lifespan="on") as url:
         async with httpx.AsyncClient() as plain:
             refused = await plain.post(f"{url}/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "ping"})
         assert refused.status_code == 401 and refused.json()["detail"]["error_type"] == "unauthorized"
@@ -185,7 +155,7 @@ async def test_mcp_over_http_requires_the_bearer_key(oracle):
 
 async def test_mcp_over_http_refuses_a_body_over_the_bound(oracle):
     app = http_app(build_server(oracle), "127.0.0.1", None, Limits(max_body_bytes=500))
-    with serving(app) as url:
+    with serving(app, lifespan="on") as url:
         async with httpx.AsyncClient() as plain:
             response = await plain.post(f"{url}/mcp", content=b"{" + b" " * 1000 + b"}")
     assert response.status_code == 413 and response.json()["detail"]["error_type"] == "payload_too_large"
@@ -299,7 +269,7 @@ def assert_slow_clients_are_cut_off(url: str, path: str) -> dict:
 @pytest.mark.parametrize("path", ["/v1/systemone", "/v1/chat/completions"])
 def test_pcd_serve_cuts_off_headers_and_bodies_sent_a_byte_at_a_time(oracle, path):
     app = create_app(oracle, read_timeouts=QUICK)
-    with serving(app, http=http_protocol(QUICK.header_s)) as url:
+    with serving(app, lifespan="on", http=http_protocol(QUICK.header_s)) as url:
         error = assert_slow_clients_are_cut_off(url, path)
         shaped = error["error"]["code"] if path == "/v1/chat/completions" else error["detail"]["error_type"]
         assert shaped == "request_timeout"
@@ -309,7 +279,7 @@ def test_pcd_serve_cuts_off_headers_and_bodies_sent_a_byte_at_a_time(oracle, pat
 
 async def test_pcd_mcp_cuts_off_headers_and_bodies_sent_a_byte_at_a_time(oracle):
     app = http_app(build_server(oracle), "127.0.0.1", None, read_timeouts=QUICK)
-    with serving(app, http=http_protocol(QUICK.header_s)) as url:
+    with serving(app, lifespan="on", http=http_protocol(QUICK.header_s)) as url:
         error = await anyio.to_thread.run_sync(assert_slow_clients_are_cut_off, url, "/mcp")
         assert error["detail"]["error_type"] == "request_timeout"
         async with Client(streamable_http_client(f"{url}/mcp")) as client:
