@@ -20,12 +20,12 @@ pytest.importorskip("mcp")
 
 from mcp import Client  # noqa: E402
 from mcp.client.streamable_http import streamable_http_client  # noqa: E402
-from test_hardening_servers import serving  # noqa: E402
 
 from mcp_server import build_server  # noqa: E402
 from mcp_server.http_transport import http_app  # noqa: E402
 from pcd_core.limits import Limits  # noqa: E402
 from pcd_integrations.http import create_app  # noqa: E402
+from pcd_integrations.loopback import serving  # noqa: E402
 
 LIMITS = Limits(max_body_bytes=64 << 10)
 N_CLIENTS, N_REQUESTS = 8, 25
@@ -84,7 +84,7 @@ def same_answers(got, want) -> bool:
 def test_concurrent_mixed_traffic_gets_no_5xx_the_sequential_answers_and_no_leak(engine):
     app = create_app(engine, limits=LIMITS)
     mcp_app = http_app(build_server(engine, limits=LIMITS), "127.0.0.1", None, LIMITS)
-    with serving(app) as url, serving(mcp_app) as mcp_url:
+    with serving(app, lifespan="on") as url, serving(mcp_app, lifespan="on") as mcp_url:
 
         async def post(client, body: bytes):
             return await client.post(f"{url}/v1/systemone", content=body, headers={"content-type": "application/json"})
