@@ -14,7 +14,8 @@ Two texts are in one group when they share a run of ``RUN_WORDS`` words (a quote
 common phrase), and groups are closed under that relation (a thread whose posts each quote the one
 before is one group). A run that recurs in more than ``BOILERPLATE_SHARE`` of the texts, and in more
 than ``THREAD_TEXTS`` of them, is a disclaimer or a mailing list's footer: it says nothing about
-threads and would chain most of a set into one group, so it is not counted. ``tests/test_near_duplicates.py`` checks both rules.
+threads and would chain most of a set into one group, so it is not counted.
+``tests/test_near_duplicates.py`` checks both rules.
 """
 
 from __future__ import annotations

@@ -42,19 +42,17 @@ def _groups(out: FieldAnswers, end: int) -> np.ndarray | None:
 def _fit(
     out: FieldAnswers,
     model: str,
-    n: int | None = None,
+    n: int,
+    groups: np.ndarray | None,
     seed: int = 0,
     parts: tuple[str, ...] = FINAL_STATE,
-    groups: np.ndarray | None = None,
 ) -> Head:
-    """A head on the first ``n`` examples (all when None); ``groups``, when the caller has them, are
-    those examples' ``_groups``.
+    """A head on the first ``n`` examples; ``groups`` are theirs (``_groups(out, n)``), passed in so
+    that ``fit_heads`` computes them once for the fit and its out-of-fold probabilities.
     """
     if len(out.hidden) != len(out.gold):
         raise OptionError("heads need answers read with hidden states (pcd calibrate --head probe)")
-    end = len(out.gold) if n is None else n
-    kept = _groups(out, end) if groups is None else groups
-    return fit_head(out.states()[:end], out.gold[:end], out.labels, model, seed=seed, parts=parts, groups=kept)
+    return fit_head(out.states()[:n], out.gold[:n], out.labels, model, seed=seed, parts=parts, groups=groups)
 
 
 def fit_heads(
@@ -74,7 +72,7 @@ def fit_heads(
         if not out.gold:
             continue
         groups = _groups(out, len(out.gold))
-        head = _fit(out, model, seed=seed, parts=parts, groups=groups)
+        head = _fit(out, model, len(out.gold), groups, seed=seed, parts=parts)
         if abstain_risk is not None or coverage is not None:
             rows = out_of_fold(out.states(), out.gold, head, seed=seed, groups=groups)
             below, floor = fitted_thresholds(rows, np.asarray(out.gold), abstain_risk, coverage, level)
@@ -103,7 +101,11 @@ def learning_curve(
 
     def fit_on(name: str, out: FieldAnswers, n: int) -> Head:
         whole = known.get(name)
-        return whole if whole is not None and n == len(out.gold) == whole.n_train else _fit(out, model, n, seed)
+        return (
+            whole
+            if whole is not None and n == len(out.gold) == whole.n_train
+            else _fit(out, model, n, _groups(out, n), seed)
+        )
 
     points = []
     for n in sorted({size for size in sizes if size <= available} | {available}):
