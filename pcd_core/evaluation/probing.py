@@ -88,13 +88,14 @@ def learning_curve(
     sizes: Sequence[int] = CURVE_SIZES,
     seed: int = 0,
     fitted: Mapping[str, Head] | None = None,
+    parts: tuple[str, ...] = FINAL_STATE,
 ) -> list[dict[str, Any]]:
     """Per train size n (those the train split holds, and the whole split): the held-out accuracy and
     ECE of heads fitted on the first n train examples, pooled over fields. A size too small to hold two
     examples of every label gets ``error`` instead of numbers (a head cannot learn a label it has not seen).
     ``fitted`` (``fit_heads``'s heads of the same split and seed) stand for the fits on a whole field's
     examples, which would be the same fits: on 1,000 polarity states that refit is half of the time
-    ``pcd calibrate --head probe`` spends fitting.
+    ``pcd calibrate --head probe`` spends fitting. ``parts`` are what the states hold, as for ``fit_heads``.
     """
     available = min(len(out.gold) for out in train.fields.values() if out.gold)
     known = fitted or {}
@@ -104,7 +105,7 @@ def learning_curve(
         return (
             whole
             if whole is not None and n == len(out.gold) == whole.n_train
-            else _fit(out, model, n, _groups(out, n), seed)
+            else _fit(out, model, n, _groups(out, n), seed, parts)
         )
 
     points = []

@@ -385,7 +385,12 @@ def run_calibrate(args: argparse.Namespace) -> int:
     report["meta"]["calibration"] = {**calibration.to_dict(), "heads": _head_summary(calibration)}
     if hidden:
         report["learning_curve"] = learning_curve(
-            train_answers, answers, engine.model_name, seed=args.seed, fitted=calibration.heads
+            train_answers,
+            answers,
+            engine.model_name,
+            seed=args.seed,
+            fitted=calibration.heads,
+            parts=engine.backend.hidden_parts,
         )
         if args.curve:
             title = f"{engine.model_name} on {args.data}: trained head"
