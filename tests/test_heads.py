@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from pcd_core.errors import OptionError, PcdError
-from pcd_core.heads import Head, fit_head
+from pcd_core.heads import PATIENCE, STRENGTHS, Head, _folds, _scaling, _strength_search, fit_head, out_of_fold
 
 sklearn = pytest.importorskip("sklearn")
 from sklearn.linear_model import LogisticRegression  # noqa: E402
@@ -44,6 +44,48 @@ def test_a_head_separates_held_out_states_and_matches_the_library(n_labels):
     library = LogisticRegression(C=head.strength, tol=1e-10, max_iter=5000).fit((states - head.mean) / head.scale, gold)
     np.testing.assert_allclose(probabilities, library.predict_proba((test_states - head.mean) / head.scale), atol=1e-5)
     np.testing.assert_allclose(head.probabilities(test_states[0]), probabilities[0])
+
+
+@pytest.mark.parametrize(("n_labels", "spread"), [(2, 1.0), (5, 1.0), (3, 4.0)])
+def test_the_search_stops_past_the_best_strength_and_chooses_as_the_whole_grid(n_labels, spread):
+    """Against the library's search over every strength on the same folds: the same strength and the
+    same head, from fewer fits wherever the best strength lies two or more below the grid's end."""
+    from sklearn.linear_model import LogisticRegressionCV
+
+    states, gold = _clusters(60, n_labels, spread=spread, seed=4)
+    mean, scale = _scaling(states)
+    folds = _folds(gold, 0, None)
+    search = _strength_search((states - mean) / scale, gold, folds, n_labels)
+    whole = LogisticRegressionCV(
+        Cs=list(STRENGTHS),
+        l1_ratios=(0.0,),
+        cv=folds,
+        scoring="neg_log_loss",
+        tol=1e-8,
+        max_iter=5000,
+        use_legacy_attributes=False,
+    ).fit((states - mean) / scale, gold)
+    assert STRENGTHS[search.chosen] == whole.C_
+    assert search.walked == min(search.chosen + 1 + PATIENCE, len(STRENGTHS))
+    head = fit_head(states, gold, [f"label{k}" for k in range(n_labels)], "model-a")
+    np.testing.assert_allclose(head.probabilities(states), whole.predict_proba((states - mean) / scale), atol=1e-6)
+
+
+def test_a_label_one_fold_holds_whole_is_searched_and_scored_out_of_fold_as_unknown():
+    """Three examples of a rare label in one group of near-duplicates land in one fold: the fits of
+    the other folds never see it, and the search and the out-of-fold scores must still hold all labels."""
+    states, gold = _clusters(30, 3, spread=1.0, seed=5)
+    rare = np.flatnonzero(gold == 2)[:3]
+    keep = np.concatenate([np.flatnonzero(gold != 2), rare])
+    states, gold = states[keep], gold[keep]
+    groups = np.arange(len(gold))
+    groups[-3:] = -1  # the rare label's three examples are one group
+    head = fit_head(states, gold, ["x", "y", "z"], "model-a", groups=groups)
+    assert head.weights.shape == (3, WIDTH)
+    rows = out_of_fold(states, gold, head, groups=groups)
+    np.testing.assert_allclose(rows.sum(axis=1), 1.0, atol=1e-12)
+    np.testing.assert_array_equal(rows[-3:, 2], 0.0)  # scored by a fit that never saw the label
+    assert float(np.mean(rows[:-3].argmax(axis=1) == gold[:-3])) >= 0.9
 
 
 def test_noise_gets_a_strong_penalty_and_near_uniform_probabilities():
