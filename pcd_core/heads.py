@@ -9,10 +9,9 @@ no row token.
 A head is multinomial logistic regression on standardised states (scikit-learn's
 ``LogisticRegression``, the ``heads`` extra), its L2 strength chosen by stratified cross-validation on
 the train split by log-loss (``_strength_search``), so that its probabilities are calibrated where
-they were fitted. Applying a
-head is numpy alone: a served engine never needs scikit-learn. Each head names the model it was
-fitted on and the width of its states, and refuses any other (``check_model``): a probe of one
-model's states means nothing on another's.
+they were fitted. Applying a head is numpy alone: a served engine never needs scikit-learn. Each head
+names the model it was fitted on and the width of its states, and refuses any other
+(``check_model``): a probe of one model's states means nothing on another's.
 
 A head can carry its own abstention and answer-set thresholds (pcd_core/selective.py), fitted on its
 *out-of-fold* probabilities (``out_of_fold``): each train example scored by a head refitted, at the
