@@ -203,6 +203,9 @@ def _rows(weights: np.ndarray, bias: np.ndarray, n_labels: int) -> tuple[np.ndar
 
 
 def _regression(strength: float) -> Any:
+    """An L2 logistic regression run to the optimum; a refit of the same object starts from its last
+    solution (``_strength_search`` walks the strengths so), a new one from zero.
+    """
     from sklearn.linear_model import LogisticRegression
 
     return LogisticRegression(C=strength, tol=TOLERANCE, max_iter=MAX_ITER, warm_start=True)
@@ -224,12 +227,12 @@ def _strength_search(
 ) -> Search:
     """The strength whose fits have the least held-out log-loss summed over ``folds``.
 
-    Each fold's regression walks the strengths weakest first, warm-started from the previous one's
-    solution, as ``LogisticRegressionCV`` does; unlike it, the walk stops ``PATIENCE`` strengths past the
-    best once each of them scored worse. The held-out loss of an L2 path falls to one minimum and rises
-    after it (every head in docs/eval/heads/ chose 0.032 or less), and the weak penalties past it are the
-    slowest fits: on SmolLM2-135M's 1,000 20ng states the seven strengths from 0.1 up took 80% of the
-    whole grid's time, for fits never chosen.
+    Each fold's regression walks the strengths from the strongest penalty (the smallest C) to the
+    weakest, warm-started from the previous one's solution, as ``LogisticRegressionCV`` does; unlike it,
+    the walk stops ``PATIENCE`` strengths past the best once each of them scored worse. The held-out loss
+    of an L2 path falls to one minimum and rises after it (every head in docs/eval/heads/ chose 0.032 or
+    less), and the weak penalties past it are the slowest fits: in one fold of SmolLM2-135M's 1,000 20ng
+    states the seven from C = 0.1 up took 80% of the whole grid's time, for fits never chosen.
     """
     from sklearn.metrics import log_loss
 

@@ -8,7 +8,18 @@ import numpy as np
 import pytest
 
 from pcd_core.errors import OptionError, PcdError
-from pcd_core.heads import PATIENCE, STRENGTHS, Head, _folds, _scaling, _strength_search, fit_head, out_of_fold
+from pcd_core.heads import (
+    MAX_ITER,
+    PATIENCE,
+    STRENGTHS,
+    TOLERANCE,
+    Head,
+    _folds,
+    _scaling,
+    _strength_search,
+    fit_head,
+    out_of_fold,
+)
 
 sklearn = pytest.importorskip("sklearn")
 from sklearn.linear_model import LogisticRegression  # noqa: E402
@@ -61,8 +72,8 @@ def test_the_search_stops_past_the_best_strength_and_chooses_as_the_whole_grid(n
         l1_ratios=(0.0,),
         cv=folds,
         scoring="neg_log_loss",
-        tol=1e-8,
-        max_iter=5000,
+        tol=TOLERANCE,
+        max_iter=MAX_ITER,
         use_legacy_attributes=False,
     ).fit((states - mean) / scale, gold)
     assert STRENGTHS[search.chosen] == whole.C_
