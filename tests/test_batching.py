@@ -125,6 +125,8 @@ def test_a_warm_batch_of_fills_is_two_passes_a_group_and_a_lone_long_input_runs_
     alone = len(many) - sum(len(group) for group in groups)
     assert len(groups) > 1 and sum(stems) > BATCH_STEM_TOKENS
     assert all(sum(stems[k] for k in group) <= BATCH_STEM_TOKENS for group in groups)
+    taken = [stems[k] for group in groups for k in group]
+    assert taken == sorted(taken), "inputs are grouped shortest request first, so a batch pads little"
     results, n_passes = passes(engine, lambda: engine.fill_many(Ticket, many))
     assert n_passes == 2 * len(groups) + 2 * alone
     for text, got in zip(many[:3], results):

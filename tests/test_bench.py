@@ -218,7 +218,7 @@ def test_throughput_times_the_solo_loop_and_the_batch_on_one_engine(engine, tmp_
     assert record["solo_forward_passes"] == 5 * 2 and record["forward_passes"] == 2  # TINY: two waves
     assert record["speedup"] == record["solo_ms"] / record["total_ms"] > 0
     assert record["peak_rss_mb"] >= record["solo_peak_rss_mb"] > 0
-    assert "| tiny | torch | 3 | 5 |" in capsys.readouterr().out
+    assert "| tiny | torch | float32 | 3 | 5 |" in capsys.readouterr().out
     inputs.write_text('{"words": "no text key"}\n')
     assert pcd([*argv]) == 2
     assert "--throughput-inputs" in capsys.readouterr().err
@@ -241,7 +241,7 @@ def test_clients_time_one_http_client_and_several_on_one_served_engine(engine, t
     # every reply's tokens are counted from its usage (tests/test_stepping.py checks the shared passes)
     assert 0 < chat["one_tokens"] <= 2 * 4 and 0 < chat["many_tokens"] <= 6 * 4
     assert decisions["one_forward_passes"] == 2  # one pass for each warm decide
-    assert "| chat | torch | 3 |" in capsys.readouterr().out
+    assert "| chat | torch | float32 | 3 |" in capsys.readouterr().out
 
 
 def test_clients_options_are_checked_before_a_model_loads(capsys):

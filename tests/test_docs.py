@@ -406,11 +406,16 @@ def test_every_repository_path_the_page_names_exists(path):
 def test_the_throughput_table_is_the_recorded_runs():
     """Each row of the many-inputs table is the record its `pcd bench --throughput` command wrote."""
     text = page("docs/benchmarks.md")
-    for name in ("throughput_sentiment.json", "throughput_ticket.json"):
+    for name in (
+        "throughput_sentiment.json",
+        "throughput_sentiment_bf16.json",
+        "throughput_ticket.json",
+        "throughput_ticket_bf16.json",
+    ):
         assert f"--json docs/bench/{name}" in text
         (record,) = bench_records(name)
         row = (
-            f"| {record['schema']} | {record['backend']} | {record['fields']} | {record['documents']} "
+            f"| {record['schema']} | {record['backend']} | {record['dtype']} | {record['fields']} | {record['documents']} "
             f"| {record['solo_docs_per_s']:.2f} | {record['docs_per_s']:.2f} | {record['speedup']:.2f}x "
             f"| {record['solo_forward_passes']} | {record['forward_passes']} | {record['solo_peak_rss_mb']:.0f} "
             f"| {record['peak_rss_mb']:.0f} | {record['same_answers']} |"
@@ -425,7 +430,7 @@ def test_the_clients_table_is_the_recorded_runs():
     from pcd_core.bench.report import write_table
 
     text = page("docs/benchmarks.md")
-    for name in ("clients_torch.json", "clients_llamacpp.json"):
+    for name in ("clients_torch.json", "clients_torch_bf16.json", "clients_llamacpp.json"):
         assert f"--json docs/bench/{name}" in text
         rendered = io.StringIO()
         write_table(bench_records(name), rendered)

@@ -284,9 +284,8 @@ class Backend(ABC):
         for number, (tree, picked, chunk_queries) in enumerate(passes):
             if number and pause is not None:
                 pause()  # a pass boundary: ``prefix`` and the chunks left are this call's own
-            # a packed pass reads the tree's distinct tokens; a pass of copies reads every row whole
-            read = len(tree.tokens) if self.row_layout == "packed" else sum(map(len, tree.node_of))
-            self.counter.add(len(trunk) + read)
+            n_context = prefix.n_tokens if prefix is not None else 0
+            self.counter.add(len(trunk) + self.pass_tokens(n_context, len(trunk), tree))
             if hidden:
                 values, state, chunk_states = self._score_chunk_hidden(prefix, trunk, tree, chunk_queries)
                 for k, vector in zip(picked, chunk_states):
@@ -416,6 +415,12 @@ class Backend(ABC):
         _check_finite([logp])
         return logp
 
+    def pass_tokens(self, n_context: int, n_trunk: int, tree: TokenTree) -> int:
+        """The row tokens one pass over ``tree`` reads (what ``counter`` charges beside the trunk): a
+        packed pass reads each distinct token once, a pass of copies every row whole.
+        """
+        return len(tree.tokens) if self.row_layout == "packed" else sum(map(len, tree.node_of))
+
     def pass_bytes(self, n_context: int, n_trunk: int, tree: TokenTree) -> int:
         """Estimated KV and mask bytes of one pass over ``tree`` after ``n_context`` cached tokens."""
         if self.row_layout == "packed":
@@ -423,7 +428,10 @@ class Backend(ABC):
             n_keys = n_context + n_new
             return self.kv_bytes_per_token * n_keys + self.mask_bytes_per_entry * n_new * n_keys
         # copies: every row gets its own prefix, padded to the longest row
-        width, batch = max(map(len, tree.node_of)), len(tree.node_of)
+        return self._batch_bytes(len(tree.node_of), max(map(len, tree.node_of)), n_context)
+
+    def _batch_bytes(self, batch: int, width: int, n_context: int) -> int:
+        """A pass of ``batch`` sequences padded to ``width``, each over its own copy of the context."""
         n_keys = n_context + width
         return batch * (self.kv_bytes_per_token * n_keys + self.mask_bytes_per_entry * width * n_keys)
 

@@ -8,7 +8,8 @@ can change only the number of passes, never a result. ``tests/test_choice_rows.p
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import heapq
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -107,3 +108,65 @@ def pack_tree(rows: list[tuple[int, ...]]) -> TokenTree:
             placed.append(parent)
         tree.node_of.append(placed)
     return tree
+
+
+def batch_groups(tree: TokenTree, cost: Callable[[int, int], float]) -> list[list[int]]:
+    """The tree's tokens split into groups to read side by side as a batch, ``cost(groups, width)``
+    the price of a batch of that many groups padded to that width (one group: the packed pass).
+
+    A group is a node's subtree with the node's ancestors copied in front, so it holds everything
+    its tokens may see; a token shared by several groups is read in each. Starting from the whole
+    tree, the widest group is split, again and again, at its first branching node (one group per
+    child), and the cheapest split seen wins. Many inputs' requests behind one template token are
+    one subtree at the root, and they part at the first token where their texts differ. Each group
+    lists its packed indices in order (parents first).
+    """
+    n = len(tree.tokens)
+    children: list[list[int]] = [[] for _ in range(n)]
+    roots: list[int] = []
+    for node, parent in enumerate(tree.parent):
+        (children[parent] if parent >= 0 else roots).append(node)
+    size = [1] * n
+    for node in range(n - 1, -1, -1):  # pack_tree places a parent before its children
+        if tree.parent[node] >= 0:
+            size[tree.parent[node]] += size[node]
+
+    def width(top: int) -> int:
+        return n if top < 0 else tree.depth[top] + size[top]
+
+    def branches(top: int) -> list[int]:
+        """The children of the first node at or below ``top`` that has other than one child."""
+        kids = roots if top < 0 else children[top]
+        while len(kids) == 1:
+            kids = children[kids[0]]
+        return kids
+
+    heap = [(-n, -1)]
+    best, best_cost = [-1], cost(1, n)
+    while True:
+        _, top = heapq.heappop(heap)
+        kids = branches(top)
+        if not kids:
+            break  # the widest group is one row: no split narrows the batch
+        for kid in kids:
+            heapq.heappush(heap, (-width(kid), kid))
+        priced = cost(len(heap), -heap[0][0])
+        if priced < best_cost:
+            best, best_cost = [t for _, t in heap], priced
+    return [_group(tree, children, top) for top in best]
+
+
+def _group(tree: TokenTree, children: list[list[int]], top: int) -> list[int]:
+    """A group's packed indices: ``top``'s ancestors, then its subtree (the whole tree for -1)."""
+    if top < 0:
+        return list(range(len(tree.tokens)))
+    nodes, stack = [], [top]
+    while stack:
+        node = stack.pop()
+        nodes.append(node)
+        stack.extend(children[node])
+    parent = tree.parent[top]
+    while parent >= 0:
+        nodes.append(parent)
+        parent = tree.parent[parent]
+    return sorted(nodes)

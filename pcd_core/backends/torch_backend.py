@@ -4,7 +4,11 @@ Rows share the prefix KV without a copy per row. A pass packs the trunk and then
 sequence after the prefix, under a tree-shaped 4D mask: the trunk is causal, each row token sees the
 whole prefix, the whole trunk and the earlier tokens of its own row, and each row's positions restart
 at the trunk's end. The trunk's keys and values are kept, so the pass also returns the extended
-prefix. Models with sliding-window layers (Gemma 3) get a second mask with the window applied. The
+prefix. A pass after a prefix whose rows part into groups of their own (the requests of many inputs
+in a batch, ``pcd_core/batching.py``) is read as a batch of those groups instead, each over its own
+view of the prefix KV, when that costs less (``packing.batch_groups``): a packed mask is dense, so
+packed inputs cost attention in the square of their summed length, and a batch only in each one's.
+Models with sliding-window layers (Gemma 3) get a second mask with the window applied. The
 output head runs only at queried positions: on this CPU the head over every row token cost as much
 as the whole input prefill.
 
@@ -42,7 +46,7 @@ import numpy as np
 
 from ..errors import BackendError, BackendUnavailableError
 from .base import Backend, Growth, LayoutChoice, Prefix, Query, RowLayout, Rows, middle_layers
-from .packing import TokenTree, pack_tree
+from .packing import TokenTree, batch_groups, pack_tree
 
 try:
     import torch
@@ -65,10 +69,20 @@ LAYOUT_TOLERANCE = 1e-3
 #: 4 float32s) and pads a copy per layer otherwise; 16 elements covers every dtype offered
 MASK_ALIGN = 16
 
+#: what one token's projections and MLP cost, in keys of its attention: a pass after a prefix reads
+#: its rows packed as one sequence (a dense mask: each token attends over all of them) or as a batch
+#: of groups padded to the widest (``packing.batch_groups``), whichever costs fewer key-equivalents.
+#: In arithmetic SmolLM2-135M's token is about 2,800 keys (0.19 GFLOP against 69 kFLOP a key over 30
+#: layers), but masked attention runs at a lower rate than the matrix products, so a key costs more
+#: time than its arithmetic. The figure decides only where the layouts' costs are close, and there
+#: either reads about as fast; many inputs' requests are far from close (docs/benchmarks.md).
+TOKEN_COST_IN_KEYS = 1000
+
 
 def default_dtype(device: torch.device) -> torch.dtype:
-    """bfloat16 on CUDA, as GPU serving runs; float32 elsewhere (a CPU computes bfloat16 slower, and
-    every CPU figure in the docs is float32).
+    """bfloat16 on CUDA, as GPU serving runs; float32 elsewhere. A CPU with AMX reads wide passes
+    (batches, a long request) faster in bfloat16, but a one-token step slower, and bfloat16 rounding
+    moves log-probabilities by tenths; the CPU figures in the docs are float32 unless they say so.
     """
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
@@ -261,6 +275,11 @@ class TorchBackend(Backend):
         self, prefix: Prefix | None, trunk: tuple[int, ...], tree: TokenTree, queries: list[Query]
     ) -> tuple[torch.Tensor, torch.Tensor, list[int], TorchState | None]:
         n_prefix, n_trunk = (prefix.n_tokens if prefix is not None else 0), len(trunk)
+        groups = self._groups(n_prefix, n_trunk, tree)
+        if groups is not None:
+            assert prefix is not None  # _groups batches only a pass after a prefix
+            hidden, middle, index = self._batched_hidden(prefix, tree, groups, queries)
+            return hidden, middle, index, None
         depth = torch.tensor(tree.depth, device=self.device, dtype=torch.long)
         q_pos = torch.cat([torch.arange(n_trunk, device=self.device), n_trunk + depth]) + n_prefix
         k_pos = torch.cat([torch.arange(n_prefix, device=self.device), q_pos])
@@ -284,6 +303,87 @@ class TorchBackend(Backend):
         kept = self._kept(cache, hidden[n_trunk - 1], middle[n_trunk - 1]) if trunk else None
         return hidden, middle, index, kept
 
+    def _groups(self, n_prefix: int, n_trunk: int, tree: TokenTree) -> list[list[int]] | None:
+        """The groups a pass reads side by side as a batch (``packing.batch_groups``), or None where
+        one packed sequence costs less or the batch's copies of the prefix would not fit in
+        ``max_pass_bytes``: a pass with a trunk (whose KV it keeps) and the copies layout always
+        read their own way.
+        """
+        if self.row_layout != "packed" or n_trunk or not n_prefix:
+            return None
+        groups = batch_groups(tree, lambda batch, width: batch * width * (TOKEN_COST_IN_KEYS + n_prefix + width))
+        if len(groups) < 2:
+            return None
+        fits = self.max_pass_bytes is None or (
+            self._batch_bytes(len(groups), max(map(len, groups)), n_prefix) <= self.max_pass_bytes
+        )
+        return groups if fits else None
+
+    def pass_tokens(self, n_context: int, n_trunk: int, tree: TokenTree) -> int:
+        """As the base class counts, or for a batch of groups each group's tokens (a shared
+        ancestor once per group that holds it).
+        """
+        groups = self._groups(n_context, n_trunk, tree)
+        return super().pass_tokens(n_context, n_trunk, tree) if groups is None else sum(map(len, groups))
+
+    def pass_bytes(self, n_context: int, n_trunk: int, tree: TokenTree) -> int:
+        """As the base class estimates, or for a batch of groups (``_groups``) what that batch holds."""
+        groups = self._groups(n_context, n_trunk, tree)
+        if groups is None:
+            return super().pass_bytes(n_context, n_trunk, tree)
+        return self._batch_bytes(len(groups), max(map(len, groups)), n_context)
+
+    def _batched_hidden(
+        self, prefix: Prefix, tree: TokenTree, groups: list[list[int]], queries: list[Query]
+    ) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+        """A tree read as a batch of its groups (``packing.batch_groups``): group b is batch row b,
+        padded to the widest, over its own broadcast view of the prefix KV and its own tokens only.
+        A token in several groups (an ancestor they share) is answered from the first.
+        """
+        n_prefix, batch, width = prefix.n_tokens, len(groups), max(map(len, groups))
+        pad = self.model.config.pad_token_id or 0
+        ancestors = tree.ancestors()
+        ids = np.full((batch, width), pad, dtype=np.int64)
+        depth = np.zeros((batch, width), dtype=np.int64)
+        # padding queries see the prefix only (a row of nothing but blocked keys would be NaN)
+        allowed = np.zeros((batch, width, n_prefix + width), dtype=bool)
+        allowed[:, :, :n_prefix] = True
+        slot = np.full(len(tree.tokens), -1, dtype=np.int64)
+        for b, nodes in reversed(list(enumerate(groups))):
+            n = len(nodes)
+            ids[b, :n] = [tree.tokens[i] for i in nodes]
+            depth[b, :n] = [tree.depth[i] for i in nodes]
+            allowed[b, :n, n_prefix : n_prefix + n] = ancestors[np.ix_(nodes, nodes)]
+            slot[nodes] = b * width + np.arange(n)
+        q_pos = n_prefix + torch.from_numpy(depth).to(self.device)
+        k_pos = torch.cat([torch.arange(n_prefix, device=self.device).expand(batch, -1), q_pos], 1)
+        allowed_keys = torch.from_numpy(allowed).to(self.device)
+        hidden, middle = self._read_batch(prefix, torch.from_numpy(ids).to(self.device), q_pos, k_pos, allowed_keys)
+        return hidden, middle, [int(slot[tree.node_of[q.row][q.position]]) for q in queries]
+
+    def _read_batch(
+        self, prefix: Prefix, ids: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor, allowed: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One pass over ``ids`` [batch, width], each batch row over a broadcast view of the prefix KV
+        (no copy kept): the final and middle hidden states, flattened to [batch * width, hidden].
+        """
+        batch, width = ids.shape
+        state: TorchState = prefix.state
+        cache = Cache(
+            layers=[
+                PrefixLayer(k.expand(batch, -1, -1, -1), v.expand(batch, -1, -1, -1), keep=0)
+                for k, v in zip(state.keys, state.values)
+            ]
+        )
+        out, middle = self._decode(
+            input_ids=ids,
+            position_ids=q_pos.expand(batch, -1),
+            attention_mask=self._masks(q_pos, k_pos, allowed),
+            cache=cache,
+            use_cache=True,
+        )
+        return out.last_hidden_state.reshape(batch * width, -1), middle.reshape(batch * width, -1)
+
     def _copied_hidden(
         self, prefix: Prefix, rows: list[tuple[int, ...]], queries: list[Query]
     ) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
@@ -294,21 +394,7 @@ class TorchBackend(Backend):
         q_pos = n_prefix + torch.arange(width, device=self.device)
         k_pos = torch.arange(n_prefix + width, device=self.device)
         causal = k_pos[None, :] <= q_pos[:, None]
-        state: TorchState = prefix.state
-        cache = Cache(
-            layers=[
-                PrefixLayer(k.expand(batch, -1, -1, -1), v.expand(batch, -1, -1, -1), keep=0)
-                for k, v in zip(state.keys, state.values)
-            ]
-        )
-        out, middle = self._decode(
-            input_ids=ids,
-            position_ids=q_pos[None].expand(batch, -1),
-            attention_mask=self._masks(q_pos[None], k_pos[None], causal[None].expand(batch, -1, -1)),
-            cache=cache,
-            use_cache=True,
-        )
-        hidden, middle = out.last_hidden_state.reshape(batch * width, -1), middle.reshape(batch * width, -1)
+        hidden, middle = self._read_batch(prefix, ids, q_pos[None], k_pos[None], causal[None].expand(batch, -1, -1))
         return hidden, middle, [q.row * width + q.position for q in queries]
 
     # -- growing rows (generation) -----------------------------------------------------------

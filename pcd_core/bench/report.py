@@ -34,6 +34,7 @@ _COLUMNS = (
 _THROUGHPUT = (  # pcd bench --throughput: one at a time, then read together, on the same engine
     ("schema", "schema", "{}"),
     ("backend", "backend", "{}"),
+    ("dtype", "dtype", "{}"),
     ("fields", "fields", "{}"),
     ("documents", "documents", "{}"),
     ("solo_docs_per_s", "solo docs/s", "{:.2f}"),
@@ -48,6 +49,7 @@ _THROUGHPUT = (  # pcd bench --throughput: one at a time, then read together, on
 _CLIENTS = (  # pcd bench --clients: one HTTP client, then N at once, on the same served engine
     ("route", "route", "{}"),
     ("backend", "backend", "{}"),
+    ("dtype", "dtype", "{}"),
     ("clients", "clients", "{}"),
     ("one_requests_per_s", "1 client req/s", "{:.2f}"),
     ("many_requests_per_s", "N clients req/s", "{:.2f}"),

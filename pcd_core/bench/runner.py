@@ -30,7 +30,7 @@ from .baselines import (
     scripted_document,
 )
 from .checks import agreement, json_object_end, parse_lenient, valid_output
-from .measure import Timed, peak_rss_mb, timed
+from .measure import Timed, peak_rss_mb, timed, weights_dtype
 
 BASELINES = ("ar", "arc", "seq")
 #: how AR-constrained is implemented, written into every record
@@ -233,6 +233,7 @@ def bench_throughput(engine: Any, case: BenchCase, n_docs: int, texts: Sequence[
         "mode": "throughput",
         "schema": case.name,
         "backend": engine.backend.name,
+        "dtype": weights_dtype(engine.backend),
         "model": engine.model_name,
         "fields": case.n_fields,
         "documents": n_docs,

@@ -20,7 +20,7 @@ import threading
 import time
 from typing import Any
 
-from pcd_core.bench.measure import peak_rss_mb
+from pcd_core.bench.measure import peak_rss_mb, weights_dtype
 from pcd_core.errors import PcdError
 
 ROUTES = ("chat", "decisions")
@@ -61,6 +61,7 @@ def bench_clients(engine: Any, clients: int, requests: int, max_tokens: int) -> 
                     "mode": "clients",
                     "route": route,
                     "backend": engine.backend.name,
+                    "dtype": weights_dtype(engine.backend),
                     "model": engine.model_name,
                     "clients": clients,
                     "requests_per_client": requests,
