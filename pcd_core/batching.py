@@ -14,8 +14,10 @@ once); ``Stats.prompt_tokens`` counts those re-reads.
 
 What a batch cannot take runs solo, in order, through the caller's ``fill``: an input that merged with
 the head's last token (no stem hangs from the head) and a fill that generates open fields (``grow``
-extends one prefix's rows). ``tests/test_batching.py`` checks every answer and probability against
-solo calls on the real model, the pass counts, a split batch and a neighbour swap.
+extends one prefix's rows). Running those fills side by side in threads, so that their steps join
+as concurrent callers' do (``stepping.joined_grow``), measured slower than the loop on a 2-core CPU
+(docs/benchmarks.md). ``tests/test_batching.py`` checks every answer and probability against solo
+calls on the real model, the pass counts, a split batch and a neighbour swap.
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ from .questions import DecideResponse, distribution
 from .reading import ms_since
 from .readout import Readout
 from .result import Extraction, FieldResult, Generation
-from .stepping import PassJoin, step_join
+from .stepping import PassJoin, joined_grow, step_join
 from .tokenizer import TextTokenizer
 
 
@@ -164,7 +164,10 @@ class Engine:
         plan, adjust, meter = prepared
         with self._lock.turn() as turn:  # the grammar tokenizer is built on first use, under the lock
             grammar = lambda: self.grammar_tokenizer  # noqa: E731
-            filled = fill_passes(self.backend, self._head, grammar, plan, adjust, meter, use_head_cache, turn.pause)
+            later = joined_grow(self.backend, self._steps, turn.pause)  # open rows' steps join others'
+            filled = fill_passes(
+                self.backend, self._head, grammar, plan, adjust, meter, use_head_cache, turn.pause, later
+            )
         return plan.assemble(filled, replace(meter.stats, queue_ms=turn.queue_ms, total_ms=ms_since(started)))
 
     def fill_many(self, schema: Any, texts: list[str], **keywords: Unpack[FillKeywords]) -> list[Extraction]:

@@ -189,10 +189,11 @@ class ModelLock:
                 self._owner = None
                 self._changed.notify_all()
 
-    def offer(self, cancel: Cancellation | None = None) -> float:
+    def offer(self, cancel: Cancellation | None = None, served: Callable[[], bool] | None = None) -> float:
         """Let a waiting request go first: this thread, holding the lock once, queues again behind
         everyone already waiting. Returns seconds waited (0 when nobody waited or the hold is nested).
-        A cancelled wait raises ``Cancelled`` without the model.
+        A cancelled wait raises ``Cancelled`` without the model; with ``served`` (see ``acquire``)
+        the wait ends without it once another request's pass did this one's next work.
         """
         if not self.serialise:
             return 0.0
@@ -201,7 +202,7 @@ class ModelLock:
                 return 0.0
             self._owner, self._depth = None, 0
             self._changed.notify_all()
-            return self._wait_for_turn(cancel)
+            return self._wait_for_turn(cancel, served)
 
     def _wait_for_turn(self, cancel: Cancellation | None = None, served: Callable[[], bool] | None = None) -> float:
         """Take the free model, or queue a ticket and wait until it is first and the model is free
@@ -268,7 +269,14 @@ class Turn:
         if self.cancel is not None:
             self.cancel.check()
 
-    def pause(self) -> None:
+    def pause(self, served: Callable[[], bool] | None = None) -> None:
+        """A pass boundary: let waiting requests go first, then hold the model again, unless ``served``
+        says true first (another request's pass read this one's next step: ``stepping.py``); then the
+        model stays with the others, and the next boundary takes it back.
+        """
         self.check()
-        self.queue_ms += self.lock.offer(self.cancel) * 1000.0
+        if self.lock.holds():
+            self.queue_ms += self.lock.offer(self.cancel, served) * 1000.0
+        else:
+            self.queue_ms += self.lock.acquire(self.cancel, served) * 1000.0
         self.check()

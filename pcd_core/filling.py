@@ -23,7 +23,7 @@ from .compiler import CompiledSchema
 from .cost import Meter, Stats
 from .decoding import DecisionTask, Decoded, DecodeOptions, RoundStats, decode
 from .errors import OptionError, PromptError
-from .generation import GeneratedField, generate_open_fields
+from .generation import GeneratedField, LaterStep, generate_open_fields
 from .grammar import GrammarTokenizer
 from .reading import HeadLookup, count_request, ms_since, read_request
 from .result import Extraction, FieldResult, gather_memberships, mass_warnings
@@ -174,10 +174,12 @@ def fill_passes(
     meter: Meter,
     use_cache: bool,
     pause: Callable[[], None],
+    later: LaterStep | None = None,
 ) -> Filled:
     """Every pass of a fill: the request with the first wave's rows (``reading.read_request``), one
     pass per later wave, then the open rows' steps; ``meter`` is counted when the last is read. The
-    caller holds the lock, whose ``pause`` hands the model over at each pass boundary.
+    caller holds the lock, whose ``pause`` hands the model over at each pass boundary; ``later``
+    runs the open rows' steps after each wave's first (``generation.generate_open_fields``).
     """
     passes_before = backend.counter.mine().forward_passes
     rounds = RoundStats()
@@ -193,7 +195,7 @@ def fill_passes(
         pause,
         plan.reads_hidden(adjust),
     )
-    filled = read_waves(backend, grammar, plan, decoded, adjust, meter, rounds, pause)
+    filled = read_waves(backend, grammar, plan, decoded, adjust, meter, rounds, pause, later)
     filled.warnings[:0] = warnings  # the request's warnings come before the open rows'
     count_request(backend, meter, rounds, passes_before, len(plan.compiled.head_ids))
     return filled
@@ -208,6 +210,7 @@ def read_waves(
     meter: Meter,
     rounds: RoundStats,
     pause: Callable[[], None],
+    later: LaterStep | None = None,
 ) -> Filled:
     """Every pass of a fill after the first (whose readouts are ``first``): one per later wave, then
     the open rows' steps. Fills ``decode_ms``, ``generate_ms``, ``open_steps``, ``output_tokens`` and
@@ -231,7 +234,7 @@ def read_waves(
     if plan.generates:
         clock = time.perf_counter()
         pause()
-        _generate_open(backend, grammar(), plan, decoded.prefix, filled, meter, pause)
+        _generate_open(backend, grammar(), plan, decoded.prefix, filled, meter, pause, later)
         meter.stats = replace(meter.stats, generate_ms=ms_since(clock))
     return filled
 
@@ -244,6 +247,7 @@ def _generate_open(
     filled: Filled,
     meter: Meter,
     pause: Callable[[], None],
+    later: LaterStep | None,
 ) -> None:
     """Generate every open field; the first step also writes in the closed answers not yet in the prompt."""
     compiled = plan.compiled
@@ -261,4 +265,5 @@ def _generate_open(
         max_new_tokens,
         pause,
         written_in=tuple(lines),
+        later=later,
     )

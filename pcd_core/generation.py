@@ -22,13 +22,13 @@ from __future__ import annotations
 import difflib
 import json
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import numpy as np
 
-from .backends.base import Backend, Prefix
+from .backends.base import Backend, Prefix, Rows
 from .compiler import OpenRowSpec
 from .cost import Meter
 from .errors import GenerationError, OptionError
@@ -41,6 +41,20 @@ from .strict import bound_warnings
 #: rows that outgrow it still work (the backend's buffers grow), and many uncapped strings do not
 #: reserve them all
 MAX_ROOM = 1024
+
+#: a later step of a wave's rows: ``Backend.grow`` of their new tokens at a pass boundary; the
+#: engine's steps join other callers' waiting steps in one pass (``stepping.joined_grow``)
+LaterStep = Callable[[Prefix, Rows, Sequence[Sequence[int]]], Rows]
+
+
+def solo_steps(backend: Backend, pause: Callable[[], None]) -> LaterStep:
+    """Later steps read alone: the boundary's ``pause``, then this generation's own pass."""
+
+    def grow(prefix: Prefix, rows: Rows, new: Sequence[Sequence[int]]) -> Rows:
+        pause()  # the rows' KV is this generation's own arena: no other request writes it
+        return backend.grow(prefix, rows, new)
+
+    return grow
 
 
 @dataclass
@@ -122,13 +136,15 @@ def generate_open_fields(
     max_new_tokens: dict[str, int] | None = None,
     pause: Callable[[], None] = no_pause,
     written_in: tuple[int, ...] = (),
+    later: LaterStep | None = None,
 ) -> tuple[dict[str, GeneratedField], list[str]]:
     """Generate every open field after ``prefix``, wave by wave; returns results and warnings.
 
     ``written_in`` (the closed answer lines not yet in ``prefix``) is the trunk of the first wave's
     first step, as the previous wave's lines are of each later wave's: read in the same pass as the
     rows' openings, with room for the rows behind it (``Backend.grow``), so the steps never copy it.
-    ``pause`` is called between two passes, where the engine may hand the model over (``fairness.py``).
+    ``pause`` is called between two passes, where the engine may hand the model over (``fairness.py``);
+    a wave's steps after its first go through ``later`` (default: ``solo_steps``).
     Adds to ``meter`` the steps (``open_steps``), the row tokens they read and the tokens written
     (``output_tokens``); the caller counts the passes.
     """
@@ -154,7 +170,8 @@ def generate_open_fields(
             )
             for name in wave
         ]
-        prefix = _run_rows(backend, grammar_tokenizer, prefix, rows, caps, meter, pause, tuple(ids), room)
+        steps = later if later is not None else solo_steps(backend, pause)
+        prefix = _run_rows(backend, grammar_tokenizer, prefix, rows, caps, meter, steps, tuple(ids), room)
         for row in rows:
             written[row.spec.field.name] = row.generated
             result = results[row.spec.field.name] = _result(row, grammar_tokenizer, wave_index)
@@ -170,7 +187,7 @@ def _run_rows(
     rows: list[_Row],
     caps: dict[str, int],
     meter: Meter,
-    pause: Callable[[], None],
+    later: LaterStep,
     trunk: tuple[int, ...],
     room: int,
 ) -> Prefix:
@@ -178,8 +195,8 @@ def _run_rows(
     returns the prefix extended by ``trunk``, which the first pass reads before the rows.
 
     The first pass reads the trunk and every row's opening, with ``room`` reserved for the rows;
-    each later pass reads only the tokens a row gained since (the model's last pick and any forced
-    ones), with the rows' own KV kept by the backend.
+    each later pass (``later``) reads only the tokens a row gained since (the model's last pick and
+    any forced ones), with the rows' own KV kept by the backend.
     """
     state = None
     while True:
@@ -189,11 +206,9 @@ def _run_rows(
         new = [tuple(row.ids[len(had) :]) if not row.done else () for row, had in zip(rows, seen)]
         if state is not None and not any(new):
             return state.prefix
-        if state is not None:
-            pause()  # the rows' KV is this generation's own arena: no other request writes it
         tokens_before = backend.counter.mine().tokens_read
         read_trunk = trunk if state is None else ()  # the prompt's tokens, not row tokens
-        state = backend.grow(prefix, state, new, trunk=read_trunk, room=room if state is None else 0)
+        state = backend.grow(prefix, None, new, trunk=trunk, room=room) if state is None else later(prefix, state, new)
         prefix = state.prefix
         spent = meter.stats
         read = backend.counter.mine().tokens_read - tokens_before - len(read_trunk)

@@ -13,11 +13,12 @@ import threading
 
 import numpy as np
 import pytest
+from pydantic import BaseModel, Field
 
 from pcd_core.errors import BackendError, Cancelled
 from pcd_core.fairness import Cancellation, cancellable
 from pcd_core.questions import distribution
-from pcd_core.stepping import run_step, step_join, submit_step
+from pcd_core.stepping import PassJoin, run_step, step_join, submit_step
 
 PROMPTS = [
     "Tell me a short fact about the number 7.",
@@ -65,6 +66,44 @@ def test_concurrent_replies_read_as_alone_in_fewer_passes(engine):
         assert joined.stats.forward_passes == solo.stats.forward_passes
         assert joined.stats.open_steps == solo.stats.open_steps
     assert spent < sum(solo.stats.forward_passes for solo in alone)
+
+
+def test_concurrent_fills_open_fields_and_a_reply_share_steps_and_read_as_alone(engine):
+    class Note(BaseModel):
+        urgent: bool
+        summary: str = Field(max_length=60)
+
+    texts = ["The heater sparks when I plug it in.", "Where is order 1182? It is two weeks late."]
+    engine.warmup(Note)
+    engine.generate(PROMPTS[0], max_new_tokens=1)
+    alone = [engine.fill(Note, text) for text in texts]
+    reply = engine.generate(PROMPTS[1], max_new_tokens=NEW_TOKENS)
+    passes = engine.backend.forward_passes
+    calls = [lambda t=text: engine.fill(Note, t) for text in texts]
+    *together, joined_reply = run_threads([*calls, lambda: engine.generate(PROMPTS[1], max_new_tokens=NEW_TOKENS)])
+    spent = engine.backend.forward_passes - passes
+    for solo, joined in zip(alone, together, strict=True):
+        assert joined.values == solo.values
+        assert joined.fields["urgent"].probability == pytest.approx(solo.fields["urgent"].probability, abs=1e-5)
+        assert joined.stats.forward_passes == solo.stats.forward_passes
+        assert joined.stats.open_steps == solo.stats.open_steps
+    assert joined_reply.token_ids == reply.token_ids
+    assert spent < sum(solo.stats.forward_passes for solo in alone) + reply.stats.forward_passes
+
+
+def test_a_joined_pass_takes_waiting_steps_only_while_their_contexts_fit():
+    ran = []
+
+    def run_many(works):
+        ran.append(list(works))
+        return [work * 10 for work in works]
+
+    join = PassJoin(run_many=run_many, run_alone=lambda work, _: run_many([work])[0], budget=lambda: (100, None))
+    join.max_context = 1000
+    own, fits, over = (join.submit(k, None, 1, context=c) for k, c in ((1, 600), (2, 400), (3, 1)))
+    assert join.run(own) == 10 and ran == [[1, 2]]
+    assert fits.done and not over.done  # oldest first: a step past the bound waits for the next pass
+    assert join.run(over) == 30 and ran[-1] == [3]
 
 
 def test_a_step_read_by_another_replys_pass_is_charged_to_its_own_reply(engine):
