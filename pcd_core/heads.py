@@ -202,6 +202,14 @@ def _rows(weights: np.ndarray, bias: np.ndarray, n_labels: int) -> tuple[np.ndar
     return np.asarray(weights, dtype=np.float64), np.asarray(bias, dtype=np.float64)
 
 
+def _require_sklearn() -> None:
+    """Refuse to fit before any work when the ``heads`` extra is missing, with its install hint."""
+    try:
+        import sklearn  # noqa: F401
+    except ImportError as error:
+        raise PcdError(INSTALL_HINT) from error
+
+
 def _regression(strength: float) -> Any:
     """An L2 logistic regression run to the optimum; a refit of the same object starts from its last
     solution (``_strength_search`` walks the strengths so), a new one from zero.
@@ -281,10 +289,7 @@ def fit_head(
     indices (``_train_states`` says what they need), its strength chosen on folds that keep each of
     ``groups`` whole (``_folds``), then fitted on all of them from the folds' mean solution.
     """
-    try:
-        import sklearn  # noqa: F401
-    except ImportError as error:
-        raise PcdError(INSTALL_HINT) from error
+    _require_sklearn()
     states, answers = _train_states(hidden, gold, labels)
     mean, scale = _scaling(states)
     standard = (states - mean) / scale
@@ -320,10 +325,7 @@ def out_of_fold(
     example one fold holds (one group of near-duplicates) is unknown to that fold's fit: its examples
     get none of it, which is what a head that never saw the label would say.
     """
-    try:
-        import sklearn  # noqa: F401
-    except ImportError as error:
-        raise PcdError(INSTALL_HINT) from error
+    _require_sklearn()
     states, answers = _train_states(hidden, gold, head.labels)
     probabilities = np.zeros((len(answers), len(head.labels)))
     for kept, left_out in _folds(answers, seed, groups):
