@@ -103,6 +103,43 @@ def test_json_schema_content_is_the_engines_fill_with_its_decisions(client: Any,
     assert again.prompt_tokens == usage.prompt_tokens and 0 < again.prompt_tokens_details.cached_tokens
 
 
+def test_concurrent_structured_requests_share_their_summaries_steps_and_read_as_alone(
+    client: Any, engine: Engine
+) -> None:
+    states = [
+        STATE,
+        "The blender I ordered arrived cracked. Please send a new one.",
+        "Do you sell gift cards for the spring sale?",
+        "My parcel has been stuck in transit for two weeks.",
+    ]
+    schema = Ticket.model_json_schema()
+    engine.fill(schema, STATE)  # the head cached, as every fill below finds it
+    alone = [engine.fill(schema, state) for state in states]
+    replies: list[Any] = [None] * len(states)
+    start = threading.Barrier(len(states))
+
+    def ask(k: int) -> None:
+        start.wait()
+        replies[k] = chat(client, [{"role": "user", "content": states[k]}], response_format=TICKET_FORMAT)
+
+    passes = engine.backend.forward_passes
+    threads = [threading.Thread(target=ask, args=(k,)) for k in range(len(states))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    spent = engine.backend.forward_passes - passes
+    for solo, reply in zip(alone, replies, strict=True):
+        assert json.loads(reply.choices[0].message.content) == solo.values
+        for name in ("urgent", "team"):
+            got = reply.x_pcd["fields"][name]["probabilities"]
+            assert got == pytest.approx(solo.fields[name].probabilities, abs=1e-5)
+        # each step is one pass to its request, whether it ran it or shared another's
+        assert reply.x_pcd["forward_passes"] == solo.stats.forward_passes
+    # the summaries' steps joined (pcd_core/stepping.py): fewer passes than the fills one by one
+    assert spent < sum(solo.stats.forward_passes for solo in alone)
+
+
 def test_sdk_parse_with_a_pydantic_model_returns_the_instance(client: Any) -> None:
     parsed = client.chat.completions.parse(model=MODEL, messages=ASK, response_format=Ticket)
     ticket = parsed.choices[0].message.parsed
