@@ -13,10 +13,13 @@ different answer. The price is that a request is read again in each later wave (
 once); ``Stats.prompt_tokens`` counts those re-reads.
 
 What a batch cannot take runs solo, in order, through the caller's ``fill``: an input that merged with
-the head's last token (no stem hangs from the head) and a fill that generates open fields (``grow``
-extends one prefix's rows). Running those fills side by side in threads, so that their steps join
+the head's last token (no stem hangs from the head), a fill that generates open fields (``grow``
+extends one prefix's rows), and every fill on a backend whose passes cost their tokens and little
+else (``Backend.batches_fills``: llama.cpp, where the re-read requests cost more than the shared
+passes save). Running the fills that generate side by side in threads, so that their steps join
 as concurrent callers' do (``stepping.joined_grow``), measured slower than the loop on a 2-core CPU
-(docs/benchmarks.md). ``tests/test_batching.py`` checks every answer and probability against solo
+(docs/benchmarks.md). Concurrent callers' fills of one schema that generate nothing are read as a
+batch too (``fill_joined``, through the engine's ``PassJoin``). ``tests/test_batching.py`` checks every answer and probability against solo
 calls on the real model, the pass counts, a split batch and a neighbour swap.
 """
 
@@ -124,17 +127,13 @@ class BatchRead:
         in the inputs' order.
         """
         started = time.perf_counter()
-        joined = [
-            k
-            for k, (plan, adjust, _) in enumerate(prepared)
-            if not plan.generates and not plan.reads_hidden(adjust) and _joins(plan.whole, plan.compiled.head_ids)
-        ]
+        joined = [k for k, (plan, adjust, _) in enumerate(prepared) if fill_joins(self.backend, plan, adjust)]
         results: dict[int, Extraction] = {}
         for group in _groups(joined, [len(plan.whole) - len(plan.compiled.head_ids) for plan, _, _ in prepared]):
             plans = [prepared[k][0] for k in group]
             meters = [prepared[k][2] for k in group]
             with self.lock.turn() as turn:
-                filled = self._fill(plans, prepared[group[0]][1], meters, turn.pause)
+                filled = self._fill(plans, [prepared[k][1] for k in group], meters, turn.pause)
             for k, plan, done, m in zip(group, plans, filled, meters):
                 results[k] = plan.assemble(done, replace(m.stats, queue_ms=turn.queue_ms, total_ms=ms_since(started)))
         return [results[k] if k in results else solo(k) for k in range(len(prepared))]
@@ -167,6 +166,15 @@ class BatchRead:
         readouts = self._decide([plan for plan, _ in works], [meter for _, meter in works], no_pause)
         return [(read, []) for read in readouts]
 
+    def fill_joined(self, works: list[Prepared[FillPlan]]) -> list[Filled]:
+        """Concurrent callers' fills of one compiled schema in one ``score`` call per wave
+        (``stepping.PassJoin``, ``engine.py``), holding the model throughout: a joined read never hands
+        the model over between its waves, since the callers whose fills it reads wait in the model's
+        queue for it to end. Each fill's own answers, as ``fill_many`` reads them.
+        """
+        plans = [plan for plan, _, _ in works]
+        return self._fill(plans, [adjust for _, adjust, _ in works], [meter for _, _, meter in works], no_pause)
+
     def _head(self, head_ids: tuple[int, ...], whole: Sequence[tuple[int, ...]], meters: list[Meter]) -> Prefix:
         """The shared head, looked up once; each input's ``meter`` filled as ``read_head`` fills a solo
         request's (the inputs after the first find it read: a hit).
@@ -185,10 +193,15 @@ class BatchRead:
         return head
 
     def _fill(
-        self, plans: list[FillPlan], adjust: Adjust | None, meters: list[Meter], pause: Callable[[], None]
+        self,
+        plans: list[FillPlan],
+        adjusts: Sequence[Adjust | None],
+        meters: list[Meter],
+        pause: Callable[[], None],
     ) -> list[Filled]:
-        """Every wave of closed fields for every plan (one schema, none generating): one ``score`` per
-        wave, each input's stem its request and the answer lines of the waves before.
+        """Every wave of closed fields for every plan (one compiled schema, none generating): one
+        ``score`` per wave, each input's stem its request and the answer lines of the waves before;
+        each plan's answers adjusted by its own debias / calibration step.
         """
         passes_before = self.backend.counter.mine().forward_passes
         compiled = plans[0].compiled
@@ -204,7 +217,7 @@ class BatchRead:
             for stem, plan in zip(stems, plans):
                 stem.tasks = plan.tasks(wave_index)
             readouts = decode_batch(self.backend, head, stems, pause)
-            for plan, done, stem_readouts in zip(plans, filled, readouts):
+            for plan, done, stem_readouts, adjust in zip(plans, filled, readouts, adjusts):
                 done.record(plan, wave_index, Decoded(stem_readouts, head), adjust)
             if not wave_index:
                 for m in meters:
@@ -254,6 +267,20 @@ def _groups(joined: Sequence[int], stems: Sequence[int], budget: int | None = No
         groups[-1].append(k)
         used += stems[k]
     return [group for group in groups if len(group) > 1]
+
+
+def fill_joins(backend: Backend, plan: FillPlan, adjust: Adjust | None) -> bool:
+    """Whether a fill can share passes with others (``fill_many``, concurrent fills): the backend's
+    batches pay (``Backend.batches_fills``), the fill generates no open field (``grow`` extends one
+    prefix's rows), reads no hidden state (a batch's rows keep none), and its prompt extends its
+    schema's head.
+    """
+    return (
+        backend.batches_fills
+        and not plan.generates
+        and not plan.reads_hidden(adjust)
+        and _joins(plan.whole, plan.compiled.head_ids)
+    )
 
 
 def decide_joins(plan: DecidePlan, adjust: Adjust | None) -> bool:

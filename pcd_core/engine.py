@@ -7,7 +7,8 @@ the number of fields, plus one per further ``depends_on`` wave (``filling.py``);
 Every prompt, a chat reply's included, is read through ``reading.py`` into one ``Stats`` (``cost.py``).
 One FIFO lock serialises model access, handed to a waiting request at each pass boundary
 (``fairness.py``), so threads and async callers may share an engine; concurrent replies' steps, and
-concurrent decides over one head, are read together in shared passes (``stepping.py``).
+concurrent decides over one head and concurrent closed fills of one schema, are read together in
+shared passes (``stepping.py``).
 ``tests/test_engine.py`` checks the pass counts and every ``Stats`` field on the real model.
 """
 
@@ -20,7 +21,7 @@ from functools import cached_property
 from typing import Any, Unpack
 
 from .backends.base import Backend, Prefix
-from .batching import BATCH_STEM_TOKENS, BatchRead, Prepared, decide_joins
+from .batching import BATCH_STEM_TOKENS, BatchRead, Prepared, decide_joins, fill_joins
 from .caches import Lru, schema_key
 from .chatting import Message, stream_reply
 from .compiler import CompiledSchema
@@ -29,7 +30,7 @@ from .cost import Meter
 from .deciding import DecideKeywords, DecidePlan
 from .decoding import DecodeOptions
 from .fairness import ModelLock, in_thread
-from .filling import FillKeywords, FillPlan, fill_passes
+from .filling import Filled, FillKeywords, FillPlan, fill_passes
 from .grammar import GrammarTokenizer
 from .models import load_backend
 from .options import LoadOptions, load_options
@@ -67,7 +68,13 @@ class Engine:
         self._decides: PassJoin[tuple[DecidePlan, Meter], tuple[list[Readout], list[str]]] = PassJoin(
             run_many=lambda works: BatchRead(self.backend, self._head, self._lock).decide_joined(works),
             run_alone=self._decide_alone,
-            budget=lambda: (self._joined_decide_tokens, None),
+            budget=lambda: (self._joined_tokens, None),
+        )
+        # concurrent fills of one compiled schema that generate nothing, read in shared passes
+        self._fills: PassJoin[Prepared[FillPlan], Filled] = PassJoin(
+            run_many=lambda works: BatchRead(self.backend, self._head, self._lock).fill_joined(works),
+            run_alone=self._fill_alone,
+            budget=lambda: (self._joined_tokens, None),
         )
 
     @classmethod
@@ -160,15 +167,38 @@ class Engine:
         return self._read_fill(prepared, use_head_cache, started)
 
     def _read_fill(self, prepared: Prepared[FillPlan], use_head_cache: bool, started: float) -> Extraction:
-        """A prepared fill's passes, under the lock; ``started`` is when its call began."""
+        """A prepared fill's passes, under the lock; ``started`` is when its call began. One that can
+        share its passes (``batching.fill_joins``, the head cache in use, a request within the joined
+        read's tokens, a backend under the model lock) is read with the fills of the same compiled
+        schema that wait when a pass starts (``stepping.py``), each with its own fill's answers.
+        """
         plan, adjust, meter = prepared
-        with self._lock.turn() as turn:  # the grammar tokenizer is built on first use, under the lock
-            grammar = lambda: self.grammar_tokenizer  # noqa: E731
-            later = joined_grow(self.backend, self._steps, turn.pause)  # open rows' steps join others'
-            filled = fill_passes(
-                self.backend, self._head, grammar, plan, adjust, meter, use_head_cache, turn.pause, later
-            )
+        size = len(plan.whole) - len(plan.compiled.head_ids)  # request tokens, as a batch group counts them
+        # a backend that batches concurrent requests itself (vLLM, no lock) keeps serving fills as it did
+        joins = self.backend.serialises and use_head_cache and fill_joins(self.backend, plan, adjust)
+        if joins and size <= self._joined_tokens:
+            ticket = self._fills.submit(prepared, id(plan.compiled), size)
+            try:
+                with self._lock.turn(served=ticket.served) as turn:
+                    filled = self._fills.run(ticket, turn.pause)
+            finally:
+                self._fills.withdraw(ticket)
+        else:
+            with self._lock.turn() as turn:  # the grammar tokenizer is built on first use, under the lock
+                grammar = lambda: self.grammar_tokenizer  # noqa: E731
+                later = joined_grow(self.backend, self._steps, turn.pause)  # open rows' steps join others'
+                filled = fill_passes(
+                    self.backend, self._head, grammar, plan, adjust, meter, use_head_cache, turn.pause, later
+                )
         return plan.assemble(filled, replace(meter.stats, queue_ms=turn.queue_ms, total_ms=ms_since(started)))
+
+    def _fill_alone(self, work: Prepared[FillPlan], pause: Callable[[], None]) -> Filled:
+        """One fill that shares its passes with none, read as ``fill`` reads it (it generates nothing,
+        so no step is handed to the step join).
+        """
+        plan, adjust, meter = work
+        grammar = lambda: self.grammar_tokenizer  # noqa: E731
+        return fill_passes(self.backend, self._head, grammar, plan, adjust, meter, True, pause)
 
     def fill_many(self, schema: Any, texts: list[str], **keywords: Unpack[FillKeywords]) -> list[Extraction]:
         """Many inputs against one schema, read together (``batching.py``): one pass per wave for all
@@ -242,7 +272,7 @@ class Engine:
         """
         plan, adjust, meter = prepared
         size = len(plan.whole) - len(plan.head_ids) + plan.row_tokens()  # request and row tokens
-        if not decide_joins(plan, adjust) or size > self._joined_decide_tokens:
+        if not decide_joins(plan, adjust) or size > self._joined_tokens:
             reads_hidden = adjust is not None and adjust.reads_hidden
             with self._lock.turn() as turn:
                 decoded, warnings = plan.read(self.backend, self._head, meter, turn.pause, reads_hidden)
@@ -259,10 +289,11 @@ class Engine:
         return plan.respond(self.model_name, readouts, stats, warnings, adjust, spreads)
 
     @property
-    def _joined_decide_tokens(self) -> int:
-        """The most request and row tokens a joined read of decides takes (one pass per round, so
-        that it never keeps a waiting request from the model for longer than a solo read's pass);
-        a decide over it is read alone, handing the model over between its passes.
+    def _joined_tokens(self) -> int:
+        """The most tokens a joined read takes: a decide's request and rows, a fill's request (one
+        pass per round or wave, so that it keeps a waiting request from the model for little longer
+        than a solo read's pass); a decide or fill over it is read alone, handing the model over
+        between its passes.
         """
         return min(BATCH_STEM_TOKENS, self.backend.max_tokens_per_pass or BATCH_STEM_TOKENS)
 

@@ -10,14 +10,14 @@ A caller whose work another's pass read stops waiting for the model as soon as t
 (``ModelLock.turn(served=...)``) and takes its result without it; work left out of a full pass
 runs in the next one.
 
-Two joins use it: reply steps and fills' open-row steps (``step_join``: ``Backend.grow_many``,
+Three joins use it: reply steps and fills' open-row steps (``step_join``: ``Backend.grow_many``,
 where each row sees its own prefix and its own row only, so each reply gets the tokens it would get
-alone; ``chatting.py``, ``joined_grow``) and
-decides over one head (``engine.py``, through ``batching.BatchRead``, each state's answers those of
-its own decide). A caller that stops (its consumer gone, ``Cancelled``) withdraws work nobody took;
+alone; ``chatting.py``, ``joined_grow``), decides over one head, and fills of one compiled schema
+that generate nothing (both in ``engine.py``, through ``batching.BatchRead``, each state's answers
+those of its own decide or fill). A caller that stops (its consumer gone, ``Cancelled``) withdraws work nobody took;
 work already taken runs and its result is dropped. When a joined pass fails, each piece is run
 alone, so one caller's error reaches that caller only. ``tests/test_stepping.py`` checks concurrent
-replies and decides against the same read one by one, and the passes they cost.
+replies, decides and fills against the same read one by one, and the passes they cost.
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import platform
 
 import pytest
 
@@ -232,15 +233,24 @@ def test_clients_time_one_http_client_and_several_on_one_served_engine(engine, t
     out = tmp_path / "clients.json"
     argv = ["bench", "--clients", "3", "--client-requests", "2", "--client-tokens", "4", "--json", str(out)]
     assert pcd(argv) == 0
-    chat, decisions = json.loads(out.read_text())["records"]
-    assert (chat["route"], decisions["route"]) == ("chat", "decisions")
-    for record in (chat, decisions):
+    written = json.loads(out.read_text())
+    chat, decisions, structured = written["records"]
+    # the meta says what moves the ratios: the dtype computed in, and the CPU's matrix extensions
+    from pcd_integrations.commands.bench import CPU_FEATURES
+
+    meta = written["meta"]
+    assert meta["dtype"] == "float32" and set(meta["cpu_features"]) <= set(CPU_FEATURES)
+    if platform.machine() == "x86_64":  # the x86 machines this project runs on (Xeon, EPYC) all have AVX2
+        assert "avx2" in meta["cpu_features"]
+    assert (chat["route"], decisions["route"], structured["route"]) == ("chat", "decisions", "structured")
+    for record in (chat, decisions, structured):
         assert (record["one_requests"], record["many_requests"]) == (2, 6)
         assert record["requests_ratio"] == record["many_requests_per_s"] / record["one_requests_per_s"] > 0
         assert record["many_peak_rss_mb"] >= record["one_peak_rss_mb"] > 0
     # every reply's tokens are counted from its usage (tests/test_stepping.py checks the shared passes)
     assert 0 < chat["one_tokens"] <= 2 * 4 and 0 < chat["many_tokens"] <= 6 * 4
     assert decisions["one_forward_passes"] == 2  # one pass for each warm decide
+    assert structured["one_tokens"] is None and structured["one_forward_passes"] >= 2  # closed fills: no tokens
     assert "| chat | torch | float32 | 3 |" in capsys.readouterr().out
 
 

@@ -437,8 +437,8 @@ def test_the_clients_table_is_the_recorded_runs():
         rows = [
             line
             for line in rendered.getvalue().splitlines()
-            if line.startswith("| chat") or line.startswith("| decisions")
+            if line.startswith(("| chat", "| decisions", "| structured"))
         ]
-        assert len(rows) == 2
+        assert len(rows) == 3
         for row in rows:
             assert row in text, row

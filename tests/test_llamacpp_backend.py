@@ -473,3 +473,26 @@ def test_a_warm_load_does_not_import_torch(llama_engine, tmp_path):
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     assert done.stdout.strip().splitlines()[-1] == "False"
+
+
+def test_fills_run_one_by_one_on_llamacpp_where_a_batch_would_read_each_request_again(llama_engine):
+    """``batches_fills`` is off here (a request read again costs what it cost first), so ``fill_many``
+    reads each input as ``fill`` does: the same answers, and the passes of the loop, not fewer.
+    """
+    schema = {
+        "type": "object",
+        "properties": {
+            "hazard": {"type": "boolean"},
+            "team": {"type": "string", "enum": ["safety", "billing", "shipping"]},
+        },
+        "required": ["hazard", "team"],
+    }
+    texts = ["My kettle sparks when I plug it in.", "I was charged twice for one order.", "Where is my parcel?"]
+    llama_engine.warmup(schema)
+    alone = [llama_engine.fill(schema, text) for text in texts]
+    passes = llama_engine.backend.forward_passes
+    batch = llama_engine.fill_many(schema, texts)
+    assert llama_engine.backend.forward_passes - passes == sum(one.stats.forward_passes for one in alone)
+    for one, many in zip(alone, batch, strict=True):
+        assert many.values == one.values
+        assert many.fields["team"].probability == one.fields["team"].probability

@@ -4,12 +4,15 @@ Each reply read concurrently must be the reply read alone (the same tokens, the 
 float rounding, the same passes charged to it), while the engine runs fewer passes than the replies
 one after another; a step another reply's pass read is charged to its own reply; a withdrawn step is
 never read; a step that cannot be read fails its own reply only; a reply cancelled while others run
-leaves them as they were.
+leaves them as they were. Concurrent closed fills of one schema share passes too, each read as
+alone, and one cancelled while it waits leaves the others' joined read as it was.
 """
 
 from __future__ import annotations
 
 import threading
+import time
+from typing import Literal
 
 import numpy as np
 import pytest
@@ -224,3 +227,73 @@ def test_concurrent_decides_read_as_alone_in_fewer_passes(engine):
             assert got.candidate_mass == pytest.approx(want.candidate_mass, abs=1e-5)
         assert joined.stats.forward_passes == solo.stats.forward_passes == 1
     assert spent < len(STATES)
+
+
+class Triage(BaseModel):
+    """A closed schema: every field is decided, none generated, so concurrent fills of it join."""
+
+    urgent: bool
+    team: Literal["safety", "billing", "shipping", "accounts"]
+    mood: Literal["calm", "annoyed", "angry"]
+
+
+class Flag(BaseModel):
+    spam: bool
+
+
+def same_fill(joined, solo):
+    assert joined.values == solo.values
+    for name, field_result in solo.fields.items():
+        assert joined.fields[name].probability == pytest.approx(field_result.probability, abs=1e-5)
+        assert joined.fields[name].candidate_mass == pytest.approx(field_result.candidate_mass, abs=1e-5)
+    assert joined.stats.forward_passes == solo.stats.forward_passes
+
+
+def test_concurrent_closed_fills_read_as_alone_in_fewer_passes(engine):
+    engine.warmup(Triage)
+    engine.warmup(Flag)
+    alone = [engine.fill(Triage, state) for state in STATES]
+    flag_alone = engine.fill(Flag, STATES[2])
+    passes = engine.backend.forward_passes
+    calls = [lambda s=state: engine.fill(Triage, s) for state in STATES]
+    *together, flag = run_threads([*calls, lambda: engine.fill(Flag, STATES[2])])  # another schema: its own pass
+    spent = engine.backend.forward_passes - passes
+    for solo, joined in zip(alone, together, strict=True):
+        same_fill(joined, solo)
+    same_fill(flag, flag_alone)
+    assert spent < sum(solo.stats.forward_passes for solo in alone) + flag_alone.stats.forward_passes
+
+
+def test_a_fill_cancelled_while_waiting_leaves_the_joined_fills_as_alone(engine):
+    engine.warmup(Triage)
+    alone = [engine.fill(Triage, state) for state in STATES[:3]]
+    token = Cancellation()
+    results, outcome = [None] * 3, []
+
+    def fill(k):
+        results[k] = engine.fill(Triage, STATES[k])
+
+    def cancelled():
+        try:
+            with cancellable(token):
+                outcome.append(engine.fill(Triage, STATES[4]))
+        except Cancelled as error:
+            outcome.append(error)
+
+    threads = [threading.Thread(target=fill, args=(k,)) for k in range(3)] + [threading.Thread(target=cancelled)]
+    with engine._lock:  # every fill queues behind this hold, its work submitted
+        for thread in threads:
+            thread.start()
+        while engine.waiting < len(threads):
+            time.sleep(0.01)
+        token.cancel("the client went away")
+        while engine.waiting > len(threads) - 1:
+            time.sleep(0.01)
+        passes = engine.backend.forward_passes
+    for thread in threads:
+        thread.join()
+    assert len(outcome) == 1 and isinstance(outcome[0], Cancelled)
+    for solo, joined in zip(alone, results, strict=True):
+        same_fill(joined, solo)
+    assert engine.backend.forward_passes - passes == alone[0].stats.forward_passes  # one joined read for three
+    assert engine.waiting == 0

@@ -185,6 +185,10 @@ class Backend(ABC):
     #: whether ``score(..., hidden=True)`` works: the backend overrides ``_score_chunk_hidden`` and
     #: ``_prefix_hidden``
     reads_hidden: bool = False
+    #: whether many inputs' fills read in shared passes (``pcd_core/batching.py``), where each request
+    #: is read again in every round after its first, beat reading them one by one; false where a pass
+    #: costs its tokens and little else (llama.cpp: docs/benchmarks.md), so its fills run one by one
+    batches_fills: bool = True
     #: the end of the sentence that refuses ``hidden`` on a backend without it
     hidden_unavailable_because: str = "does not expose hidden states"
     #: what a hidden state holds, in order, each of the model's hidden size: ``final`` (after the last

@@ -195,13 +195,29 @@ def _check(args: argparse.Namespace) -> tuple[list[BenchCase], tuple[str, ...]]:
 
 def _processor() -> str:
     """The CPU's model name where Linux tells it (figures differ between CPUs), else what platform says."""
+    return _cpuinfo("model name") or platform.processor() or platform.system()
+
+
+#: the CPU's matrix and vector extensions that move a record's ratios: two VMs both named "Intel(R)
+#: Xeon(R) Processor" differ in AMX, which makes a wide bfloat16 pass several times cheaper
+CPU_FEATURES = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
+
+
+def _cpu_features() -> list[str] | None:
+    """Which of ``CPU_FEATURES`` the CPU has (Linux's flags); None where the flags cannot be read."""
+    flags = _cpuinfo("flags")
+    return None if flags is None else [name for name in CPU_FEATURES if name in flags.split()]
+
+
+def _cpuinfo(key: str) -> str | None:
+    """The first value of ``key`` in /proc/cpuinfo, or None (not Linux, or no such line)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
+            if line.split(":", 1)[0].strip() == key:
                 return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return platform.processor() or platform.system()
+    return None
 
 
 #: what a run on dummy weights says beside its table and in its JSON
@@ -243,10 +259,12 @@ def run_bench(args: argparse.Namespace) -> int:
         "command": "pcd " + " ".join(getattr(args, "argv", None) or sys.argv[1:]),
         "model": args.model,
         "machine": f"{platform.machine()} {_processor()}, {os.cpu_count()} CPUs",
+        "cpu_features": _cpu_features(),
         "python": platform.python_version(),
         "arc_engine": "pcd-grammar-mask",
         "max_tokens_per_pass": args.max_tokens_per_pass,
-        "dtype": args.dtype or "float32",
+        # a torch backend's placement sets the dtype it computes in; llama.cpp reads the GGUF's own types
+        "dtype": args.dtype,
     }
     if args.dummy_weights:
         meta.update(model=f"dummy:{args.dummy_weights}", note=DUMMY_NOTE)

@@ -2,11 +2,13 @@
 
 The loaded engine is served on a loopback port in this process (``pcd_integrations/loopback.py``),
 and real HTTP clients (httpx, one connection each) send their requests one after another: first one
-client alone, then N at once, each sending ``requests`` requests. Two routes are measured:
+client alone, then N at once, each sending ``requests`` requests. Three routes are measured:
 
 - ``/v1/chat/completions`` with a plain reply of up to ``max_tokens`` tokens: concurrent replies'
   steps share passes (``pcd_core/stepping.py``), so generated tokens per second is the figure;
-- ``/v1/decisions`` with one predicate over a state of its own: requests per second.
+- ``/v1/decisions`` with one predicate over a state of its own: requests per second;
+- ``/v1/chat/completions`` with a ``json_schema`` response format whose fields are all closed
+  (``structured``): a fill each, concurrent fills of the schema joined; requests per second.
 
 Each client's messages and states differ from the others', so no reply can be served from another's
 pass by accident. A record per route says each phase's rate, their ratio, the passes the engine ran,
@@ -23,8 +25,19 @@ from typing import Any
 from pcd_core.bench.measure import peak_rss_mb, weights_dtype
 from pcd_core.errors import PcdError
 
-ROUTES = ("chat", "decisions")
+ROUTES = ("chat", "decisions", "structured")
 HAZARD = {"type": "predicate", "instructions": "Does the customer report a safety hazard?"}
+#: the ``structured`` route's schema: three closed fields, so a fill generates nothing
+TRIAGE = {
+    "type": "object",
+    "properties": {
+        "hazard": {"type": "boolean", "description": "Does the customer report a safety hazard?"},
+        "team": {"type": "string", "enum": ["safety", "billing", "shipping", "accounts"]},
+        "mood": {"type": "string", "enum": ["calm", "annoyed", "angry"]},
+    },
+    "required": ["hazard", "team", "mood"],
+    "additionalProperties": False,
+}
 ITEMS = ("kettle", "blender", "heater", "lamp", "toaster", "drill", "fan", "scooter", "charger", "iron")
 
 
@@ -39,6 +52,12 @@ def request_body(route: str, model: str, client: int, turn: int, max_tokens: int
             "max_tokens": max_tokens,
         }
     state = f"Order {1000 * client + turn}: my {item} sparks when I plug it in and the cable got hot. Help!"
+    if route == "structured":
+        return "/v1/chat/completions", {
+            "model": model,
+            "messages": [{"role": "user", "content": state}],
+            "response_format": {"type": "json_schema", "json_schema": {"name": "Triage", "schema": TRIAGE}},
+        }
     return "/v1/decisions", {"model": model, "input": state, "questions": [HAZARD]}
 
 
@@ -53,7 +72,7 @@ def bench_clients(engine: Any, clients: int, requests: int, max_tokens: int) -> 
             _phase(engine, base, route, 1, 1, max_tokens)  # the route's head read and cached
             one = _phase(engine, base, route, 1, requests, max_tokens)
             many = _phase(engine, base, route, clients, requests, max_tokens)
-            if route != "chat":  # a decision generates no tokens: its figure is requests/s alone
+            if route != "chat":  # a decision or a closed fill generates no tokens: requests/s alone
                 for phase in (one, many):
                     phase.update(tokens=None, tokens_per_s=None)
             records.append(
