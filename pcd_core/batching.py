@@ -9,8 +9,11 @@ other, so input i's rows see the head, its own stem and their own earlier tokens
 solo pass shows them at the same positions. One ``score`` call per wave thus reads every input of
 the batch: a warm batch of fills is two passes (wave 0, then every later field), a batch of decides
 one, and the base class splits a call over ``max_tokens_per_pass`` into more passes, never into a
-different answer. The price is that a request is read again in each later wave (a solo fill reads it
-once); ``Stats.prompt_tokens`` counts those re-reads.
+different answer. Each later round asks for the request again in front of its rows (a solo fill
+reads it once); the torch backend keeps the requests the round before read (``StemMemo`` in
+``backends/torch_cache.py``) and reads only what follows them, other backends read them again.
+``Stats.prompt_tokens`` counts a request once per round, as asked; the pass counter
+(``tokens_read``) counts what was read.
 
 What a batch cannot take runs solo, in order, through the caller's ``fill``: an input that merged with
 the head's last token (no stem hangs from the head), a fill that generates open fields (``grow``
@@ -45,8 +48,8 @@ from .result import Extraction
 
 _P = TypeVar("_P")
 
-#: the most request tokens one batch group reads (its inputs' stems summed). A batch re-reads each
-#: stem in every round after the first, so long requests gain nothing from sharing passes (the
+#: the most request tokens one batch group reads (its inputs' stems summed). A batch asks for each
+#: stem in every round after the first, so long requests gained nothing from sharing passes (the
 #: 28-field ticket, 388 tokens, batched 16 at a time ran at 0.15x the solo loop, docs/benchmarks.md),
 #: and an input too long to share a group with another runs solo. Since the torch backend reads a
 #: group's inputs side by side as a batch, not under one dense mask, wider groups no longer cost more
@@ -243,7 +246,8 @@ class BatchRead:
 
     def _count(self, meter: Meter, stem: Stem, passes_before: int, n_head: int) -> None:
         """An input's totals: the batch's passes (shared by its inputs), and its own rows and stems;
-        ``prompt_tokens`` is every stem token it read, its request once per wave.
+        ``prompt_tokens`` is every stem token its rows were asked after, its request once per round
+        (a backend may take a repeat from its memo: the pass counter says what was read).
         """
         count_request(self.backend, meter, stem.rounds, passes_before, n_head)
         tokens = n_head + stem.stem_tokens + meter.stats.row_tokens

@@ -187,3 +187,36 @@ def test_async_batches_answer_as_the_sync_ones(engine):
         assert_same_fill(a, b)
     for a, b in zip(engine.decide_many(states, case["questions"]), decides):
         assert_same_decide(a, b)
+
+
+def test_a_batchs_later_rounds_take_each_request_from_the_round_before(engine, monkeypatch):
+    """A warm batch of fills reads its requests in the first round only: the torch backend keeps the
+    keys of each group's request (``StemMemo``) and the later round reads the rows. Without the memo
+    the later round reads every request again; the answers are the same either way, and each input's
+    own.
+    """
+    from pcd_core.backends import torch_backend
+
+    class Triage(BaseModel):  # "shipping" and "safety" part after their first token: two rounds
+        team: Literal["safety", "billing", "shipping", "accounts"]
+        mood: Literal["calm", "annoyed", "angry"]
+
+    texts = [TEXT, *OTHERS]
+    engine.warmup(Triage)
+    solo = [engine.fill(Triage, text) for text in texts]
+    assert all(one.stats.forward_passes == 2 for one in solo)
+    counter = engine.backend.counter
+    before = counter.tokens_read
+    kept = engine.fill_many(Triage, texts)
+    kept_read = counter.tokens_read - before
+    monkeypatch.setattr(torch_backend, "STEM_MEMO_TOKENS", 0)
+    engine.backend._stems = None
+    before = counter.tokens_read
+    again = engine.fill_many(Triage, texts)
+    again_read = counter.tokens_read - before
+    compiled = engine.compile(Triage)
+    requests = sum(len(engine.request_ids(compiled, text)) - len(compiled.head_ids) for text in texts)
+    assert kept_read < again_read - requests // 2  # at least half the requests were not read again
+    for alone, with_memo, without in zip(solo, kept, again, strict=True):
+        assert_same_fill(alone, with_memo)
+        assert_same_fill(alone, without)

@@ -259,3 +259,30 @@ def test_clients_options_are_checked_before_a_model_loads(capsys):
     assert pcd(["bench", "--clients", "2", "--client-requests", "0"]) == 2
     assert pcd(["bench", "--clients", "2", "--throughput", "4"]) == 2
     assert capsys.readouterr().err.count("pcd: error: --client") == 3
+
+
+def test_width_bench_times_one_pass_per_width_after_one_prefix(engine, tmp_path, monkeypatch, capsys):
+    from pcd_core.bench.widths import PREFIX_TOKENS, REQUEST_TOKENS
+    from pcd_core.engine import Engine
+
+    monkeypatch.setattr(Engine, "load", classmethod(lambda cls, *args, **kwargs: engine))
+    out = tmp_path / "widths.json"
+    assert pcd(["bench", "--widths", "4,1", "--repeat", "2", "--json", str(out)]) == 0
+    records = json.loads(out.read_text())["records"]
+    assert [(r["mode"], r["requests"], r["forward_passes"]) for r in records] == [("widths", 1, 1), ("widths", 4, 1)]
+    one, four = records
+    # every request is read whole in each timed pass, none taken from the pass before
+    assert one["tokens"] == REQUEST_TOKENS and 4 * REQUEST_TOKENS - 3 <= four["tokens"] <= 4 * REQUEST_TOKENS
+    for record in records:
+        assert record["prefix_tokens"] == PREFIX_TOKENS and record["dtype"] == "float32"
+        assert record["tokens_per_s"] == pytest.approx(record["tokens"] / record["ms"] * 1000.0)
+    assert one["speedup_over_narrowest"] == 1.0
+    assert four["speedup_over_narrowest"] == pytest.approx(four["tokens_per_s"] / one["tokens_per_s"])
+    assert "| torch | float32 | 256 | 4 |" in capsys.readouterr().out
+
+
+def test_widths_are_checked_before_a_model_loads(capsys):
+    assert pcd(["bench", "--widths", "0,8"]) == 2
+    assert pcd(["bench", "--widths", "wide"]) == 2
+    assert pcd(["bench", "--widths", "8", "--throughput", "4"]) == 2
+    assert capsys.readouterr().err.count("pcd: error: --widths") == 3

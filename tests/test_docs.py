@@ -411,6 +411,8 @@ def test_the_throughput_table_is_the_recorded_runs():
         "throughput_sentiment_bf16.json",
         "throughput_ticket.json",
         "throughput_ticket_bf16.json",
+        "throughput_triage.json",
+        "throughput_triage_bf16.json",
     ):
         assert f"--json docs/bench/{name}" in text
         (record,) = bench_records(name)
@@ -423,22 +425,40 @@ def test_the_throughput_table_is_the_recorded_runs():
         assert row in text, row
 
 
-def test_the_clients_table_is_the_recorded_runs():
-    """Each row of the many-clients table is ``pcd bench --clients``'s own rendering of its record."""
+def assert_rendered_rows_in_benchmarks(names, starts, per_record):
+    """Each record file's rows, as ``pcd bench`` renders them (those that begin with ``starts``,
+    ``per_record`` of them a file), are in docs/benchmarks.md beside the command that wrote it.
+    """
     import io
 
     from pcd_core.bench.report import write_table
 
     text = page("docs/benchmarks.md")
-    for name in ("clients_torch.json", "clients_torch_bf16.json", "clients_llamacpp.json"):
+    for name in names:
         assert f"--json docs/bench/{name}" in text
         rendered = io.StringIO()
         write_table(bench_records(name), rendered)
-        rows = [
-            line
-            for line in rendered.getvalue().splitlines()
-            if line.startswith(("| chat", "| decisions", "| structured"))
-        ]
-        assert len(rows) == 3
+        rows = [line for line in rendered.getvalue().splitlines() if line.startswith(starts)]
+        assert len(rows) == per_record
         for row in rows:
             assert row in text, row
+
+
+def test_the_clients_table_is_the_recorded_runs():
+    """Each row of the many-clients table is ``pcd bench --clients``'s own rendering of its record."""
+    names = ("clients_torch.json", "clients_torch_bf16.json", "clients_llamacpp.json")
+    assert_rendered_rows_in_benchmarks(names, ("| chat", "| decisions", "| structured"), 3)
+
+
+def test_the_widths_table_is_the_recorded_runs():
+    """Each row of the pass-width table is ``pcd bench --widths``'s own rendering of its record."""
+    names = ("widths_torch.json", "widths_torch_bf16.json", "widths_llamacpp.json")
+    assert_rendered_rows_in_benchmarks(names, ("| torch", "| llamacpp"), 6)
+
+
+def test_the_triage_schema_file_is_the_clients_benchs():
+    """``docs/bench/triage_schema.json`` (the many-inputs table's triage rows) is the schema of the
+    clients bench's ``structured`` route, so the two figures are of one schema."""
+    from pcd_integrations.commands.bench_clients import TRIAGE
+
+    assert json.loads((ROOT / "docs/bench/triage_schema.json").read_text()) == TRIAGE

@@ -366,6 +366,9 @@ def test_calibrate_with_an_answers_file_reads_each_example_once_and_reports_the_
     assert "0 of 4 answers were in" in err and "4 of 4 answers were in" in err and "6 of 6 answers were in" in err
     assert reports[0]["overall"] == reports[1]["overall"] and reports[1]["reused_answers"] == len(RECORDS)
     assert reports[1]["meta"]["train_reused_answers"] == 4
+    # the fitting's own time is reported beside the reading's (a head's fit can take minutes)
+    assert all(isinstance(report["meta"]["fit_seconds"], float) for report in reports)
+    assert err.count("fitted in ") == 2
     # the fit without the top-label step, from the same answers: the NLL fit's temperature, as saved
     out = tmp_path / "plain.json"
     argv = ["calibrate", "--data", str(data), "--schema", str(schema), "--answers", str(answers), "--out", str(out)]

@@ -288,8 +288,7 @@ class Backend(ABC):
         for number, (tree, picked, chunk_queries) in enumerate(passes):
             if number and pause is not None:
                 pause()  # a pass boundary: ``prefix`` and the chunks left are this call's own
-            n_context = prefix.n_tokens if prefix is not None else 0
-            self.counter.add(len(trunk) + self.pass_tokens(n_context, len(trunk), tree))
+            self.counter.add(len(trunk) + self.pass_tokens(prefix, len(trunk), tree))
             if hidden:
                 values, state, chunk_states = self._score_chunk_hidden(prefix, trunk, tree, chunk_queries)
                 for k, vector in zip(picked, chunk_states):
@@ -419,9 +418,10 @@ class Backend(ABC):
         _check_finite([logp])
         return logp
 
-    def pass_tokens(self, n_context: int, n_trunk: int, tree: TokenTree) -> int:
-        """The row tokens one pass over ``tree`` reads (what ``counter`` charges beside the trunk): a
-        packed pass reads each distinct token once, a pass of copies every row whole.
+    def pass_tokens(self, prefix: Prefix | None, n_trunk: int, tree: TokenTree) -> int:
+        """The row tokens one pass over ``tree`` after ``prefix`` reads (what ``counter`` charges
+        beside the trunk): a packed pass reads each distinct token once, a pass of copies every row
+        whole.
         """
         return len(tree.tokens) if self.row_layout == "packed" else sum(map(len, tree.node_of))
 

@@ -170,3 +170,23 @@ def _group(tree: TokenTree, children: list[list[int]], top: int) -> list[int]:
         nodes.append(parent)
         parent = tree.parent[parent]
     return sorted(nodes)
+
+
+def leading_chain(tree: TokenTree, nodes: Sequence[int]) -> int:
+    """How many of a group's first nodes (``batch_groups``' order: parents first) form one path from
+    a root on which no node branches inside the group: in a batch, an input's request and what its
+    rows share after it. The keys and values of such a path depend on the prefix and the path's own
+    tokens only, so a later pass whose group starts with the same tokens may read them instead of
+    computing them again (``TorchBackend._batched_hidden``).
+    """
+    if not nodes or tree.parent[nodes[0]] != -1:
+        return 0
+    inside = set(nodes)
+    kids = dict.fromkeys(nodes, 0)
+    for node in nodes:
+        if tree.parent[node] in inside:
+            kids[tree.parent[node]] += 1
+    length = 1
+    while length < len(nodes) and tree.parent[nodes[length]] == nodes[length - 1] and kids[nodes[length - 1]] == 1:
+        length += 1
+    return length

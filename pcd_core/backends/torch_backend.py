@@ -8,6 +8,9 @@ prefix. A pass after a prefix whose rows part into groups of their own (the requ
 in a batch, ``pcd_core/batching.py``) is read as a batch of those groups instead, each over its own
 view of the prefix KV, when that costs less (``packing.batch_groups``): a packed mask is dense, so
 packed inputs cost attention in the square of their summed length, and a batch only in each one's.
+Such a pass keeps the keys and states of each input's request (``StemMemo``), and the next pass
+after the same prefix whose groups start with them (the batch's next round, which asks for every
+request again in front of its rows) takes them from there and reads only what follows.
 Models with sliding-window layers (Gemma 3) get a second mask with the window applied. The
 output head runs only at queried positions: on this CPU the head over every row token cost as much
 as the whole input prefill.
@@ -39,6 +42,8 @@ The cache layers that read over a prefix's tensors and the generation arena are 
 from __future__ import annotations
 
 import logging
+import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,7 +51,7 @@ import numpy as np
 
 from ..errors import BackendError, BackendUnavailableError
 from .base import Backend, Growth, LayoutChoice, Prefix, Query, RowLayout, Rows, middle_layers
-from .packing import TokenTree, batch_groups, pack_tree
+from .packing import TokenTree, batch_groups, leading_chain, pack_tree
 
 try:
     import torch
@@ -55,7 +60,18 @@ except ImportError as error:  # pragma: no cover - exercised only without the ex
     raise BackendUnavailableError("torch", error.name or "torch") from error
 
 # they need torch, imported above
-from .torch_cache import Arena, ArenaLayer, GrownRows, JoinedLayer, PrefixLayer, Room, TorchState
+from .torch_cache import (
+    Arena,
+    ArenaLayer,
+    BatchLayer,
+    GrownRows,
+    JoinedLayer,
+    PrefixLayer,
+    Room,
+    StemKV,
+    StemMemo,
+    TorchState,
+)
 from .torch_check import CheckCase, rounding_floor, whole_pass_case
 
 logger = logging.getLogger(__name__)
@@ -77,6 +93,11 @@ MASK_ALIGN = 16
 #: time than its arithmetic. The figure decides only where the layouts' costs are close, and there
 #: either reads about as fast; many inputs' requests are far from close (docs/benchmarks.md).
 TOKEN_COST_IN_KEYS = 1000
+
+#: the most tokens of leading paths a backend keeps from its last pass after a prefix (``StemMemo``):
+#: a batch group's requests sum to at most ``batching.BATCH_STEM_TOKENS``, so this holds a group's with
+#: room to spare; kept until the next such pass, it costs SmolLM2-135M at most 90 MiB in float32
+STEM_MEMO_TOKENS = 2048
 
 
 def default_dtype(device: torch.device) -> torch.dtype:
@@ -116,6 +137,7 @@ class TorchBackend(Backend):
         # the boolean mask, its additive copy in the model's dtype, and the tree's numpy ancestors
         self.mask_bytes_per_entry = 2 + element
         self._checked: CheckCase | None = None
+        self._stems: StemMemo | None = None  # the last batch of groups' requests (``_batched_hidden``)
         self.row_layout = self._choose_layout(row_layout)
 
     @property
@@ -129,11 +151,11 @@ class TorchBackend(Backend):
         return {"device": str(self.device), "dtype": str(dtype).removeprefix("torch.")}
 
     # -- prefill ------------------------------------------------------------------------------
-    def _cache(self, prefix: Prefix | None, keep: int | None, room: int = 0) -> Cache:
+    def _cache(self, prefix: Prefix | None, keep: int | None, room: int = 0, record: bool = False) -> Cache:
         if prefix is None:
             return Cache(layers=[PrefixLayer(None, None, keep, room) for _ in range(self.n_layers)])
         state: TorchState = prefix.state
-        return Cache(layers=[PrefixLayer(k, v, keep, room) for k, v in zip(state.keys, state.values)])
+        return Cache(layers=[PrefixLayer(k, v, keep, room, record) for k, v in zip(state.keys, state.values)])
 
     def _decode(self, **inputs: Any) -> tuple[Any, torch.Tensor]:
         """One decoder forward, and the mean of the middle layers' outputs at every position
@@ -275,7 +297,7 @@ class TorchBackend(Backend):
         self, prefix: Prefix | None, trunk: tuple[int, ...], tree: TokenTree, queries: list[Query]
     ) -> tuple[torch.Tensor, torch.Tensor, list[int], TorchState | None]:
         n_prefix, n_trunk = (prefix.n_tokens if prefix is not None else 0), len(trunk)
-        groups = self._groups(n_prefix, n_trunk, tree)
+        groups = self._groups(n_prefix, n_trunk, tree, prefix)
         if groups is not None:
             assert prefix is not None  # _groups batches only a pass after a prefix
             hidden, middle, index = self._batched_hidden(prefix, tree, groups, queries)
@@ -290,7 +312,8 @@ class TorchBackend(Backend):
             ],
             1,
         )
-        cache = self._cache(prefix, keep=n_prefix + n_trunk if trunk else 0)
+        record = prefix is not None and not trunk  # a batch's first round, packed: its requests are kept
+        cache = self._cache(prefix, keep=n_prefix + n_trunk if trunk else 0, record=record)
         out, middle = self._decode(
             input_ids=torch.tensor([list(trunk) + tree.tokens], device=self.device),
             position_ids=q_pos[None],
@@ -299,32 +322,62 @@ class TorchBackend(Backend):
             use_cache=True,
         )
         hidden, middle = out.last_hidden_state[0], middle[0]
+        if record:
+            assert prefix is not None
+            self._keep_packed_stems(prefix, tree, cache, hidden, middle)
         index = [n_trunk + tree.node_of[q.row][q.position] for q in queries]
         kept = self._kept(cache, hidden[n_trunk - 1], middle[n_trunk - 1]) if trunk else None
         return hidden, middle, index, kept
 
-    def _groups(self, n_prefix: int, n_trunk: int, tree: TokenTree) -> list[list[int]] | None:
+    def _groups(
+        self, n_prefix: int, n_trunk: int, tree: TokenTree, prefix: Prefix | None = None
+    ) -> list[list[int]] | None:
         """The groups a pass reads side by side as a batch (``packing.batch_groups``), or None where
         one packed sequence costs less or the batch's copies of the prefix would not fit in
         ``max_pass_bytes``: a pass with a trunk (whose KV it keeps) and the copies layout always
-        read their own way.
+        read their own way. A tree that stays one group is read as a batch of one when ``prefix``
+        is given and the last batch kept the start of its path (``StemMemo``): a later round that
+        only one input of a batch needed.
         """
         if self.row_layout != "packed" or n_trunk or not n_prefix:
             return None
         groups = batch_groups(tree, lambda batch, width: batch * width * (TOKEN_COST_IN_KEYS + n_prefix + width))
         if len(groups) < 2:
-            return None
+            whole = [list(range(len(tree.tokens)))]
+            kept = prefix is not None and self._stems is not None and self._reused(prefix, tree, whole)[0][1] > 0
+            return whole if kept else None
         fits = self.max_pass_bytes is None or (
             self._batch_bytes(len(groups), max(map(len, groups)), n_prefix) <= self.max_pass_bytes
         )
         return groups if fits else None
 
-    def pass_tokens(self, n_context: int, n_trunk: int, tree: TokenTree) -> int:
+    def pass_tokens(self, prefix: Prefix | None, n_trunk: int, tree: TokenTree) -> int:
         """As the base class counts, or for a batch of groups each group's tokens (a shared
-        ancestor once per group that holds it).
+        ancestor once per group that holds it) less those whose keys it takes from ``StemMemo``.
         """
-        groups = self._groups(n_context, n_trunk, tree)
-        return super().pass_tokens(n_context, n_trunk, tree) if groups is None else sum(map(len, groups))
+        groups = self._groups(prefix.n_tokens if prefix is not None else 0, n_trunk, tree, prefix)
+        if groups is None or prefix is None:
+            return super().pass_tokens(prefix, n_trunk, tree)
+        return sum(len(nodes) - n for nodes, (_, n) in zip(groups, self._reused(prefix, tree, groups)))
+
+    def _reused(self, prefix: Prefix, tree: TokenTree, groups: list[list[int]]) -> list[tuple[StemKV | None, int]]:
+        """Per group, the kept path it starts with (``StemMemo``) and how many of its first tokens that
+        path gives: the tokens it shares with the group's leading path, and never the group's last token
+        (a pass reads at least one token a row). A path that gives less than half the group's leading
+        path is not taken: another batch's inputs share the opening of their template with these, and
+        taking a few tokens costs more in copies than reading them.
+        """
+        memo = self._stems
+        reused: list[tuple[StemKV | None, int]] = []
+        for nodes in groups:
+            stem, n = (None, 0)
+            if memo is not None:
+                path = tuple(tree.tokens[node] for node in nodes[: leading_chain(tree, nodes)])
+                stem, n = memo.longest(prefix.state, path)
+                if 2 * n < len(path):
+                    stem, n = None, 0
+            reused.append((stem, min(n, len(nodes) - 1)))
+        return reused
 
     def pass_bytes(self, n_context: int, n_trunk: int, tree: TokenTree) -> int:
         """As the base class estimates, or for a batch of groups (``_groups``) what that batch holds."""
@@ -338,28 +391,144 @@ class TorchBackend(Backend):
     ) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
         """A tree read as a batch of its groups (``packing.batch_groups``): group b is batch row b,
         padded to the widest, over its own broadcast view of the prefix KV and its own tokens only.
-        A token in several groups (an ancestor they share) is answered from the first.
+        A token in several groups (an ancestor they share) is answered from the first. A group that
+        starts with a path the last batch read after the same prefix (an input's request, read again
+        in each round: ``pcd_core/batching.py``) takes that path's keys, values and hidden states from
+        ``StemMemo`` and reads only the rest; the paths this pass reads replace the memo.
         """
-        n_prefix, batch, width = prefix.n_tokens, len(groups), max(map(len, groups))
+        n_prefix, batch = prefix.n_tokens, len(groups)
+        reused = self._reused(prefix, tree, groups)
+        rests = [nodes[n:] for nodes, (_, n) in zip(groups, reused)]
+        width = max(map(len, rests))
+        longest = max(n for _, n in reused)
+        n_slots = max(len(nodes) for nodes in groups)  # a row's kept and new keys after the prefix
         pad = self.model.config.pad_token_id or 0
         ancestors = tree.ancestors()
         ids = np.full((batch, width), pad, dtype=np.int64)
         depth = np.zeros((batch, width), dtype=np.int64)
+        key_depth = np.zeros((batch, n_slots), dtype=np.int64)
+        order = np.zeros((batch, n_slots), dtype=np.int64)  # a slot's index in [kept (longest), new (width)]
         # padding queries see the prefix only (a row of nothing but blocked keys would be NaN)
-        allowed = np.zeros((batch, width, n_prefix + width), dtype=bool)
+        allowed = np.zeros((batch, width, n_prefix + n_slots), dtype=bool)
         allowed[:, :, :n_prefix] = True
         slot = np.full(len(tree.tokens), -1, dtype=np.int64)
-        for b, nodes in reversed(list(enumerate(groups))):
-            n = len(nodes)
-            ids[b, :n] = [tree.tokens[i] for i in nodes]
-            depth[b, :n] = [tree.depth[i] for i in nodes]
-            allowed[b, :n, n_prefix : n_prefix + n] = ancestors[np.ix_(nodes, nodes)]
-            slot[nodes] = b * width + np.arange(n)
+        kept_hidden: list[torch.Tensor] = []  # the final and middle states of the kept tokens, after the pass's
+        kept_middle: list[torch.Tensor] = []
+        kept_slot: dict[int, int] = {}
+        for b in reversed(range(batch)):
+            nodes, rest, (stem, n_kept) = groups[b], rests[b], reused[b]
+            n = len(rest)
+            ids[b, :n] = [tree.tokens[i] for i in rest]
+            depth[b, :n] = [tree.depth[i] for i in rest]
+            key_depth[b, :n_kept] = np.arange(n_kept)
+            key_depth[b, n_kept : n_kept + n] = depth[b, :n]
+            order[b, :n_kept] = np.arange(n_kept)
+            order[b, n_kept : n_kept + n] = longest + np.arange(n)
+            allowed[b, :n, n_prefix : n_prefix + n_kept] = True  # a kept path is every later token's ancestor
+            allowed[b, :n, n_prefix + n_kept : n_prefix + n_kept + n] = ancestors[np.ix_(rest, rest)]
+            slot[rest] = b * width + np.arange(n)
+            for k, node in enumerate(nodes[:n_kept]):
+                assert stem is not None
+                kept_slot[node] = batch * width + len(kept_hidden)
+                kept_hidden.append(stem.hidden[k])
+                kept_middle.append(stem.middle[k])
         q_pos = n_prefix + torch.from_numpy(depth).to(self.device)
-        k_pos = torch.cat([torch.arange(n_prefix, device=self.device).expand(batch, -1), q_pos], 1)
-        allowed_keys = torch.from_numpy(allowed).to(self.device)
-        hidden, middle = self._read_batch(prefix, torch.from_numpy(ids).to(self.device), q_pos, k_pos, allowed_keys)
-        return hidden, middle, [int(slot[tree.node_of[q.row][q.position]]) for q in queries]
+        k_pos = torch.cat(
+            [
+                torch.arange(n_prefix, device=self.device).expand(batch, -1),
+                n_prefix + torch.from_numpy(key_depth).to(self.device),
+            ],
+            1,
+        )
+        state: TorchState = prefix.state
+        picks = torch.from_numpy(order).to(self.device)[:, None, :, None] if longest else None
+        layers = [BatchLayer(i, k, v, reused, picks) for i, (k, v) in enumerate(zip(state.keys, state.values))]
+        out, middle = self._decode(
+            input_ids=torch.from_numpy(ids).to(self.device),
+            position_ids=q_pos,
+            attention_mask=self._masks(q_pos, k_pos, torch.from_numpy(allowed).to(self.device)),
+            cache=Cache(layers=[*layers]),
+            use_cache=True,
+        )
+        hidden = out.last_hidden_state.reshape(batch * width, -1)
+        middle = middle.reshape(batch * width, -1)
+        states = [layer.new for layer in layers if layer.new is not None]
+        self._keep_stems(
+            prefix, tree, groups, reused, states, hidden, middle, lambda b, start, stop: (b, list(range(stop - start)))
+        )
+        nodes_asked = [tree.node_of[q.row][q.position] for q in queries]
+        index = [int(slot[node]) if slot[node] >= 0 else kept_slot[node] for node in nodes_asked]
+        if kept_hidden:
+            hidden, middle = (
+                torch.cat([hidden, torch.stack(kept_hidden)]),
+                torch.cat([middle, torch.stack(kept_middle)]),
+            )
+        return hidden, middle, index
+
+    def _keep_stems(
+        self,
+        prefix: Prefix,
+        tree: TokenTree,
+        groups: list[list[int]],
+        reused: list[tuple[StemKV | None, int]],
+        new: list[tuple[torch.Tensor, torch.Tensor]],
+        hidden: torch.Tensor,
+        middle: torch.Tensor,
+        where: Callable[[int, int, int], tuple[int, list[int]]],
+    ) -> None:
+        """Keep each group's leading path (``packing.leading_chain``: its kept part and what this pass
+        read of it) for the next batch after the same prefix, in place of the last batch's; none when
+        they would hold more than ``STEM_MEMO_TOKENS`` tokens. ``new`` is each layer's new keys and
+        values ([rows, heads, width, dim]), ``hidden`` and ``middle`` the pass's states flattened the
+        same way, and ``where(b, start, stop)`` the row and slots of group b's path tokens from
+        ``start`` to ``stop`` in them.
+        """
+        lengths = [leading_chain(tree, nodes) for nodes in groups]
+        if not all(lengths) or sum(lengths) > STEM_MEMO_TOKENS:
+            self._stems = None
+            return
+        width = new[0][0].shape[-2]
+        stems = []
+        for b, (nodes, length, (stem, n_kept)) in enumerate(zip(groups, lengths, reused)):
+            tokens = tuple(tree.tokens[node] for node in nodes[:length])
+            if stem is not None and length == n_kept:  # the path was kept whole: keep it as it is
+                stems.append(stem if len(stem.tokens) == length else _stem_start(stem, length))
+                continue
+            row, slots = where(b, n_kept, length)
+            parts: list[list[torch.Tensor]] = [[], [], [], []]
+            for index, pair in enumerate(new):
+                for which, states in enumerate(pair):
+                    own = _take(states[row], -2, 0, slots)
+                    if stem is not None and n_kept:
+                        own = torch.cat([(stem.keys, stem.values)[which][index][:, :n_kept], own], dim=-2)
+                    parts[which].append(own)
+            for which, states in ((2, hidden), (3, middle)):
+                own = _take(states, 0, row * width, slots)
+                if stem is not None and n_kept:
+                    own = torch.cat([(stem.hidden if which == 2 else stem.middle)[:n_kept], own])
+                parts[which].append(own)
+            stems.append(StemKV(tokens, tuple(parts[0]), tuple(parts[1]), parts[2][0], parts[3][0]))
+        self._stems = StemMemo(weakref.ref(prefix.state), tuple(stems))
+
+    def _keep_packed_stems(
+        self, prefix: Prefix, tree: TokenTree, cache: Cache, hidden: torch.Tensor, middle: torch.Tensor
+    ) -> None:
+        """After a packed pass with no trunk: keep the leading path of each input it read, parted as a
+        batch would part them where attention is the only price (one group per input behind a shared
+        start, ``packing.batch_groups``), so that the batch's next round reads only its rows.
+        """
+        groups = batch_groups(tree, lambda batch, width: batch * width * width)
+        new = [layer.new for layer in cache.layers if isinstance(layer, PrefixLayer) and layer.new is not None]
+        self._keep_stems(
+            prefix,
+            tree,
+            groups,
+            [(None, 0)] * len(groups),
+            new,
+            hidden,
+            middle,
+            lambda b, start, stop: (0, groups[b][start:stop]),  # no trunk: a node's slot is its index
+        )
 
     def _read_batch(
         self, prefix: Prefix, ids: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor, allowed: torch.Tensor
@@ -638,6 +807,26 @@ class TorchBackend(Backend):
         scored, _ = self._score_chunk(prefix, tuple(case.prompt[cut:]), pack_tree(case.rows), queries)
         self.counter.forward_passes, self.counter.tokens_read = saved
         return case.gap(scored)
+
+
+def _take(states: torch.Tensor, dim: int, offset: int, slots: list[int]) -> torch.Tensor:
+    """``states`` at ``offset + slots`` along ``dim``: a view where the slots are a run (held until
+    the memo that keeps it is replaced), else a copy.
+    """
+    if slots == list(range(slots[0], slots[0] + len(slots))):
+        return states.narrow(dim, offset + slots[0], len(slots))
+    return states.index_select(dim, offset + torch.tensor(slots, dtype=torch.long, device=states.device))
+
+
+def _stem_start(stem: StemKV, length: int) -> StemKV:
+    """The first ``length`` tokens of a kept path, as views."""
+    return StemKV(
+        stem.tokens[:length],
+        tuple(k[:, :length] for k in stem.keys),
+        tuple(v[:, :length] for v in stem.values),
+        stem.hidden[:length],
+        stem.middle[:length],
+    )
 
 
 def _new_tokens(extended: tuple[tuple[int, ...], ...], n_new: list[int]) -> tuple[list[int], list[int], list[int]]:

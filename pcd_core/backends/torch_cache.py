@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -166,14 +167,22 @@ class JoinedLayer(DynamicLayer):
 class PrefixLayer(DynamicLayer):
     """A cache layer over existing tensors. ``update`` returns prefix + new states and keeps the first
     ``keep`` of them (all for a prefill, prefix + trunk for a pass with a trunk, none otherwise); what
-    it does not keep lives for one layer, then goes. A prefill with ``room`` writes prefix + new
+    it does not keep lives for one layer, then goes, unless ``record`` asks for the new states. A prefill with ``room`` writes prefix + new
     states into buffers ``room`` tokens longer and keeps views of them (``buffers``), for a ``Room``.
     """
 
-    def __init__(self, keys: torch.Tensor | None, values: torch.Tensor | None, keep: int | None, room: int = 0) -> None:
+    def __init__(
+        self,
+        keys: torch.Tensor | None,
+        values: torch.Tensor | None,
+        keep: int | None,
+        room: int = 0,
+        record: bool = False,
+    ) -> None:
         super().__init__()
-        self.keep, self.room = keep, room
+        self.keep, self.room, self.record = keep, room, record
         self.buffers: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.new: tuple[torch.Tensor, torch.Tensor] | None = None  # with ``record``: the pass's new states
         if keys is not None:
             self.keys, self.values = keys, values
             self.device = keys.device
@@ -185,6 +194,8 @@ class PrefixLayer(DynamicLayer):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         assert self.keys is not None and self.values is not None
+        if self.record:
+            self.new = (key_states, value_states)
         if self.room and self.keep is None:
             return self._into_room(key_states, value_states)
         keys = torch.cat([self.keys, key_states], dim=-2)
@@ -210,3 +221,89 @@ class PrefixLayer(DynamicLayer):
         self.buffers = (buffers[0], buffers[1])
         self.keys, self.values = buffers[0][..., :n, :], buffers[1][..., :n, :]
         return self.keys, self.values
+
+
+@dataclass(frozen=True, eq=False)
+class StemKV:
+    """The keys and values (per layer ``[kv heads, n, dim]``) and hidden states (``[n, hidden]``) of a
+    batch group's leading path (``packing.leading_chain``), read after one prefix: an input's request.
+    """
+
+    tokens: tuple[int, ...]
+    keys: tuple[torch.Tensor, ...]
+    values: tuple[torch.Tensor, ...]
+    hidden: torch.Tensor
+    middle: torch.Tensor
+
+
+@dataclass(frozen=True, eq=False)
+class StemMemo:
+    """The leading paths of the last batch of groups a backend read, and the prefix they followed
+    (held weakly: an evicted head takes its paths' use with it). A batch reads its inputs' requests in
+    front of their rows in every round (``pcd_core/batching.py``); from the second round on, each
+    group starts with the path the round before read, and the backend reads those keys from here.
+    """
+
+    prefix: weakref.ref[TorchState]
+    stems: tuple[StemKV, ...]
+
+    def longest(self, state: TorchState, tokens: tuple[int, ...]) -> tuple[StemKV | None, int]:
+        """The kept path that shares the longest start with ``tokens`` after ``state``, and how long."""
+        if self.prefix() is not state:
+            return None, 0
+        best: tuple[StemKV | None, int] = (None, 0)
+        for stem in self.stems:
+            n = next(
+                (k for k, (a, b) in enumerate(zip(stem.tokens, tokens)) if a != b), min(len(stem.tokens), len(tokens))
+            )
+            if n > best[1]:
+                best = (stem, n)
+        return best
+
+
+class BatchLayer(DynamicLayer):
+    """A batch of groups' pass (``TorchBackend._batched_hidden``). Batch row b attends over the prefix
+    (one tensor, broadcast), then over its slots: the first ``reused[b][1]`` keys of a kept path
+    (``StemMemo``), then its new tokens. ``order`` ([batch, 1, slots, 1]) picks each slot from the
+    kept keys padded to the longest (first) and the pass's new keys (after). The new keys and values
+    are kept in ``new`` for the caller to keep its paths.
+    """
+
+    def __init__(
+        self,
+        index: int,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        reused: list[tuple[StemKV | None, int]],
+        order: torch.Tensor | None,
+    ) -> None:
+        super().__init__()
+        self.index, self.reused, self.order = index, reused, order
+        self.keys, self.values = keys, values
+        self.device = keys.device
+        self.is_initialized = True
+        self.new: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        self.new = (key_states, value_states)
+        batch = key_states.shape[0]
+        slots = [self._slots(key_states, 0), self._slots(value_states, 1)]
+        assert self.keys is not None and self.values is not None
+        return (
+            torch.cat([self.keys.expand(batch, -1, -1, -1), slots[0]], dim=-2),
+            torch.cat([self.values.expand(batch, -1, -1, -1), slots[1]], dim=-2),
+        )
+
+    def _slots(self, new: torch.Tensor, which: int) -> torch.Tensor:
+        """Each batch row's slots: its kept keys (or values) then its new ones, in ``order``."""
+        if self.order is None:
+            return new
+        longest = max(n for _, n in self.reused)
+        kept = new.new_zeros((*new.shape[:-2], longest, new.shape[-1]))
+        for b, (stem, n) in enumerate(self.reused):
+            if stem is not None and n:
+                kept[b, :, :n] = (stem.keys if which == 0 else stem.values)[self.index][:, :n]
+        both = torch.cat([kept, new], dim=-2)
+        return both.gather(-2, self.order.expand(-1, both.shape[1], -1, both.shape[-1]))

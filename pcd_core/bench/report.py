@@ -74,6 +74,17 @@ _CHOICES = (  # pcd bench --choices
     ("input_tokens", "input tokens", "{}"),
 )
 
+_WIDTHS = (  # pcd bench --widths
+    ("backend", "backend", "{}"),
+    ("dtype", "dtype", "{}"),
+    ("prefix_tokens", "prefix tokens", "{}"),
+    ("requests", "requests a pass", "{}"),
+    ("tokens", "pass tokens", "{}"),
+    ("ms", "ms", "{:.1f}"),
+    ("tokens_per_s", "tokens/s", "{:.0f}"),
+    ("speedup_over_narrowest", "over the narrowest", "{:.2f}x"),
+)
+
 
 def _cell(record: dict[str, Any], key: str, fmt: str) -> str:
     value = record.get(key)
@@ -86,7 +97,14 @@ def _cell(record: dict[str, Any], key: str, fmt: str) -> str:
 
 def write_table(records: list[dict[str, Any]], out: TextIO) -> None:
     """A Markdown table per kind of record, so that the same text goes into the terminal and the docs."""
-    for mode, columns in ((None, _COLUMNS), ("throughput", _THROUGHPUT), ("clients", _CLIENTS), ("choices", _CHOICES)):
+    modes = (
+        (None, _COLUMNS),
+        ("throughput", _THROUGHPUT),
+        ("clients", _CLIENTS),
+        ("choices", _CHOICES),
+        ("widths", _WIDTHS),
+    )
+    for mode, columns in modes:
         picked = [r for r in records if r.get("mode") == mode]
         if picked:
             if mode is not None:

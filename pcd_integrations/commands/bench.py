@@ -18,6 +18,7 @@ from typing import Any
 from pcd_core.bench.choices import bench_choices
 from pcd_core.bench.report import write_json, write_plot, write_table
 from pcd_core.bench.runner import BASELINES, BenchCase, bench_case, bench_throughput
+from pcd_core.bench.widths import bench_widths
 from pcd_core.dummy_weights import check_architecture
 from pcd_core.errors import PcdError
 from pcd_core.limits import DEFAULT_LIMITS
@@ -94,6 +95,12 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--choices",
         metavar="N,N,...",
         help="instead, time one choice question of N options per N (e.g. 64,128,255): ms, passes, row tokens",
+    )
+    bench.add_argument(
+        "--widths",
+        metavar="N,N,...",
+        help="instead, time one pass of K short requests after a fixed prefix per K (e.g. 1,2,4,8,16): "
+        "tokens/s per width, the most a batch can gain over reading its requests one at a time",
     )
     bench.add_argument("--json", metavar="OUT.json", help="write the records here")
     bench.add_argument("--plot", metavar="OUT.png", help="plot ms per request against fields here")
@@ -177,6 +184,10 @@ def _check(args: argparse.Namespace) -> tuple[list[BenchCase], tuple[str, ...]]:
             raise PcdError(f"{flag} {value}: at least 1")
     if args.clients and (args.throughput or args.choices or args.versus or args.backend in ("all", "vllm")):
         raise PcdError("--clients runs alone, on one local backend (not with --throughput, --choices or --versus)")
+    if args.widths and (args.throughput or args.choices or args.clients or args.versus or args.backend == "vllm"):
+        raise PcdError(
+            "--widths runs alone, on local backends (not with --throughput, --choices, --clients or --versus)"
+        )
     if args.ar_cap is not None and args.ar_cap < 1:
         raise PcdError(f"--ar-cap {args.ar_cap}: at least 1")
     baselines = tuple(b.strip() for b in args.baselines.split(",") if b.strip())
@@ -243,6 +254,7 @@ def run_bench(args: argparse.Namespace) -> int:
     cases, baselines = _check(args)
     inputs = throughput_inputs(args.throughput_inputs)  # read twice: _check only needed its first text
     choices = choice_counts(args)
+    widths = _field_counts(args.widths, "--widths", "1,2,4,8,16") or []
     chosen = _options(args)
     if args.backend == "vllm":
         return run_vllm_bench(args, chosen[0], cases)
@@ -252,7 +264,7 @@ def run_bench(args: argparse.Namespace) -> int:
             raise PcdError(f"--versus {args.versus}: name a backend other than --backend {args.backend}")
         rival = Engine.load(args.model, backend=args.versus, max_tokens_per_pass=args.max_tokens_per_pass)
     steps = 2 + args.repeat * (2 + len(baselines))  # warm-up, repeats, the memory runs
-    per_backend = 1 if args.throughput or args.clients else len(choices) if choices else len(cases) * steps
+    per_backend = 1 if args.throughput or args.clients or widths else len(choices) if choices else len(cases) * steps
     total = len(chosen) * per_backend
     records: list[dict[str, Any]] = []
     meta = {
@@ -285,6 +297,10 @@ def run_bench(args: argparse.Namespace) -> int:
                 continue
             if args.clients:
                 records.extend(bench_clients(engine, args.clients, args.client_requests, args.client_tokens))
+                progress.update(1)
+                continue
+            if widths:
+                records.extend(bench_widths(engine, widths, args.repeat))
                 progress.update(1)
                 continue
             for n_options in choices:

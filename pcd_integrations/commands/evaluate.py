@@ -19,6 +19,7 @@ import argparse
 import json
 import platform
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -351,6 +352,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
             fitted_on=fitted_on,
         )
 
+    fitting = time.perf_counter()
     fixed = args.debias or args.bias or not args.top_label
     if fixed:
         calibration = fitted(args.debias, args.bias)
@@ -369,6 +371,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
             parts=engine.backend.hidden_parts,
         )
         calibration = replace(calibration, heads=heads)
+    fit_seconds = time.perf_counter() - fitting  # the fits and thresholds saved, heads included
     calibration.save(args.out)
     for name, found in calibration.fields.items():
         biases = f", biases {', '.join(f'{b:+.2f}' for b in found.bias)}" if any(found.bias) else ""
@@ -377,6 +380,10 @@ def run_calibrate(args: argparse.Namespace) -> int:
             f"{name}: {how}: temperature {found.temperature:.3f}{biases} (fitted on {len(train)} examples)",
             file=sys.stderr,
         )
+    print(
+        f"fitted in {fit_seconds:.1f} s (the model's reading of the train split: {train_answers.seconds:.1f} s)",
+        file=sys.stderr,
+    )
     warning = too_few(len(train), args.abstain_risk, level)
     if warning:
         print(warning, file=sys.stderr)
@@ -405,6 +412,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
     for variant, other in others.items():
         report["overall"][variant] = build_report(answers, other)["overall"]["calibrated"]
     report["meta"]["train_seconds"] = round(train_answers.seconds, 1)
+    report["meta"]["fit_seconds"] = round(fit_seconds, 1)
     report["meta"]["train_reused_answers"] = train_answers.reused
     report["meta"]["train_forward_passes"] = train_answers.forward_passes
     report["meta"]["train_refused"] = train_answers.refused
