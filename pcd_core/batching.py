@@ -22,8 +22,9 @@ else (``Backend.batches_fills``: llama.cpp, where the re-read requests cost more
 passes save). Running the fills that generate side by side in threads, so that their steps join
 as concurrent callers' do (``stepping.joined_grow``), measured slower than the loop on a 2-core CPU
 (docs/benchmarks.md). Concurrent callers' fills of one schema that generate nothing are read as a
-batch too (``fill_joined``, through the engine's ``PassJoin``). ``tests/test_batching.py`` checks every answer and probability against solo
-calls on the real model, the pass counts, a split batch and a neighbour swap.
+batch too (``fill_joined``, through the engine's ``PassJoin``). ``tests/test_batching.py`` checks
+every answer and probability against solo calls on the real model, the pass counts, a split batch
+and a neighbour swap.
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ def plan_chunks(
     used = stem = 0  # the current pass's distinct tokens, and the start all its rows share
     for index in order:
         row = rows[index]
-        shared = _shared_start(rows[chunks[-1][-1]], row) if chunks else 0
+        shared = shared_start(rows[chunks[-1][-1]], row) if chunks else 0
         fits = max_tokens_per_pass is None or used + len(row) - shared - min(stem, shared) <= max_tokens_per_pass
         if chunks and fits and (max_rows is None or len(chunks[-1]) < max_rows):
             chunks[-1].append(index)
@@ -48,7 +48,7 @@ def plan_chunks(
     return chunks
 
 
-def _shared_start(a: Sequence[int], b: Sequence[int]) -> int:
+def shared_start(a: Sequence[int], b: Sequence[int]) -> int:
     """How many tokens ``a`` and ``b`` share from their start."""
     return next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 

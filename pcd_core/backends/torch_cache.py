@@ -21,6 +21,8 @@ from typing import Any
 import torch  # only ``torch_backend`` imports this module, after checking that torch is there
 from transformers.cache_utils import DynamicLayer
 
+from .packing import shared_start
+
 logger = logging.getLogger(__name__)
 
 
@@ -167,8 +169,9 @@ class JoinedLayer(DynamicLayer):
 class PrefixLayer(DynamicLayer):
     """A cache layer over existing tensors. ``update`` returns prefix + new states and keeps the first
     ``keep`` of them (all for a prefill, prefix + trunk for a pass with a trunk, none otherwise); what
-    it does not keep lives for one layer, then goes, unless ``record`` asks for the new states. A prefill with ``room`` writes prefix + new
-    states into buffers ``room`` tokens longer and keeps views of them (``buffers``), for a ``Room``.
+    it does not keep lives for one layer, then goes, unless ``record`` asks for the new states. A
+    prefill with ``room`` writes prefix + new states into buffers ``room`` tokens longer and keeps
+    views of them (``buffers``), for a ``Room``.
     """
 
     def __init__(
@@ -253,9 +256,7 @@ class StemMemo:
             return None, 0
         best: tuple[StemKV | None, int] = (None, 0)
         for stem in self.stems:
-            n = next(
-                (k for k, (a, b) in enumerate(zip(stem.tokens, tokens)) if a != b), min(len(stem.tokens), len(tokens))
-            )
+            n = shared_start(stem.tokens, tokens)
             if n > best[1]:
                 best = (stem, n)
         return best
