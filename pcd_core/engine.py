@@ -109,6 +109,10 @@ class Engine:
         """The grammar engine's view of the tokenizer, built on first use (it reads the vocabulary)."""
         return GrammarTokenizer(self.tokenizer.hf, self.tokenizer.eos_ids)
 
+    def _grammar(self) -> GrammarTokenizer:
+        """``grammar_tokenizer`` as the fill's passes ask for it: only when a field generates."""
+        return self.grammar_tokenizer
+
     # -- compile and cache --------------------------------------------------------------------
     def compile(self, schema: Any, task: str = "") -> CompiledSchema:
         """Compile once per (schema, task); ``task`` is a sentence put after the instructions."""
@@ -185,10 +189,9 @@ class Engine:
                 self._fills.withdraw(ticket)
         else:
             with self._lock.turn() as turn:  # the grammar tokenizer is built on first use, under the lock
-                grammar = lambda: self.grammar_tokenizer  # noqa: E731
                 later = joined_grow(self.backend, self._steps, turn.pause)  # open rows' steps join others'
                 filled = fill_passes(
-                    self.backend, self._head, grammar, plan, adjust, meter, use_head_cache, turn.pause, later
+                    self.backend, self._head, self._grammar, plan, adjust, meter, use_head_cache, turn.pause, later
                 )
         return plan.assemble(filled, replace(meter.stats, queue_ms=turn.queue_ms, total_ms=ms_since(started)))
 
@@ -197,8 +200,7 @@ class Engine:
         so no step is handed to the step join).
         """
         plan, adjust, meter = work
-        grammar = lambda: self.grammar_tokenizer  # noqa: E731
-        return fill_passes(self.backend, self._head, grammar, plan, adjust, meter, True, pause)
+        return fill_passes(self.backend, self._head, self._grammar, plan, adjust, meter, True, pause)
 
     def fill_many(self, schema: Any, texts: list[str], **keywords: Unpack[FillKeywords]) -> list[Extraction]:
         """Many inputs against one schema, read together (``batching.py``): one pass per wave for all
