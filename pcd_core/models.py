@@ -20,11 +20,13 @@ import shutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tqdm.auto import tqdm
 
+from .backends import model_thread
 from .errors import BackendError, BackendUnavailableError, PcdError
 from .options import DEFAULT_MODEL, LoadOptions
 from .tokenizer import TextTokenizer
@@ -294,7 +296,8 @@ def load_backend(options: LoadOptions) -> tuple[Any, TextTokenizer, str]:
     refuses an option), with a progress bar on stderr. For ``backend="vllm"`` only the tokenizer loads
     here, from the same files as the server's model.
     """
-    loaded, tokenizer, name = _load(options)
+    # a model in this process is built on the thread that will run it (``backends/model_thread.py``)
+    loaded, tokenizer, name = _load(options) if options.backend == "vllm" else model_thread.run(partial(_load, options))
     if options.max_pass_bytes is not None:
         loaded.max_pass_bytes = options.max_pass_bytes
     return loaded, tokenizer, name

@@ -50,8 +50,6 @@ class Ticket(Generic[W, R]):
     shared: bool = False
     #: the tokens of the pass that read it, every piece's together
     pass_tokens: int = 0
-    #: the tokens it attends over besides its own (a reply step: its prompt and its row so far)
-    context: int = 0
     finished: threading.Event = field(default_factory=threading.Event, repr=False)
 
     @property
@@ -80,14 +78,12 @@ class PassJoin(Generic[W, R]):
     run_many: Callable[[list[W]], list[R]]
     run_alone: Callable[[W, Callable[[], None]], R]
     budget: Callable[[], tuple[int, int | None]]
-    #: the most context tokens one joined pass attends over, its pieces' summed (None: no bound)
-    max_context: int | None = None
     _pending: list[Ticket[W, R]] = field(default_factory=list)
     _guard: threading.Lock = field(default_factory=threading.Lock)
 
-    def submit(self, work: W, key: Hashable, tokens: int, rows: int = 1, context: int = 0) -> Ticket[W, R]:
+    def submit(self, work: W, key: Hashable, tokens: int, rows: int = 1) -> Ticket[W, R]:
         """Queue work before taking the model, so that a pass starting meanwhile can take it."""
-        ticket: Ticket[W, R] = Ticket(work, key, tokens, rows, context=context)
+        ticket: Ticket[W, R] = Ticket(work, key, tokens, rows)
         with self._guard:
             self._pending.append(ticket)
         return ticket
@@ -125,20 +121,16 @@ class PassJoin(Generic[W, R]):
             if own in self._pending:
                 self._pending.remove(own)
             own.taken = True
-            taken, tokens, rows, context = [own], own.tokens, own.rows, own.context
+            taken, tokens, rows = [own], own.tokens, own.rows
             for ticket in list(self._pending):
                 if ticket.key != own.key:
                     continue
-                if (
-                    tokens + ticket.tokens > max_tokens
-                    or (max_rows is not None and rows + ticket.rows > max_rows)
-                    or (self.max_context is not None and context + ticket.context > self.max_context)
-                ):
+                if tokens + ticket.tokens > max_tokens or (max_rows is not None and rows + ticket.rows > max_rows):
                     break
                 self._pending.remove(ticket)
                 ticket.taken = True
                 taken.append(ticket)
-                tokens, rows, context = tokens + ticket.tokens, rows + ticket.rows, context + ticket.context
+                tokens, rows = tokens + ticket.tokens, rows + ticket.rows
         return taken
 
     def _run(self, taken: list[Ticket[W, R]], pause: Callable[[], None]) -> None:
@@ -172,28 +164,20 @@ class PassJoin(Generic[W, R]):
             ticket.finish(None, error, ticket.tokens)
 
 
-#: the most context tokens (prompts and rows so far) one joined pass of steps attends over. A joined
-#: step's keys are every piece's, side by side (``TorchBackend._grow_many``), copied into one tensor
-#: per layer, and past a couple of thousand that copy costs more than the passes joining saves:
-#: eight concurrent fills of the 32-field mixed ticket (about 2,000 context tokens each) ran at
-#: 0.53x the loop joined up to 8,192 tokens, 0.57x up to 4,096, 0.65x up to 2,048 (never joined),
-#: while sixteen two-field fills of short reviews (about 240 each) ran at 1.04x joined up to 2,048
-#: against 0.63x never joined (docs/benchmarks.md). Eight chat replies of a hundred tokens join whole.
-JOINED_STEP_CONTEXT = 2048
-
 #: the join of reply steps: a ``GrowStep`` in, its ``Rows`` out
 StepJoin = PassJoin[GrowStep, Rows]
 
 
 def step_join(backend: Backend) -> StepJoin:
-    """Reply steps joined through ``Backend.grow_many``, within the backend's pass budgets and
-    ``JOINED_STEP_CONTEXT``.
+    """Reply steps joined through ``Backend.grow_many``, within the backend's pass budgets. Their
+    contexts are not bounded: on torch each step attends over its own keys only (``JoinedPass``),
+    and on llama.cpp a pass attends over the cache's cells whether it is joined or not, so joining
+    adds no attention work.
     """
     return PassJoin(
         run_many=backend.grow_many,
         run_alone=lambda step, _: backend.grow(step.prefix, step.rows, step.new),
         budget=lambda: (backend.max_tokens_per_pass or 0, backend.max_rows_per_pass),
-        max_context=JOINED_STEP_CONTEXT,
     )
 
 
@@ -202,8 +186,7 @@ def submit_step(
 ) -> Ticket[GrowStep, Rows]:
     """Queue one reply step: its new tokens are its pass tokens, its rows its rows."""
     step = GrowStep(prefix, rows, tuple(tuple(int(t) for t in n) for n in new))
-    context = prefix.n_tokens + (sum(map(len, rows.ids)) if rows is not None else 0)
-    return steps.submit(step, None, sum(len(n) for n in step.new), len(step.new), context)
+    return steps.submit(step, None, sum(len(n) for n in step.new), len(step.new))
 
 
 def joined_grow(

@@ -85,6 +85,17 @@ def test_grow_many_reads_each_generation_as_its_own_grow_on_the_torch_backend(en
     check_grow_many(engine.backend, MANY_PROMPTS, MANY_STEPS)
 
 
+def test_grow_many_reads_each_generation_as_its_own_grow_past_gemmas_sliding_window(gemma_engine):
+    """Gemma 3's sliding-window layers take each generation's own windowed mask in a joined pass: one
+    prompt is longer than the window (512), so its steps' windowed and full masks differ.
+    """
+    backend = gemma_engine.backend
+    assert backend.window is not None and backend.window < 600
+    prompts = [list(range(1000, 1600)), list(range(2000, 2040))]
+    steps = [[[(5,)], [(8,), (9,)]], [[(6, 7)], [(10,), ()]], [[(11,)], None]]
+    check_grow_many(backend, prompts, steps)
+
+
 def test_grow_many_on_the_oracle_runs_one_grow_per_generation():
     oracle = oracle_engine()
     check_grow_many(oracle.backend, [p[:20] for p in MANY_PROMPTS], MANY_STEPS, atol=1e-9, joins=False)

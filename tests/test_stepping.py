@@ -94,7 +94,7 @@ def test_concurrent_fills_open_fields_and_a_reply_share_steps_and_read_as_alone(
     assert spent < sum(solo.stats.forward_passes for solo in alone) + reply.stats.forward_passes
 
 
-def test_a_joined_pass_takes_waiting_steps_only_while_their_contexts_fit():
+def test_a_joined_pass_takes_waiting_work_oldest_first_while_its_tokens_fit():
     ran = []
 
     def run_many(works):
@@ -102,11 +102,10 @@ def test_a_joined_pass_takes_waiting_steps_only_while_their_contexts_fit():
         return [work * 10 for work in works]
 
     join = PassJoin(run_many=run_many, run_alone=lambda work, _: run_many([work])[0], budget=lambda: (100, None))
-    join.max_context = 1000
-    own, fits, over = (join.submit(k, None, 1, context=c) for k, c in ((1, 600), (2, 400), (3, 1)))
+    own, fits, over, small = (join.submit(k, None, tokens) for k, tokens in ((1, 60), (2, 40), (3, 1), (4, 1)))
     assert join.run(own) == 10 and ran == [[1, 2]]
-    assert fits.done and not over.done  # oldest first: a step past the bound waits for the next pass
-    assert join.run(over) == 30 and ran[-1] == [3]
+    assert fits.done and not over.done and not small.done  # the first that does not fit closes the pass
+    assert join.run(over) == 30 and ran[-1] == [3, 4]
 
 
 def test_a_step_read_by_another_replys_pass_is_charged_to_its_own_reply(engine):

@@ -59,13 +59,17 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from functools import partial
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 
 from ..errors import BackendError, HiddenStatesUnavailableError, PromptError
+from . import model_thread
 from .counting import PassCounter
 from .packing import TokenTree, pack_tree, plan_chunks
+
+_T = TypeVar("_T")
 
 #: how a backend's rows share the prefix (``Stats.row_layout`` reports it)
 RowLayout = Literal["packed", "copies"]
@@ -240,7 +244,8 @@ class Backend(ABC):
         if room < 0:
             raise BackendError(f"room must be 0 or more tokens, got {room}")
         self.counter.add(len(ids))
-        state = self._prefill_hidden(ids, parent, room) if hidden else self._prefill(ids, parent, room)
+        read = self._prefill_hidden if hidden else self._prefill
+        state = self._on_model_thread(lambda: read(ids, parent, room))
         return Prefix(ids=(parent.ids if parent is not None else ()) + ids, state=state)
 
     def score(
@@ -290,11 +295,13 @@ class Backend(ABC):
                 pause()  # a pass boundary: ``prefix`` and the chunks left are this call's own
             self.counter.add(len(trunk) + self.pass_tokens(prefix, len(trunk), tree))
             if hidden:
-                values, state, chunk_states = self._score_chunk_hidden(prefix, trunk, tree, chunk_queries)
+                values, state, chunk_states = self._on_model_thread(
+                    partial(self._score_chunk_hidden, prefix, trunk, tree, chunk_queries)
+                )
                 for k, vector in zip(picked, chunk_states):
                     states[k] = vector
             else:
-                values, state = self._score_chunk(prefix, trunk, tree, chunk_queries)
+                values, state = self._on_model_thread(partial(self._score_chunk, prefix, trunk, tree, chunk_queries))
             for k, value in zip(picked, values):
                 results[k] = np.asarray(value, dtype=np.float64)
             if trunk:
@@ -303,11 +310,11 @@ class Backend(ABC):
         assert prefix is not None  # a trunk was read by now, or there was a prefix
         after_prefix = [k for k, q in enumerate(queries) if q.position == -1]
         if after_prefix:
-            logp = self._prefix_logp(prefix)
+            logp = self._on_model_thread(partial(self._prefix_logp, prefix))
             for k in after_prefix:
                 results[k] = logp[list(queries[k].ids)].astype(np.float64)
                 if hidden:
-                    states[k] = self._prefix_hidden(prefix)
+                    states[k] = self._on_model_thread(partial(self._prefix_hidden, prefix))
         values = [r if r is not None else np.zeros(0) for r in results]
         _check_finite(values)
         if not hidden:
@@ -340,7 +347,7 @@ class Backend(ABC):
             if trunk:
                 prefix = self.prefill(trunk, parent=prefix, room=room)
             return Rows(prefix, growth.extended, tuple(None for _ in new), rows.state if rows is not None else None)
-        grown = self._grow(prefix, rows, growth.extended, growth.n_new, trunk, room)
+        grown = self._on_model_thread(partial(self._grow, prefix, rows, growth.extended, growth.n_new, trunk, room))
         _check_finite([logp for logp in grown.logp if logp is not None])
         return grown
 
@@ -359,9 +366,12 @@ class Backend(ABC):
                 results[k] = Rows(growth.prefix, growth.extended, tuple(None for _ in growth.n_new), kept)
         if len(active) == 1:
             only = growths[active[0]]
-            results[active[0]] = self._grow(only.prefix, only.rows, only.extended, only.n_new)
+            results[active[0]] = self._on_model_thread(
+                partial(self._grow, only.prefix, only.rows, only.extended, only.n_new)
+            )
         elif active:
-            for k, joined in zip(active, self._grow_many([growths[k] for k in active]), strict=True):
+            joined_rows = self._on_model_thread(partial(self._grow_many, [growths[k] for k in active]))
+            for k, joined in zip(active, joined_rows, strict=True):
                 results[k] = joined
         done = [grown for grown in results if grown is not None]
         assert len(done) == len(growths)
@@ -414,7 +424,7 @@ class Backend(ABC):
 
     def next_logp(self, prefix: Prefix) -> np.ndarray:
         """Full-vocabulary log-softmax after the prefix (for token-by-token baselines)."""
-        logp = np.asarray(self._prefix_logp(prefix), dtype=np.float64)
+        logp = np.asarray(self._on_model_thread(partial(self._prefix_logp, prefix)), dtype=np.float64)
         _check_finite([logp])
         return logp
 
@@ -438,6 +448,12 @@ class Backend(ABC):
         """A pass of ``batch`` sequences padded to ``width``, each over its own copy of the context."""
         n_keys = n_context + width
         return batch * (self.kv_bytes_per_token * n_keys + self.mask_bytes_per_entry * width * n_keys)
+
+    def _on_model_thread(self, call: Callable[[], _T]) -> _T:
+        """``call()`` (a hook) where this backend's work runs: for a model in this process the one
+        model thread (``model_thread.py``: OpenMP's thread teams), for a remote one this thread.
+        """
+        return model_thread.run(call) if self.serialises else call()
 
     # -- hooks --------------------------------------------------------------------------------
     @abstractmethod

@@ -8,9 +8,11 @@ request run behind another is charged its own passes only.
 from __future__ import annotations
 
 import threading
+import weakref
 from dataclasses import dataclass, field
 
 from ..hooks import notify_pass
+from .model_thread import acting_thread
 
 
 @dataclass
@@ -19,13 +21,16 @@ class PassCounter:
 
     Each thread also keeps its own tally (``mine``): a request runs in one thread, and when it hands
     the model over between passes (``pcd_core/fairness.py``) other requests' passes fall between its
-    own, so the difference of two totals would count them as its cost.
+    own, so the difference of two totals would count them as its cost. A pass the model thread runs
+    for a thread is that thread's (``model_thread.acting_thread``).
     """
 
     forward_passes: int = 0
     tokens_read: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-    _threads: threading.local = field(default_factory=threading.local, repr=False, compare=False)
+    _tallies: weakref.WeakKeyDictionary[threading.Thread, Tally] = field(
+        default_factory=weakref.WeakKeyDictionary, repr=False, compare=False
+    )
 
     def add(self, n_tokens: int) -> None:
         """Count one forward pass over ``n_tokens`` distinct tokens, before it runs; the request's pass
@@ -35,23 +40,25 @@ class PassCounter:
         with self._lock:
             self.forward_passes += 1
             self.tokens_read += n_tokens
-        self._tally(1, n_tokens)
+            self._tally(1, n_tokens)
 
     def charge(self, n_passes: int, n_tokens: int) -> None:
         """Count, in this thread's tally only, passes another thread ran for this thread's request as
         well as its own (``pcd_core/stepping.py``: replies' steps joined in one pass); the totals
         counted that pass once already.
         """
-        self._tally(n_passes, n_tokens)
+        with self._lock:
+            self._tally(n_passes, n_tokens)
 
     def _tally(self, n_passes: int, n_tokens: int) -> None:
-        mine = self.mine()
-        self._threads.tally = Tally(mine.forward_passes + n_passes, mine.tokens_read + n_tokens)
+        thread = acting_thread()
+        mine = self._tallies.get(thread, Tally(0, 0))
+        self._tallies[thread] = Tally(mine.forward_passes + n_passes, mine.tokens_read + n_tokens)
 
     def mine(self) -> Tally:
         """The passes and tokens this thread has counted so far."""
-        tally: Tally = getattr(self._threads, "tally", Tally(0, 0))
-        return tally
+        with self._lock:
+            return self._tallies.get(acting_thread(), Tally(0, 0))
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,11 @@ output head runs only at queried positions: on this CPU the head over every row 
 as the whole input prefill.
 
 Generation (``grow``) keeps the rows' own KV in an arena. After a prefix read with ``room``, the
-arena is that room, right behind the prefix in the same buffers, so a step copies nothing.
+arena is that room, right behind the prefix in the same buffers, so a step copies nothing. Several
+generations' steps share one pass (``grow_many``): the projections and MLP read every step's tokens
+at once, and the model's attention, routed through a function registered with ``transformers``
+(``_route_attention``), attends each step's queries over that step's own keys (``JoinedPass``), so a
+joined step attends over what its steps would alone and copies no step's keys beside another's.
 
 The packed path is checked against a plain full forward pass when the backend is built: to 1e-3 in
 float32, and in a 16-bit dtype to twice what the model's own code differs from itself there (a read
@@ -45,11 +49,13 @@ import logging
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from functools import partial
+from typing import Any, cast
 
 import numpy as np
 
 from ..errors import BackendError, BackendUnavailableError
+from . import model_thread
 from .base import Backend, Growth, LayoutChoice, Prefix, Query, RowLayout, Rows, middle_layers
 from .packing import TokenTree, batch_groups, leading_chain, pack_tree
 
@@ -66,6 +72,7 @@ from .torch_cache import (
     BatchLayer,
     GrownRows,
     JoinedLayer,
+    JoinedPass,
     PrefixLayer,
     Room,
     StemKV,
@@ -93,6 +100,12 @@ MASK_ALIGN = 16
 #: time than its arithmetic. The figure decides only where the layouts' costs are close, and there
 #: either reads about as fast; many inputs' requests are far from close (docs/benchmarks.md).
 TOKEN_COST_IN_KEYS = 1000
+
+#: the keyword a joined pass of steps hands its ``JoinedPass`` to the attention under (``_route_attention``)
+JOINED_KEYWORD = "pcd_joined"
+
+#: the name the routed attention is registered under, before the model's own implementation's
+ROUTED_ATTENTION = "pcd_routed_"
 
 #: the most tokens of leading paths a backend keeps from its last pass after a prefix (``StemMemo``):
 #: a batch group's requests sum to at most ``batching.BATCH_STEM_TOKENS``, so this holds a group's with
@@ -138,7 +151,9 @@ class TorchBackend(Backend):
         self.mask_bytes_per_entry = 2 + element
         self._checked: CheckCase | None = None
         self._stems: StemMemo | None = None  # the last batch of groups' requests (``_batched_hidden``)
-        self.row_layout = self._choose_layout(row_layout)
+        self._joins = _route_attention(model)
+        # the self-check's passes, on the thread every later pass runs on (``model_thread.py``)
+        self.row_layout = model_thread.run(partial(self._choose_layout, row_layout))
 
     @property
     def vocab_size(self) -> int:
@@ -641,14 +656,15 @@ class TorchBackend(Backend):
     @torch.inference_mode()
     def _grow_many(self, growths: list[Growth]) -> list[Rows]:
         """Several generations' steps in one pass: each step's new tokens laid out as ``_grow`` lays
-        out one step's, the steps side by side. A new token sees its own prefix, its own rows' kept
-        tokens and its own row's earlier tokens: one block of the mask per step, over that step's
-        keys (``JoinedLayer`` gives the steps' keys side by side), so no step sees another's. Steps
-        whose rows share an arena, and the copies layout, take one pass each.
+        out one step's, the steps side by side. The projections and MLP read them all at once; the
+        attention reads each step's queries over that step's own prefix, kept rows and new tokens,
+        under that step's own masks (``JoinedPass``), so no step sees another's and no step's keys
+        are copied beside another's. Steps whose rows share an arena, the copies layout, and a model
+        whose attention is not routed (``_route_attention``) take one pass each.
         """
         kept = [g.rows.state if g.rows is not None else None for g in growths]
         arenas = [k.arena for k in kept if isinstance(k, GrownRows)]
-        if self.row_layout != "packed" or len({id(a) for a in arenas}) < len(arenas):
+        if not self._joins or self.row_layout != "packed" or len({id(a) for a in arenas}) < len(arenas):
             return super()._grow_many(growths)
         device = self.device
         steps = [self._step_rows(g.extended, g.n_new, k, g.prefix.n_tokens) for g, k in zip(growths, kept)]
@@ -667,21 +683,20 @@ class TorchBackend(Backend):
                 for i in range(self.n_layers)
             ]
         )
-        bases = [g.prefix.n_tokens for g in growths]
-        positions = torch.cat([base + step.new_depth for base, step in zip(bases, steps)])
-        keys = torch.cat(
-            [
-                torch.cat([torch.arange(base, device=device), base + step.old_depth, base + step.new_depth])
-                for base, step in zip(bases, steps)
-            ]
-        )
-        allowed = torch.block_diag(*(step.allowed for step in steps))
+        positions, masks = [], []
+        for growth, step in zip(growths, steps):
+            base = growth.prefix.n_tokens
+            q_pos = base + step.new_depth
+            k_pos = torch.cat([torch.arange(base, device=device), base + step.old_depth, q_pos])
+            positions.append(q_pos)
+            masks.append(self._masks(q_pos[None], k_pos[None], step.allowed[None]))
         out, _ = self._decode(
             input_ids=torch.tensor([[t for step in steps for t in step.tokens]], device=device),
-            position_ids=positions[None],
-            attention_mask=self._masks(positions[None], keys[None], allowed[None]),
+            position_ids=torch.cat(positions)[None],
+            attention_mask=masks[0],  # handed to the attention untouched; ``JoinedPass`` reads its own
             cache=cache,
             use_cache=True,
+            **{JOINED_KEYWORD: JoinedPass(cache.layers, sizes, masks, self.layer_types)},
         )
         # each row's last new token, every step's, through the output head at once (it is a weight
         # read as large as a sixth of SmolLM2's layers)
@@ -862,3 +877,37 @@ class _StepRows:
             owner=torch.cat([self.old_owner, self.new_owner]),
             depth=torch.cat([self.old_depth, self.new_depth]),
         )
+
+
+def _route_attention(model: Any) -> bool:
+    """Put the model's attention behind a function that reads a joined pass generation by generation
+    (``JoinedPass``, under the ``JOINED_KEYWORD`` keyword) and hands every other call to the model's
+    own attention function unchanged, registered with ``transformers``' attention interfaces. False
+    where that function is not one ``transformers`` names (``eager`` lives in each model's own
+    file) or the model does not take the routed one: then each generation's step takes a pass of
+    its own.
+    """
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    own = model.config._attn_implementation
+    if own.startswith(ROUTED_ATTENTION):
+        return True  # a second backend over the same model
+    # the interfaces' tables are typed as holding ``function``s, which mypy will not call
+    attention = cast("Callable[..., Any] | None", AttentionInterface._global_mapping.get(own))
+    mask = cast("Callable[..., Any] | None", AttentionMaskInterface._global_mapping.get(own))
+    if attention is None or mask is None:
+        return False
+
+    def routed(module: Any, query: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[torch.Tensor, None]:
+        joined: JoinedPass | None = kwargs.pop(JOINED_KEYWORD, None)
+        if joined is None:
+            return attention(module, query, *args, **kwargs)
+        return joined.attend(attention, module, query, kwargs), None
+
+    name = f"{ROUTED_ATTENTION}{own}"
+    AttentionInterface.register(name, routed)
+    AttentionMaskInterface.register(name, mask)
+    model.set_attn_implementation(name)
+    # a model that does not read its attention through the interface keeps its own, and warns
+    return bool(model.config._attn_implementation == name)

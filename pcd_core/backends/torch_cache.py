@@ -5,7 +5,8 @@ serves a prefill or a packed pass: it returns prefix + new states to attention a
 the pass asked for, so a read never modifies the prefix it started from. ``Arena`` and
 ``ArenaLayer`` serve generation (``TorchBackend._grow``): the rows' own tokens are written in place
 into one buffer per layer, and a ``Room`` lets the first generation after a prefix write right
-behind it; ``JoinedLayer`` puts several generations' arenas side by side in one pass. Only
+behind it; ``JoinedLayer`` writes several generations' steps into their arenas in one pass, and
+``JoinedPass`` attends each over its own keys. Only
 ``torch_backend`` imports this module, after checking that torch is installed.
 ``tests/test_torch_backend.py`` (grow against a whole pass, the prefix left unchanged) covers it.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -142,8 +144,10 @@ class ArenaLayer(DynamicLayer):
 
 class JoinedLayer(DynamicLayer):
     """Several generations' ``ArenaLayer``s in one pass (``TorchBackend._grow_many``): the pass's new
-    keys and values are split by generation, each part written into its own arena, and every
-    generation's keys and values returned side by side; the mask keeps each block to its own.
+    keys and values are split by generation and each part written into its own arena. Each
+    generation's keys and values stay in ``parts`` for ``JoinedPass.attend``, which attends each
+    generation's queries over its own only; nothing is copied side by side. What ``update`` returns
+    (the first generation's) is what the model hands the attention, which does not read it.
     """
 
     def __init__(self, parts: list[ArenaLayer], sizes: list[int]) -> None:
@@ -152,18 +156,43 @@ class JoinedLayer(DynamicLayer):
         self.keys, self.values = parts[0].keys, parts[0].values
         self.device = parts[0].device
         self.is_initialized = True
+        self.read: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        keys, values = [], []
-        for part, k, v in zip(
-            self.parts, key_states.split(self.sizes, dim=-2), value_states.split(self.sizes, dim=-2), strict=True
-        ):
-            part_keys, part_values = part.update(k, v)
-            keys.append(part_keys)
-            values.append(part_values)
-        return torch.cat(keys, dim=-2), torch.cat(values, dim=-2)
+        self.read = [
+            part.update(k, v)
+            for part, k, v in zip(
+                self.parts, key_states.split(self.sizes, dim=-2), value_states.split(self.sizes, dim=-2), strict=True
+            )
+        ]
+        return self.read[0]
+
+
+@dataclass(frozen=True, eq=False)
+class JoinedPass:
+    """What a joined pass's attention needs (``TorchBackend._grow_many``): its ``JoinedLayer``s, the
+    queries each generation has (in pass order), and each generation's own masks (a tensor, or one
+    per attention type). The model passes it to the attention function as a keyword argument.
+    """
+
+    layers: Sequence[Any]  # the pass's ``JoinedLayer``s
+    sizes: list[int]
+    masks: list[Any]
+    layer_types: tuple[str, ...]
+
+    def attend(self, attention: Any, module: Any, query: torch.Tensor, kwargs: dict[str, Any]) -> torch.Tensor:
+        """Each generation's queries over its own keys and values, through the model's own attention
+        function, the outputs back in pass order ([batch, queries, heads, dim], as it returns them).
+        """
+        layer = self.layers[module.layer_idx]
+        kind = self.layer_types[module.layer_idx]
+        outputs = []
+        for (keys, values), part, masks in zip(layer.read, query.split(self.sizes, dim=-2), self.masks, strict=True):
+            mask = masks[kind] if isinstance(masks, dict) else masks
+            outputs.append(attention(module, part, keys, values, mask, **kwargs)[0])
+        return torch.cat(outputs, dim=1)
 
 
 class PrefixLayer(DynamicLayer):

@@ -1,0 +1,69 @@
+"""Every in-process model's work runs on one thread (``pcd_core/backends/model_thread.py``), for the
+thread that asked: its result, its error, its context, its pass counts.
+"""
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from contextvars import ContextVar
+
+import pytest
+
+from pcd_core.backends import model_thread
+
+_VALUE: ContextVar[str] = ContextVar("test_model_thread_value", default="unset")
+
+
+def test_a_call_runs_on_the_model_thread_in_its_callers_context_for_its_caller():
+    caller = threading.current_thread()
+    token = _VALUE.set("the caller's")
+    try:
+        seen = model_thread.run(lambda: (threading.current_thread().name, _VALUE.get(), model_thread.acting_thread()))
+    finally:
+        _VALUE.reset(token)
+    assert seen == ("pcd-model", "the caller's", caller)
+    assert model_thread.acting_thread() is caller  # off the model thread, a thread acts for itself
+
+
+def test_a_call_made_on_the_model_thread_runs_at_once_and_an_error_reaches_the_caller():
+    def nested() -> str:
+        return model_thread.run(lambda: threading.current_thread().name)  # would deadlock if queued
+
+    assert model_thread.run(nested) == "pcd-model"
+
+    def fail() -> None:
+        raise KeyError("inside")
+
+    with pytest.raises(KeyError, match="inside"):
+        model_thread.run(fail)
+    assert model_thread.run(lambda: 7) == 7  # the thread goes on after an error
+
+
+def test_the_engines_passes_run_on_the_model_thread_whichever_thread_calls(engine):
+    """Fills and replies called from the main thread and from a pool's threads all run the model on
+    the one model thread, and each caller's tally counts its own passes, as its ``Stats`` do.
+    """
+    runners: set[str] = set()
+    hook = engine.backend.decoder.register_forward_hook(lambda *_: runners.add(threading.current_thread().name))
+    schema = {"type": "object", "properties": {"urgent": {"type": "boolean"}}, "required": ["urgent"]}
+
+    def fill(text: str) -> tuple[int, int]:
+        before = engine.backend.counter.mine().forward_passes
+        result = engine.fill(schema, text, use_head_cache=False)
+        return result.stats.forward_passes, engine.backend.counter.mine().forward_passes - before
+
+    def reply(text: str) -> tuple[int, int]:  # its steps count their passes inside the backend's hook
+        before = engine.backend.counter.mine().forward_passes
+        result = engine.generate(text, max_new_tokens=3)
+        # the prompt's passes give the first token, a step each of the others
+        assert result.stats.forward_passes >= result.stats.output_tokens == 3
+        return result.stats.forward_passes, engine.backend.counter.mine().forward_passes - before
+
+    texts = ["Please call me back.", "Refund me now!", "Thanks, all good."]
+    try:
+        charged = [fill("The server room is on fire."), reply("Say hello.")]
+        with ThreadPoolExecutor(3) as pool:
+            charged += list(pool.map(fill, texts)) + list(pool.map(reply, texts))
+    finally:
+        hook.remove()
+    assert runners == {"pcd-model"}
+    assert all(passes == mine and passes >= 1 for passes, mine in charged), charged
