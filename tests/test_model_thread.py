@@ -2,6 +2,7 @@
 thread that asked: its result, its error, its context, its pass counts.
 """
 
+import multiprocessing
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from contextvars import ContextVar
@@ -36,6 +37,18 @@ def test_a_call_made_on_the_model_thread_runs_at_once_and_an_error_reaches_the_c
     with pytest.raises(KeyError, match="inside"):
         model_thread.run(fail)
     assert model_thread.run(lambda: 7) == 7  # the thread goes on after an error
+
+
+def test_a_forked_child_starts_a_model_thread_of_its_own():
+    """The parent's model thread does not exist in a forked child; a call there must not wait for it."""
+    model_thread.run(lambda: None)  # the parent's thread is running
+    context = multiprocessing.get_context("fork")
+    with context.Pool(1) as pool:
+        assert pool.apply_async(_name_of_the_model_thread).get(timeout=60) == "pcd-model"
+
+
+def _name_of_the_model_thread() -> str:
+    return model_thread.run(lambda: threading.current_thread().name)
 
 
 def test_the_engines_passes_run_on_the_model_thread_whichever_thread_calls(engine):

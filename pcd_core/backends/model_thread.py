@@ -13,12 +13,16 @@ hand each hook to this one thread (``run``) and wait for it; their loaders build
 too. The call runs in a copy of the caller's context (its pass listener and cancellation, as
 ``pcd_core/hooks.py`` and ``pcd_core/fairness.py`` keep them), and ``acting_thread`` tells whose
 work it is, so that ``counting.PassCounter`` charges the caller. A call made on this thread runs at
-once, so a hook may call another. ``tests/test_model_thread.py`` covers it.
+once, so a hook may call another. Every in-process model of the process shares the thread, so two
+engines' passes take turns (on a CPU they would share the same cores anyway). A child process
+forked from one that used it starts a thread of its own on first use. ``tests/test_model_thread.py``
+covers it.
 """
 
 from __future__ import annotations
 
 import contextvars
+import os
 import queue
 import threading
 from collections.abc import Callable
@@ -43,6 +47,15 @@ _jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
 _started = threading.Lock()
 _worker: threading.Thread | None = None
 _serving = threading.local()  # on the worker: the thread whose job runs now
+
+
+def _forget_worker() -> None:
+    """In a forked child: the parent's model thread did not come along, nor did its queue's jobs."""
+    global _jobs, _started, _worker
+    _jobs, _started, _worker = queue.SimpleQueue(), threading.Lock(), None
+
+
+os.register_at_fork(after_in_child=_forget_worker)
 
 
 def run(call: Callable[[], _T]) -> _T:
