@@ -4,10 +4,10 @@ torch's CPU kernels and llama.cpp's (the CPU build links GNU OpenMP) run on a te
 that belongs to the thread that started it: each thread that runs a model's pass gets a team of its
 own, kept for as long as it lives. Once these teams hold more threads than the machine has cores,
 GNU OpenMP stops letting idle team threads spin and puts them to sleep after almost every parallel
-region, and a model's many small regions then each pay a wake-up. On a 2-core machine a reply's step
-took 36 ms when only the main thread had run the model and 57 ms in a server's worker thread once
-the main thread had too, and 1.4 s against 2.9 s for three llama.cpp replies (``pcd bench --clients``
-measures it whole: docs/benchmarks.md). Servers, ``asyncio.to_thread`` and the adapters' ``batch``
+region, and a model's many small regions then each pay a wake-up: on a 2-core machine a reply's
+step took half as long again on a second thread as on the first, and three llama.cpp replies twice
+as long (docs/benchmarks.md, "One thread runs the model", has the figures and ``pcd bench
+--clients``'s before and after). Servers, ``asyncio.to_thread`` and the adapters' ``batch``
 call the engine from many threads, so the backends that run in this process (``Backend.serialises``)
 hand each hook to this one thread (``run``) and wait for it; their loaders build the model there
 too. The call runs in a copy of the caller's context (its pass listener and cancellation, as
