@@ -26,7 +26,7 @@ from transformers import AutoModelForCausalLM, Gemma3TextConfig, LlamaConfig  # 
 from pcd_core.backends.base import Query  # noqa: E402
 from pcd_core.backends.mlx_backend import MlxBackend  # noqa: E402
 from pcd_core.errors import BackendError, BackendUnavailableError  # noqa: E402
-from pcd_core.testing import check_backend  # noqa: E402
+from pcd_core.testing import check_backend, check_grow, check_grow_many  # noqa: E402
 
 TINY_VOCAB = 96
 # A large init spread makes the logits depend on position and context, so that a wrong rotary
@@ -110,6 +110,32 @@ def test_backend_contract_holds(request, tiny):
     backend = MlxBackend.from_hf_dir(folder)
     rows = [TINY_IDS[:5], TINY_IDS[9:], [TINY_IDS[2]]]
     check_backend(backend, TINY_IDS[3:13], rows)
+
+
+@pytest.mark.parametrize("tiny", ["tiny_llama", "tiny_gemma"])
+def test_grow_reads_only_each_steps_new_tokens(request, tiny):
+    """Generation keeps the rows' keys and values: each step is one pass over its new tokens (and a
+    first step's trunk), and every row reads as a plain prefill of it after the prompt (past Gemma's
+    4-token window too); several generations' steps share a pass, each over its own keys only.
+    """
+    _, folder = request.getfixturevalue(tiny)
+    backend = MlxBackend.from_hf_dir(folder)
+    steps = [[(5,), (8, 9), (10,)], [(11,), (), (12, 13)], [(14,), (15,), (16,)]]
+    check_grow(backend, TINY_IDS[:6], steps)
+    check_grow(backend, TINY_IDS[:6], steps, trunk=TINY_IDS[6:9])
+    prefix = backend.prefill(TINY_IDS[:6])
+    rows = backend.grow(prefix, None, [(5,), (8, 9)])
+    tokens = backend.counter.tokens_read
+    backend.grow(prefix, rows, [(10,), (11,)])
+    assert backend.counter.tokens_read - tokens == 2  # the step's two tokens, not the rows again
+    prompts = [TINY_IDS[:6], TINY_IDS[4:13], TINY_IDS[:3]]
+    many = [
+        [[(5,)], [(8, 9), (10,)], None],
+        [[(6,)], [(11,), ()], [(20,)]],
+        [None, [(), (12,)], [(21, 22)]],
+        [[(7,)], [(13,), (14,)], [(23,)]],
+    ]
+    check_grow_many(backend, prompts, many)
 
 
 def test_score_is_one_pass_per_chunk(tiny_llama):

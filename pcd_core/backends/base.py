@@ -169,6 +169,19 @@ class Growth:
     n_new: list[int]
 
 
+def new_tokens(extended: tuple[tuple[int, ...], ...], n_new: list[int]) -> tuple[list[int], list[int], list[int]]:
+    """A step's new tokens in row order: each one's row, its depth in the row, and the token (the
+    backends that keep the rows' KV read only these).
+    """
+    owner, depth, tokens = [], [], []
+    for k, (row, n) in enumerate(zip(extended, n_new)):
+        for j in range(len(row) - n, len(row)):
+            owner.append(k)
+            depth.append(j)
+            tokens.append(row[j])
+    return owner, depth, tokens
+
+
 class Backend(ABC):
     """A loaded causal LM behind the two primitives. Subclasses implement the underscored hooks."""
 

@@ -15,6 +15,10 @@ layers (projections, norms, rotary embedding, MLP) in a loop of its own:
   and 40-41 s with ``mx.repeat`` copies: the pass is bound by matmuls over row tokens, so padding
   costs more than prefix copies do.
 - The LM head runs only at the queried positions: a vocabulary can be 262k wide.
+- ``grow`` keeps each row's own keys and values after the prefix (``_MlxRows``), so a step reads its
+  new tokens only, under the same tree rules; ``grow_many`` reads several generations' steps in one
+  pass, each step's queries over its own keys. A row read again from the prefix at every step (the
+  base class's way) made a 24-token reply on the Linux CPU wheel six times as slow (docs/mlx.md).
 
 Weights come from an HF directory, loaded as mlx-lm loads it, or natively from a llama GGUF kept
 quantized (Q4_0, Q4_1 and Q8_0 arrive from ``mx.load`` as MLX affine triples, group size 32); both
@@ -33,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import BackendError, BackendUnavailableError
-from .base import Backend, Prefix, Query, middle_layers
+from .base import Backend, Growth, Prefix, Query, Rows, middle_layers, new_tokens
 from .packing import TokenTree, pack_tree
 
 try:
@@ -56,6 +60,68 @@ class _PrefixState:
     values: tuple[Any, ...]
     last_hidden: Any  # [hidden_size], before the final norm
     last_middle: Any  # [hidden_size], the middle layers' mean (base.py's middle_layers)
+
+
+@dataclass(frozen=True, eq=False)
+class _MlxRows:
+    """Growing rows' own keys and values after their prefix, per layer ``[1, n_kv_heads, n, head_dim]``
+    (immutable, so an older ``Rows`` still reads as it did), and per row token its row and depth.
+    """
+
+    keys: tuple[Any, ...]
+    values: tuple[Any, ...]
+    owner: np.ndarray
+    depth: np.ndarray
+
+
+@dataclass(frozen=True, eq=False)
+class _Step:
+    """One generation's part of a ``_read_steps`` pass: its growth, trunk, new tokens and masks."""
+
+    growth: Growth
+    kept: _MlxRows | None
+    trunk: tuple[int, ...]
+    owner: np.ndarray
+    depth: np.ndarray
+    tokens: list[int]
+    positions: np.ndarray  # the trunk's, then each new token's
+    masks: dict[int | None, Any]  # per sliding window (None: none), over prefix, kept, trunk, new keys
+
+    @property
+    def size(self) -> int:
+        return len(self.trunk) + len(self.tokens)
+
+    def prefix_after(self, keys: list[Any], values: list[Any], last_hidden: Any, last_middle: Any) -> Prefix:
+        """The rows' prefix once the pass read this step (``keys``: its own, per layer): the growth's
+        prefix, extended by the trunk where there is one (``last_*``: the states at the trunk's end).
+        """
+        prefix, n = self.growth.prefix, len(self.trunk)
+        if not n:
+            return prefix
+        state: _PrefixState = prefix.state
+        return Prefix(
+            ids=prefix.ids + self.trunk,
+            state=_PrefixState(
+                keys=tuple(mx.concatenate([old, new[:, :, :n]], axis=2) for old, new in zip(state.keys, keys)),
+                values=tuple(mx.concatenate([old, new[:, :, :n]], axis=2) for old, new in zip(state.values, values)),
+                last_hidden=last_hidden,
+                last_middle=last_middle,
+            ),
+        )
+
+    def rows_after(self, keys: list[Any], values: list[Any]) -> _MlxRows:
+        """The rows' state once the pass read this step: the kept tokens, then the new ones."""
+        n = len(self.trunk)
+        new_keys, new_values = [k[:, :, n:] for k in keys], [v[:, :, n:] for v in values]
+        if self.kept is None:
+            return _MlxRows(tuple(new_keys), tuple(new_values), self.owner, self.depth)
+        kept = self.kept
+        return _MlxRows(
+            keys=tuple(mx.concatenate([old, new], axis=2) for old, new in zip(kept.keys, new_keys)),
+            values=tuple(mx.concatenate([old, new], axis=2) for old, new in zip(kept.values, new_values)),
+            owner=np.concatenate([kept.owner, self.owner]),
+            depth=np.concatenate([kept.depth, self.depth]),
+        )
 
 
 Attend = Callable[[int, Any, Any, Any], Any]
@@ -196,6 +262,101 @@ class MlxBackend(Backend):
         mx.eval(kept.keys, kept.values, kept.last_hidden, kept.last_middle)
         return gathered, kept, states
 
+    def _grow(
+        self,
+        prefix: Prefix,
+        rows: Rows | None,
+        extended: tuple[tuple[int, ...], ...],
+        n_new: list[int],
+        trunk: tuple[int, ...] = (),
+        room: int = 0,
+    ) -> Rows:
+        """Read only each row's new tokens, over the prefix (and a trunk, read causally before them
+        in the same pass) and the rows' kept keys and values (``_MlxRows``); ``room`` is not needed,
+        since mlx arrays are never written in place.
+        """
+        if rows is not None and rows.state is None:  # rows another path started: read them again
+            return super()._grow(prefix, rows, extended, n_new, trunk, room)
+        (grown,) = self._read_steps([Growth(prefix, rows, extended, n_new)], trunk)
+        return grown
+
+    def _grow_many(self, growths: list[Growth]) -> list[Rows]:
+        """Several generations' steps in one pass: the projections and MLP read every step's tokens at
+        once, and each step's queries attend over that step's own prefix, kept rows and new tokens.
+        """
+        if any(g.rows is not None and g.rows.state is None for g in growths):
+            return super()._grow_many(growths)
+        return self._read_steps(growths, ())
+
+    def _read_steps(self, growths: list[Growth], trunk: tuple[int, ...]) -> list[Rows]:
+        steps = [self._plan_step(growth, trunk) for growth in growths]
+        self.counter.add(sum(step.size for step in steps))
+        starts = np.cumsum([0] + [step.size for step in steps])
+        new_keys: list[list[Any]] = [[] for _ in steps]  # per step, per layer: this pass's keys
+        new_values: list[list[Any]] = [[] for _ in steps]
+
+        def attend(index: int, q: Any, k: Any, v: Any) -> Any:
+            outputs = []
+            for n, step in enumerate(steps):
+                part = slice(int(starts[n]), int(starts[n + 1]))
+                state: _PrefixState = step.growth.prefix.state
+                old = [] if step.kept is None else [step.kept.keys[index]]
+                old_values = [] if step.kept is None else [step.kept.values[index]]
+                own_k, own_v = k[:, :, part], v[:, :, part]
+                new_keys[n].append(own_k)
+                new_values[n].append(own_v)
+                keys = mx.concatenate([state.keys[index], *old, own_k], axis=2)
+                values = mx.concatenate([state.values[index], *old_values, own_v], axis=2)
+                mask = step.masks[self._windows[index]]
+                outputs.append(self._attention(index, q[:, :, part], keys, values, mask))
+            return mx.concatenate(outputs, axis=2)
+
+        ids = [token for step in steps for token in (*step.trunk, *step.tokens)]
+        positions = np.concatenate([step.positions for step in steps])
+        hidden, middle = self._run_layers(mx.array([ids]), mx.array(positions), attend)
+        hidden, middle = hidden[0], middle[0]
+        ends = [int(starts[n]) + len(step.trunk) + i for n, step in enumerate(steps) for i in _last_of_rows(step)]
+        logp = np.array(self._logp(hidden[mx.array(ends)])).astype(np.float64) if ends else np.zeros((0, 0))
+        results, read = [], 0
+        for n, step in enumerate(steps):
+            end = int(starts[n]) + len(step.trunk) - 1  # the trunk's last token, when there is one
+            prefix = step.prefix_after(new_keys[n], new_values[n], hidden[end], middle[end])
+            kept = step.rows_after(new_keys[n], new_values[n])
+            mx.eval(kept.keys, kept.values, prefix.state.keys, prefix.state.values)
+            by_row: list[np.ndarray | None] = [None] * len(step.growth.extended)
+            for k in _rows_read(step):
+                by_row[k], read = logp[read], read + 1
+            results.append(Rows(prefix, step.growth.extended, tuple(by_row), kept))
+        return results
+
+    def _plan_step(self, growth: Growth, trunk: tuple[int, ...]) -> _Step:
+        """A generation's new tokens and its masks over its keys: the prefix's, its rows' kept ones,
+        then this pass's (the trunk's, then the rows' new tokens'). A trunk token sees the prefix and
+        the trunk before it; a row token sees the prefix, the trunk, its own row's kept tokens and its
+        own row's earlier new tokens; positions continue after the trunk by depth in the row.
+        """
+        kept: _MlxRows | None = growth.rows.state if growth.rows is not None else None
+        owner_list, depth_list, tokens = new_tokens(growth.extended, growth.n_new)
+        owner, depth = np.array(owner_list, dtype=int), np.array(depth_list, dtype=int)
+        old_owner = kept.owner if kept is not None else np.zeros(0, dtype=int)
+        old_depth = kept.depth if kept is not None else np.zeros(0, dtype=int)
+        n_prefix, n_trunk, n_old, n_new = growth.prefix.n_tokens, len(trunk), len(old_owner), len(tokens)
+        base = n_prefix + n_trunk
+        trunk_pos = np.arange(n_prefix, base)
+        q_pos = np.concatenate([trunk_pos, base + depth])
+        k_pos = np.concatenate([np.arange(n_prefix), base + old_depth, trunk_pos, base + depth])
+        allowed = np.zeros((n_trunk + n_new, n_prefix + n_old + n_trunk + n_new), dtype=bool)
+        allowed[:, :n_prefix] = True
+        columns = n_prefix + n_old  # where this pass's keys start
+        allowed[:n_trunk, columns : columns + n_trunk] = np.tril(np.ones((n_trunk, n_trunk), dtype=bool))
+        allowed[n_trunk:, n_prefix:columns] = owner[:, None] == old_owner[None, :]
+        allowed[n_trunk:, columns : columns + n_trunk] = True
+        allowed[n_trunk:, columns + n_trunk :] = (owner[:, None] == owner[None, :]) & (depth[None, :] <= depth[:, None])
+        masks = {
+            window: mx.array(allowed & _window_ok(q_pos[:, None], k_pos[None], window)) for window in set(self._windows)
+        }
+        return _Step(growth, kept, trunk, owner, depth, tokens, q_pos, masks)
+
     def _prefix_logp(self, prefix: Prefix) -> np.ndarray:
         logp = self._logp(prefix.state.last_hidden[None])[0]
         return np.array(logp.astype(mx.float32))
@@ -331,3 +492,14 @@ def _window_ok(q_pos: np.ndarray, k_pos: np.ndarray, window: int | None) -> np.n
     if window is None:
         return np.ones(np.broadcast_shapes(q_pos.shape, k_pos.shape), dtype=bool)
     return (q_pos - k_pos) < window
+
+
+def _rows_read(step: _Step) -> list[int]:
+    """The rows with a new token this step, in order: each one's last new token is read."""
+    return sorted(set(step.owner.tolist()))
+
+
+def _last_of_rows(step: _Step) -> list[int]:
+    """Each read row's last new token's index among the step's new tokens, in ``_rows_read`` order."""
+    last = {int(row): i for i, row in enumerate(step.owner.tolist())}
+    return [last[row] for row in _rows_read(step)]

@@ -56,7 +56,7 @@ import numpy as np
 
 from ..errors import BackendError, BackendUnavailableError
 from . import model_thread
-from .base import Backend, Growth, LayoutChoice, Prefix, Query, RowLayout, Rows, middle_layers
+from .base import Backend, Growth, LayoutChoice, Prefix, Query, RowLayout, Rows, middle_layers, new_tokens
 from .packing import TokenTree, batch_groups, leading_chain, pack_tree
 
 try:
@@ -717,10 +717,10 @@ class TorchBackend(Backend):
     def _step_rows(
         self, extended: tuple[tuple[int, ...], ...], n_new: list[int], kept: GrownRows | None, base: int
     ) -> _StepRows:
-        """A step's new tokens (``_new_tokens``) and the mask rows they get: each sees the ``base``
+        """A step's new tokens (``base.new_tokens``) and the mask rows they get: each sees the ``base``
         tokens before the rows, its own row's kept tokens and its own row's earlier new tokens.
         """
-        owner, depth, tokens = _new_tokens(extended, n_new)
+        owner, depth, tokens = new_tokens(extended, n_new)
         device = self.device
         new_owner, new_depth = torch.tensor(owner, device=device), torch.tensor(depth, device=device)
         old_owner = kept.owner if kept is not None else new_owner[:0]
@@ -842,17 +842,6 @@ def _stem_start(stem: StemKV, length: int) -> StemKV:
         stem.hidden[:length],
         stem.middle[:length],
     )
-
-
-def _new_tokens(extended: tuple[tuple[int, ...], ...], n_new: list[int]) -> tuple[list[int], list[int], list[int]]:
-    """A step's new tokens in row order: each one's row, its depth in the row, and the token."""
-    owner, depth, tokens = [], [], []
-    for k, (row, n) in enumerate(zip(extended, n_new)):
-        for j in range(len(row) - n, len(row)):
-            owner.append(k)
-            depth.append(j)
-            tokens.append(row[j])
-    return owner, depth, tokens
 
 
 @dataclass(frozen=True)
