@@ -3,7 +3,11 @@ thread that asked: its result, its error, its context, its pass counts.
 """
 
 import multiprocessing
+import signal
+import subprocess
+import sys
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from contextvars import ContextVar
 
@@ -49,6 +53,36 @@ def test_a_forked_child_starts_a_model_thread_of_its_own():
 
 def _name_of_the_model_thread() -> str:
     return model_thread.run(lambda: threading.current_thread().name)
+
+
+_INTERRUPTED = """
+import signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)  # a background process ignores SIGINT
+from pcd_core import Engine
+engine = Engine.load()
+print("reading", flush=True)
+while True:
+    engine.generate("Tell me a long story about a lighthouse.", max_new_tokens=400)
+"""
+
+
+def test_an_interrupted_process_ends_cleanly_while_the_model_thread_reads():
+    """Ctrl-C while a pass runs on the model thread: the command stops with KeyboardInterrupt after
+    that pass, and the process does not abort (a daemon model thread killed inside torch's kernels
+    made it print "terminate called without an active exception" and dump core).
+    """
+    child = subprocess.Popen(
+        [sys.executable, "-c", _INTERRUPTED], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "reading\n"
+        time.sleep(1.0)  # well inside the reply's steps
+        child.send_signal(signal.SIGINT)
+        _, errors = child.communicate(timeout=120)
+    finally:
+        child.kill()
+    assert child.returncode == -signal.SIGINT, errors[-2000:]
+    assert "KeyboardInterrupt" in errors and "terminate called" not in errors
 
 
 def test_the_engines_passes_run_on_the_model_thread_whichever_thread_calls(engine):

@@ -14,8 +14,9 @@ too. The call runs in a copy of the caller's context (its pass listener and canc
 ``pcd_core/hooks.py`` and ``pcd_core/fairness.py`` keep them), and ``acting_thread`` tells whose
 work it is, so that ``counting.PassCounter`` charges the caller. A call made on this thread runs at
 once, so a hook may call another. Every in-process model of the process shares the thread, so two
-engines' passes take turns (on a CPU they would share the same cores anyway). A child process
-forked from one that used it starts a thread of its own on first use. ``tests/test_model_thread.py``
+engines' passes take turns (on a CPU they would share the same cores anyway). A process that ends,
+an interrupted command included, lets the pass in flight finish first; a child process forked from
+one that used the thread starts a thread of its own on first use. ``tests/test_model_thread.py``
 covers it.
 """
 
@@ -23,36 +24,39 @@ from __future__ import annotations
 
 import contextvars
 import os
-import queue
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 __all__ = ["acting_thread", "run"]
 
 _T = TypeVar("_T")
 
-
-@dataclass(frozen=True)
-class _Job:
-    call: Callable[[], Any]
-    context: contextvars.Context
-    caller: threading.Thread
-    result: Future[Any]
+_serving = threading.local()  # on the model thread: the thread whose call runs now
+_worker: threading.Thread | None = None  # the model thread, once it has started
 
 
-_jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
-_started = threading.Lock()
-_worker: threading.Thread | None = None
-_serving = threading.local()  # on the worker: the thread whose job runs now
+def _mark_worker() -> None:
+    global _worker
+    _worker = threading.current_thread()
+    _worker.name = "pcd-model"  # not the pool's "pcd-model_0": there is only ever one
+
+
+def _new_executor() -> ThreadPoolExecutor:
+    # concurrent.futures' own worker, not a daemon: a process that ends (an interrupted command
+    # included) lets the pass in flight finish, where a daemon thread killed inside the model's
+    # kernels aborted the process ("terminate called without an active exception")
+    return ThreadPoolExecutor(max_workers=1, initializer=_mark_worker)
+
+
+_executor = _new_executor()
 
 
 def _forget_worker() -> None:
-    """In a forked child: the parent's model thread did not come along, nor did its queue's jobs."""
-    global _jobs, _started, _worker
-    _jobs, _started, _worker = queue.SimpleQueue(), threading.Lock(), None
+    """In a forked child: the parent's model thread did not come along; the first call starts one."""
+    global _executor, _worker
+    _executor, _worker = _new_executor(), None
 
 
 os.register_at_fork(after_in_child=_forget_worker)
@@ -62,37 +66,18 @@ def run(call: Callable[[], _T]) -> _T:
     """``call()`` on the model thread, in a copy of this thread's context; its result or its error."""
     if threading.current_thread() is _worker:
         return call()
-    job = _Job(call, contextvars.copy_context(), threading.current_thread(), Future())
-    _jobs.put(job)
-    _ensure_worker()
-    return job.result.result()
+    return _executor.submit(_act_for, threading.current_thread(), contextvars.copy_context(), call).result()
 
 
 def acting_thread() -> threading.Thread:
-    """The thread whose work runs now: on the model thread, the caller of the job it runs."""
+    """The thread whose work runs now: on the model thread, the caller of the call it runs."""
     caller: threading.Thread | None = getattr(_serving, "caller", None)
     return caller if caller is not None else threading.current_thread()
 
 
-def _ensure_worker() -> None:
-    global _worker
-    with _started:
-        if _worker is None:
-            # a daemon, so that a process whose main thread ends (or is interrupted) does not wait for
-            # a pass nobody will read
-            _worker = threading.Thread(target=_serve, name="pcd-model", daemon=True)
-            _worker.start()
-
-
-def _serve() -> None:
-    while True:
-        job = _jobs.get()
-        if not job.result.set_running_or_notify_cancel():
-            continue
-        _serving.caller = job.caller
-        try:
-            job.result.set_result(job.context.run(job.call))
-        except BaseException as error:  # the caller raises it, whatever it is; this thread goes on
-            job.result.set_exception(error)
-        finally:
-            _serving.caller = None
+def _act_for(caller: threading.Thread, context: contextvars.Context, call: Callable[[], _T]) -> _T:
+    _serving.caller = caller
+    try:
+        return context.run(call)
+    finally:
+        _serving.caller = None
