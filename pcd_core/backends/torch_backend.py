@@ -55,7 +55,6 @@ from typing import Any, cast
 import numpy as np
 
 from ..errors import BackendError, BackendUnavailableError
-from . import model_thread
 from .base import Backend, Growth, LayoutChoice, Prefix, Query, RowLayout, Rows, middle_layers, new_tokens
 from .packing import TokenTree, batch_groups, leading_chain, pack_tree
 
@@ -153,7 +152,7 @@ class TorchBackend(Backend):
         self._stems: StemMemo | None = None  # the last batch of groups' requests (``_batched_hidden``)
         self._joins = _route_attention(model)
         # the self-check's passes, on the thread every later pass runs on (``model_thread.py``)
-        self.row_layout = model_thread.run(partial(self._choose_layout, row_layout))
+        self.row_layout = self._on_model_thread(partial(self._choose_layout, row_layout))
 
     @property
     def vocab_size(self) -> int:
@@ -696,7 +695,7 @@ class TorchBackend(Backend):
             attention_mask=masks[0],  # handed to the attention untouched; ``JoinedPass`` reads its own
             cache=cache,
             use_cache=True,
-            **{JOINED_KEYWORD: JoinedPass(cache.layers, sizes, masks, self.layer_types)},
+            **{JOINED_KEYWORD: JoinedPass(cache.layers, masks, self.layer_types)},
         )
         # each row's last new token, every step's, through the output head at once (it is a weight
         # read as large as a sixth of SmolLM2's layers)

@@ -172,13 +172,13 @@ class JoinedLayer(DynamicLayer):
 
 @dataclass(frozen=True, eq=False)
 class JoinedPass:
-    """What a joined pass's attention needs (``TorchBackend._grow_many``): its ``JoinedLayer``s, the
-    queries each generation has (in pass order), and each generation's own masks (a tensor, or one
-    per attention type). The model passes it to the attention function as a keyword argument.
+    """What a joined pass's attention needs (``TorchBackend._grow_many``): its ``JoinedLayer``s (each
+    knows how many of the pass's tokens each generation has) and each generation's own masks (a
+    tensor, or one per attention type). The model passes it to the attention function as a keyword
+    argument.
     """
 
     layers: Sequence[Any]  # the pass's ``JoinedLayer``s
-    sizes: list[int]
     masks: list[Any]
     layer_types: tuple[str, ...]
 
@@ -189,7 +189,7 @@ class JoinedPass:
         layer = self.layers[module.layer_idx]
         kind = self.layer_types[module.layer_idx]
         outputs = []
-        for (keys, values), part, masks in zip(layer.read, query.split(self.sizes, dim=-2), self.masks, strict=True):
+        for (keys, values), part, masks in zip(layer.read, query.split(layer.sizes, dim=-2), self.masks, strict=True):
             mask = masks[kind] if isinstance(masks, dict) else masks
             outputs.append(attention(module, part, keys, values, mask, **kwargs)[0])
         return torch.cat(outputs, dim=1)
