@@ -278,6 +278,19 @@ def test_width_bench_times_one_pass_per_width_after_one_prefix(engine, tmp_path,
         assert record["tokens_per_s"] == pytest.approx(record["tokens"] / record["ms"] * 1000.0)
     assert one["speedup_over_narrowest"] == 1.0
     assert four["speedup_over_narrowest"] == pytest.approx(four["tokens_per_s"] / one["tokens_per_s"])
+    # the layers' matrices, counted from the model's shapes: q and o are hidden x hidden, k and v
+    # hidden x (kv heads x head size), gate, up and down hidden x intermediate; the tied head is out
+    config = engine.backend.model.config
+    kv = config.num_key_value_heads * (config.hidden_size // config.num_attention_heads)
+    per_layer = (
+        2 * config.hidden_size**2 + 2 * config.hidden_size * kv + 3 * config.hidden_size * config.intermediate_size
+    )
+    for record in records:
+        assert record["matrix_gflops"] == pytest.approx(
+            2 * config.num_hidden_layers * per_layer * record["tokens_per_s"] / 1e9
+        )
+    # one lone product, timed once for the run, and faster than any pass gets through its matrices
+    assert one["product_gflops"] == four["product_gflops"] > four["matrix_gflops"] > one["matrix_gflops"] / 2
     assert "| torch | float32 | 256 | 4 |" in capsys.readouterr().out
 
 

@@ -83,6 +83,8 @@ _WIDTHS = (  # pcd bench --widths
     ("ms", "ms", "{:.1f}"),
     ("tokens_per_s", "tokens/s", "{:.0f}"),
     ("speedup_over_narrowest", "over the narrowest", "{:.2f}x"),
+    ("matrix_gflops", "matrix GFLOP/s", "{:.0f}"),
+    ("product_gflops", "lone product GFLOP/s", "{:.0f}"),
 )
 
 

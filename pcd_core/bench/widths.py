@@ -10,14 +10,24 @@ each its own row, as a batch's inputs are read; it is timed ``repeat`` times (me
 asked: the most a batch of such requests can gain over reading them one at a time, before what the
 batch itself adds (padding, requests asked again in later rounds, a server's work per request).
 ``docs/benchmarks.md`` reads it beside the batch figures.
+
+Where the backend is a torch module, each record also says why the ceiling sits where it does:
+``matrix_gflops`` is the rate at which the pass got through the layers' matrix products (two
+operations per weight per token; the output head, read only at the queries, is left out), and
+``product_gflops`` the rate of one lone product of the model's largest layer matrix by the widest
+pass's tokens, timed in the same run on the same thread: about what the machine's cores do with
+this dtype. Where one request's pass already runs at a good share of that, no batch can read many
+times more tokens per second.
 """
 
 from __future__ import annotations
 
 import functools
 import statistics
+import time
 from typing import Any
 
+from ..backends import model_thread
 from ..backends.base import Query
 from .measure import timed, weights_dtype
 
@@ -25,6 +35,8 @@ from .measure import timed, weights_dtype
 PREFIX_TOKENS = 256
 #: tokens of each request, about a one-sentence input with its template
 REQUEST_TOKENS = 96
+#: timed runs of the lone matrix product (median), after one untimed
+PRODUCT_RUNS = 5
 #: prose repeated into the prefix and the requests: ordinary words, no special tokens
 FILLER = (
     "The parcel came two days late, the box was torn at one corner, and the kettle inside sparks "
@@ -88,4 +100,51 @@ def bench_widths(engine: Any, widths: list[int], repeat: int) -> list[dict[str, 
     narrowest = min(records, key=lambda record: record["requests"])["tokens_per_s"]
     for record in records:
         record["speedup_over_narrowest"] = record["tokens_per_s"] / narrowest
+    matrices = layer_matrices(backend)
+    if matrices is not None:
+        weights, largest = matrices
+        widest = max(record["tokens"] for record in records)
+        product = lone_product_gflops(backend, largest, widest, PRODUCT_RUNS)
+        for record in records:
+            record["matrix_gflops"] = 2 * weights * record["tokens_per_s"] / 1e9
+            record["product_gflops"] = product
     return records
+
+
+def layer_matrices(backend: Any) -> tuple[int, Any] | None:
+    """The weights every token is multiplied by (the ``Linear`` layers' of a torch model, its output
+    head left out) and the largest such matrix; None where the model is not a torch module.
+    """
+    model = getattr(backend, "model", None)
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not isinstance(model, torch.nn.Module):
+        return None
+    head = getattr(model, "get_output_embeddings", lambda: None)()
+    matrices = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear) and m is not head]
+    if not matrices:
+        return None
+    return sum(int(w.numel()) for w in matrices), max(matrices, key=lambda w: w.numel())
+
+
+def lone_product_gflops(backend: Any, weight: Any, n_tokens: int, runs: int) -> float:
+    """Billions of operations per second of ``n_tokens`` random activations times ``weight`` (its
+    dtype and device), on the model thread where the passes ran, the median of ``runs`` timed runs.
+    """
+    import torch
+
+    synchronize = getattr(backend, "synchronize", lambda: None)
+    activations = torch.randn(n_tokens, weight.shape[1], dtype=weight.dtype, device=weight.device)
+
+    def once() -> float:
+        synchronize()
+        started = time.perf_counter()
+        with torch.inference_mode():
+            torch.nn.functional.linear(activations, weight)
+        synchronize()
+        return time.perf_counter() - started
+
+    seconds = model_thread.run(lambda: [once() for _ in range(runs + 1)][1:])
+    return 2 * n_tokens * weight.numel() / statistics.median(seconds) / 1e9
