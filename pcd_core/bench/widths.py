@@ -132,6 +132,8 @@ def layer_matrices(backend: Any) -> tuple[int, Any] | None:
 def lone_product_gflops(backend: Any, weight: Any, n_tokens: int, runs: int) -> float:
     """Billions of operations per second of ``n_tokens`` random activations times ``weight`` (its
     dtype and device), on the model thread where the passes ran, the median of ``runs`` timed runs.
+    Timed here rather than by ``measure.timed``, whose RSS sampler starts a thread per call: a
+    bfloat16 product takes a few milliseconds, and that thread's start and wake-ups would weigh in.
     """
     import torch
 
