@@ -93,7 +93,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.functional import scaled_dot_product_attention as sdpa
 
 from pcd_core.backends.torch_backend import TorchBackend
-from pcd_core.dummy_weights import Architecture, build_model, model_config, read_architecture
+from pcd_core.loading.dummy_weights import Architecture, build_model, model_config, read_architecture
 
 device = "cpu" if os.environ["DRY"] == "1" else "cuda"
 sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)

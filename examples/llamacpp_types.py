@@ -22,7 +22,7 @@ import llama_cpp
 import numpy as np
 
 from pcd_core.backends.llamacpp_backend import LlamaCppBackend
-from pcd_core.models import resolve
+from pcd_core.loading.model_files import resolve
 
 TYPES = {
     "Q8_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0,

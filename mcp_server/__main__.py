@@ -8,7 +8,7 @@ building the ``LoadOptions`` (``args.load_options``, which ``main`` loads). Over
 ``tracing.py``). Arguments are checked before the model loads or a transport opens, so a typo fails in
 a second with exit status 2.
 Logs go to stderr: on stdio, stdout is the wire. Run on the default model, it logs the docs'
-recommendation of a bigger local one at start (``pcd_core.models.recommendation``).
+recommendation of a bigger local one at start (``pcd_core.loading.model_files.recommendation``).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from pcd_core.errors import PcdError
-from pcd_core.options import BACKEND_MODULES
+from pcd_core.loading.options import BACKEND_MODULES
 from pcd_integrations.commands.common import (
     add_model_options,
     non_negative,
@@ -186,7 +186,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error("--otel needs opentelemetry-api, which is not installed; run: pip install 'pcd-engine[otel]'")
     if importlib.util.find_spec("mcp") is None:
         parser.error("the MCP server needs the 'mcp' package; run: pip install 'pcd-engine[mcp]'")
-    try:  # every model option, and whether the backend honours it (pcd_core/options.py)
+    try:  # every model option, and whether the backend honours it (pcd_core/loading/options.py)
         args.load_options = options_from_args(args, calibration=args.calibration, debias=args.debias)
     except PcdError as error:
         parser.error(str(error))
@@ -209,7 +209,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         args.load_options = replace(args.load_options, calibration=args.load_options.fitted_calibration())
     except PcdError as exc:
         parser.error(f"--calibration: {exc}")
-    from pcd_core.models import resolve
+    from pcd_core.loading.model_files import resolve
 
     try:
         resolve(args.model)  # finds embedded packages and .gguf files without loading weights
@@ -225,8 +225,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     # Imported after the checks: pulling in the engine and the SDK takes a while.
     from mcp_server.server import serve
     from pcd_core import Engine
-    from pcd_core.limits import Limits
-    from pcd_core.models import recommendation
+    from pcd_core.loading.model_files import recommendation
+    from pcd_core.request.limits import Limits
     from pcd_integrations.operations import Backpressure
 
     advice = recommendation(args.model)

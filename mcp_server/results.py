@@ -1,8 +1,8 @@
 """The typed results of the MCP tools: each becomes a tool's `outputSchema` and `structured_content`.
 
-Every result carries `model` and `usage` (`pcd_core.questions.Usage`, rendered from the engine's one
+Every result carries `model` and `usage` (`pcd_core.request.questions.Usage`, rendered from the engine's one
 cost record, `pcd_core.cost.Stats`), so that an agent can see what answered and what it cost. The `decide` answers are the System One answer models of
-`pcd_core.questions` themselves, so they are the `POST /v1/systemone` wire format by construction;
+`pcd_core.request.questions` themselves, so they are the `POST /v1/systemone` wire format by construction;
 `tests/test_mcp_server.py` checks the schemas and the numbers.
 """
 
@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, JsonValue
 
-from pcd_core.questions import (
+from pcd_core.request.questions import (
     ABSTAINED,
     ANSWER_SET,
     CALIBRATED,

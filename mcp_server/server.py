@@ -34,30 +34,9 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     ) from exc
 from pydantic import Field, JsonValue, ValidationError
 
-from pcd_core import (
-    ChoiceQuestion,
-    Engine,
-    NoulQuestion,
-    PromptError,
-    Question,
-    SchemaError,
-    ScoreQuestion,
-    TokenizationError,
-    __version__,
-    parse_schema,
-)
-from pcd_core.errors import GenerationError, LimitError, OptionError, RequestError
-from pcd_core.fairness import Cancellation, in_worker
-from pcd_core.generation import GeneratedField
-from pcd_core.limits import DEFAULT_LIMITS, Limits, check_decide, check_fill
-from pcd_core.questions import DecideResponse
-from pcd_core.result import Extraction, FieldResult
-from pcd_integrations.operations import Backpressure, trace_cost
-from pcd_integrations.read_timeouts import DEFAULT_READ_TIMEOUTS, ReadTimeouts, http_protocol
-
-from .http_transport import MCP_PATH, SERVED, Served, http_app
-from .loading import EngineFactory, EngineLoader, engine_for
-from .results import (
+from mcp_server.http_transport import MCP_PATH, SERVED, Served, http_app
+from mcp_server.loading import EngineFactory, EngineLoader, engine_for
+from mcp_server.results import (
     NO_AT,
     YES_AT,
     ChoiceResult,
@@ -71,6 +50,26 @@ from .results import (
     Usage,
     verdict_of,
 )
+from pcd_core import (
+    ChoiceQuestion,
+    Engine,
+    NoulQuestion,
+    PromptError,
+    Question,
+    SchemaError,
+    ScoreQuestion,
+    TokenizationError,
+    __version__,
+    parse_schema,
+)
+from pcd_core.concurrency.model_lock import Cancellation, in_worker
+from pcd_core.errors import GenerationError, LimitError, OptionError, RequestError
+from pcd_core.reading.generation import GeneratedField
+from pcd_core.request.limits import DEFAULT_LIMITS, Limits, check_decide, check_fill
+from pcd_core.request.questions import DecideResponse
+from pcd_core.result import Extraction, FieldResult
+from pcd_integrations.operations import Backpressure, trace_cost
+from pcd_integrations.read_timeouts import DEFAULT_READ_TIMEOUTS, ReadTimeouts, http_protocol
 
 if TYPE_CHECKING:
     pass
@@ -150,7 +149,7 @@ def _reported(answer: Any, model: str, usage: Usage) -> dict[str, Any]:
 async def _in_worker(call: Callable[[], _T]) -> _T:
     """One blocking engine call in a worker thread, stopped at its next pass boundary when the tool call
     is abandoned: the SDK cancels the handler on ``notifications/cancelled`` (or when its transport
-    goes), and the ``Cancellation`` set on the way out reaches the engine (``pcd_core/fairness.py``).
+    goes), and the ``Cancellation`` set on the way out reaches the engine (``pcd_core/concurrency/model_lock.py``).
     """
     return await in_worker(call, Cancellation(), "the MCP request was cancelled")
 

@@ -6,10 +6,9 @@ passes, instead of letting the model write JSON token by token.
 
 import logging
 
-from .cost import Stats
-from .decoding import DecodeOptions
-from .engine import Engine
-from .errors import (
+from pcd_core.cost import Stats
+from pcd_core.engine import Engine
+from pcd_core.errors import (
     BackendError,
     BackendUnavailableError,
     Cancelled,
@@ -22,8 +21,9 @@ from .errors import (
     TokenizationError,
     UpstreamError,
 )
-from .options import LoadOptions
-from .questions import (
+from pcd_core.loading.options import LoadOptions
+from pcd_core.reading.rounds import DecodeOptions
+from pcd_core.request.questions import (
     Answer,
     ChoiceAnswer,
     ChoiceQuestion,
@@ -36,8 +36,8 @@ from .questions import (
     ScoreQuestion,
     Usage,
 )
-from .result import Extraction, FieldResult
-from .schema import Field, Label, Schema, parse_schema
+from pcd_core.request.schema import Field, Label, Schema, parse_schema
+from pcd_core.result import Extraction, FieldResult
 
 __version__ = "0.1.0"
 

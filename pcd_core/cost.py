@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from .backends.base import RowLayout
+from pcd_core.backends.base import RowLayout
 
 #: where a request's head came from: the cache, a fresh prefill, or neither when the input merged
 #: with the head's last token and the whole prompt was read anew
@@ -41,7 +41,7 @@ class Stats:
     n_rows: int = 0
     rounds: int = 0
     compile_ms: float = 0.0  # schema compile (cached after the first call) or question rendering
-    # waiting for the model, before the first pass and after each hand-over (pcd_core/fairness.py);
+    # waiting for the model, before the first pass and after each hand-over (pcd_core/concurrency/model_lock.py);
     # a hand-over's wait also falls inside the phase below that was running when it happened
     queue_ms: float = 0.0
     head_ms: float = 0.0  # the head: a cache lookup, or its prefill on a miss

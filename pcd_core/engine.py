@@ -20,27 +20,27 @@ from dataclasses import replace
 from functools import cached_property
 from typing import Any, Unpack
 
-from .backends.base import Backend, Prefix
-from .batching import BATCH_STEM_TOKENS, BatchRead, Prepared, decide_joins, fill_joins
-from .caches import Lru, schema_key
-from .chatting import Message, stream_reply
-from .compiler import CompiledSchema
-from .conversation import Conversation
-from .cost import Meter
-from .deciding import DecideKeywords, DecidePlan
-from .decoding import DecodeOptions
-from .fairness import ModelLock, in_thread
-from .filling import Filled, FillKeywords, FillPlan, fill_passes
-from .grammar import GrammarTokenizer
-from .models import load_backend
-from .options import LoadOptions, load_options
-from .planning import Planner, PlannerSettings, PriorRead, questions_key
-from .questions import DecideResponse, distribution
-from .reading import ms_since
-from .readout import Readout
-from .result import Extraction, FieldResult, Generation
-from .stepping import PassJoin, joined_grow, step_join
-from .tokenizer import TextTokenizer
+from pcd_core.backends.base import Backend, Prefix
+from pcd_core.concurrency.model_lock import ModelLock, in_thread
+from pcd_core.concurrency.pass_join import PassJoin, joined_grow, step_join
+from pcd_core.cost import Meter
+from pcd_core.loading.load import load_backend
+from pcd_core.loading.options import LoadOptions, load_options
+from pcd_core.planning.batching import BATCH_STEM_TOKENS, BatchRead, Prepared, decide_joins, fill_joins
+from pcd_core.planning.caches import Lru, schema_key
+from pcd_core.planning.deciding import DecideKeywords, DecidePlan
+from pcd_core.planning.filling import Filled, FillKeywords, FillPlan, fill_passes
+from pcd_core.planning.planner import Planner, PlannerSettings, PriorRead, questions_key
+from pcd_core.prompting.compiler import CompiledSchema
+from pcd_core.prompting.grammar import GrammarTokenizer
+from pcd_core.reading.chatting import Message, stream_reply
+from pcd_core.reading.read_path import ms_since
+from pcd_core.reading.readout import Readout
+from pcd_core.reading.rounds import DecodeOptions
+from pcd_core.request.conversation import Conversation
+from pcd_core.request.questions import DecideResponse, distribution
+from pcd_core.result import Extraction, FieldResult, Generation
+from pcd_core.tokenizer import TextTokenizer
 
 
 class Engine:
@@ -97,7 +97,7 @@ class Engine:
 
     @property
     def waiting(self) -> int:
-        """Requests queued for the model now, behind the one that holds it (``pcd_core/fairness.py``)."""
+        """Requests queued for the model now, behind the one that holds it (``pcd_core/concurrency/model_lock.py``)."""
         return self._lock.waiting
 
     @property

@@ -128,7 +128,7 @@ class TextError(PromptError):
 
 
 class LimitError(RequestError):
-    """A request over one of the bounds in ``pcd_core/limits.py``; the message names the setting."""
+    """A request over one of the bounds in ``pcd_core/request/limits.py``; the message names the setting."""
 
     def __init__(self, setting: str, value: int, limit: int, what: str, hint: str = "") -> None:
         self.setting, self.value, self.limit = setting, value, limit

@@ -10,12 +10,11 @@ from typing import Any, Literal
 
 import numpy as np
 
-from .cost import Stats
-from .readout import Readout
-from .schema import Field, JsonValue, Schema
-from .trie import Strategy
+from pcd_core.cost import Stats
+from pcd_core.prompting.trie import Strategy
+from pcd_core.request.schema import Field, JsonValue, Schema
 
-#: how a decision was answered: a decode strategy's zero-shot reading, or a trained head (pcd_core/heads.py)
+#: how a decision was answered: a decode strategy's zero-shot reading, or a trained head (pcd_core/trust/heads.py)
 Method = Literal[Strategy, "head"]
 
 #: below this candidate mass a field carries a warning: the model wanted to write something else
@@ -31,11 +30,11 @@ class FieldResult:
     candidate_mass: float
     confidence: float
     top: list[tuple[JsonValue, float]]
-    method: Method  # the decode strategy that read it (pcd_core/decoding.py), or "head"
+    method: Method  # the decode strategy that read it (pcd_core/reading/rounds.py), or "head"
     wave: int
-    debiased: bool = False  # the content-free prior was divided out (pcd_core/debias.py)
-    calibrated: bool = False  # a fitted calibration was applied (pcd_core/calibration.py)
-    # the probability is below the calibration's threshold for its target risk (pcd_core/selective.py);
+    debiased: bool = False  # the content-free prior was divided out (pcd_core/trust/debias.py)
+    calibrated: bool = False  # a fitted calibration was applied (pcd_core/trust/calibration.py)
+    # the probability is below the calibration's threshold for its target risk (pcd_core/trust/selective.py);
     # the value and probabilities are still the model's reading
     abstained: bool = False
     answer_set: list[JsonValue] | None = None  # the conformal set's values, most probable first; None: not fitted
@@ -44,42 +43,6 @@ class FieldResult:
     # with Engine.fill(..., hidden=True): the final hidden state at the field's first decision point,
     # what pcd calibrate --head probe fits a head on; never serialised
     hidden: np.ndarray | None = field(default=None, repr=False, compare=False)
-
-    @classmethod
-    def from_readout(
-        cls,
-        spec: Field,
-        readout: Readout,
-        method: Method,
-        wave: int,
-        debiased: bool = False,
-        calibrated: bool = False,
-        abstained: bool = False,
-        answer_set: list[int] | None = None,
-        zero_shot: list[float] | None = None,
-        hidden: np.ndarray | None = None,
-    ) -> FieldResult:
-        """``answer_set`` holds label indices (``calibration.decision_flags``); the result holds their
-        values. ``zero_shot`` is in label order, as the readout's probabilities.
-        """
-        ranked = readout.ranked()
-        return cls(
-            name=spec.name,
-            value=spec.labels[readout.best].value,
-            probability=readout.probabilities[readout.best],
-            probabilities={label.text: p for label, p in zip(spec.labels, readout.probabilities)},
-            candidate_mass=readout.candidate_mass,
-            confidence=readout.confidence,
-            top=[(spec.labels[i].value, readout.probabilities[i]) for i in ranked[:5]],
-            method=method,
-            wave=wave,
-            debiased=debiased,
-            calibrated=calibrated,
-            abstained=abstained,
-            answer_set=None if answer_set is None else [spec.labels[i].value for i in answer_set],
-            zero_shot=None if zero_shot is None else {label.text: p for label, p in zip(spec.labels, zero_shot)},
-            hidden=hidden,
-        )
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(replace(self, hidden=None))

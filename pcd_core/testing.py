@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .backends.base import Backend, GrowStep, Prefix, Query, Rows
-from .backends.packing import TokenTree, plan_chunks
-from .tokenizer import TextTokenizer
+from pcd_core.backends.base import Backend, GrowStep, Prefix, Query, Rows
+from pcd_core.backends.packing import TokenTree, plan_chunks
+from pcd_core.tokenizer import TextTokenizer
 
 if TYPE_CHECKING:
-    from .engine import Engine
+    from pcd_core.engine import Engine
 
 
 class OracleBackend(Backend):
@@ -128,7 +128,7 @@ class ByteTokenizer(TextTokenizer):
 
 def oracle_engine(merges: Mapping[bytes, int] | None = None, **backend_options: Any) -> Engine:
     """An ``Engine`` over the oracle LM and byte tokenizer: fast, deterministic, model-free."""
-    from .engine import Engine
+    from pcd_core.engine import Engine
 
     return Engine(OracleBackend(**backend_options), ByteTokenizer(merges), "oracle")
 

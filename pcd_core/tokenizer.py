@@ -13,7 +13,7 @@ sentinel, a lone surrogate; ``encode`` turns sentinels into their ids and encode
 them with special-token parsing off (``split_special_tokens=True``), so ``<|im_end|>`` typed by a user
 is read as the characters it is (an added token not marked special, which that switch leaves whole, is
 cut apart first). Lone surrogates are invalid Unicode, so no valid text can forge a
-sentinel: the engine refuses any lone surrogate in user text before tokenizing (``pcd_core/limits.py``),
+sentinel: the engine refuses any lone surrogate in user text before tokenizing (``pcd_core/request/limits.py``),
 and ``encode`` refuses one that is not a sentinel. Encoded texts are cached in a small LRU bounded in
 bytes that never admits a long text (a request's state), so rejected requests leave nothing behind.
 ``tests/test_tokenizer.py`` probes both real tokenizers.
@@ -29,7 +29,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import PromptError
+from pcd_core.errors import PromptError
 
 #: Sentinels are lone surrogates: no valid Unicode text holds one, so a user cannot forge them.
 _SENTINEL_BASE, _SENTINEL_END = 0xD800, 0xE000

@@ -25,13 +25,13 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from .cost import Stats
-from .errors import RequestError
-from .questions import ChoiceAnswer
-from .result import Extraction
+from pcd_core.cost import Stats
+from pcd_core.errors import RequestError
+from pcd_core.request.questions import ChoiceAnswer
+from pcd_core.result import Extraction
 
 if TYPE_CHECKING:
-    from .engine import Engine
+    from pcd_core.engine import Engine
 
 #: The option that means "call no tool, answer the user directly".
 NO_TOOL = "answer_directly"

@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from pcd_core.errors import LimitError
-from pcd_core.limits import Limits, check_body_size
+from pcd_core.request.limits import Limits, check_body_size
 from pcd_integrations.wire.errors import openai_error_body
 
 Scope = MutableMapping[str, Any]

@@ -1,7 +1,7 @@
 """``pcd serve``: System One (``POST /v1/systemone``), OpenAI Decisions (``POST /v1/decisions``) and
 OpenAI Chat Completions (``POST /v1/chat/completions``).
 
-A thin translation layer: JSON in, the wire models of ``pcd_core.questions`` (System One),
+A thin translation layer: JSON in, the wire models of ``pcd_core.request.questions`` (System One),
 ``pcd_integrations.wire.decisions`` (OpenAI Decisions, which translates into the System One questions) or
 ``pcd_integrations.wire.chat`` (Chat Completions, run by ``pcd_integrations/chat_completions.py``), the engine
 called in a worker thread, the wire models out. It never builds a prompt or touches a token id. The
@@ -42,19 +42,11 @@ from pcd_core import (
     Engine,
     __version__,
 )
-from pcd_core.limits import DEFAULT_LIMITS, Limits
-from pcd_integrations.loading import EngineLoader
-from pcd_integrations.wire.body import BodyError, loads_strict
-from pcd_integrations.wire.chat import ChatCompletionRequest
-from pcd_integrations.wire.chat_reply import ChatCompletion
-from pcd_integrations.wire.decisions import DecisionRequest, DecisionResponse, decision_response
-from pcd_integrations.wire.errors import OpenAIErrorBody
-from pcd_integrations.wire.served import HealthBody, ModelList, model_card, openai_model
-
-from .chat_completions import chunks, completion, reply_steps
-from .guards import BodyLimit, warn_if_exposed
-from .http_calls import check_model, decide, in_engine, served_engine, server_sent
-from .http_errors import (
+from pcd_core.request.limits import DEFAULT_LIMITS, Limits
+from pcd_integrations.chat_completions import chunks, completion, reply_steps
+from pcd_integrations.guards import BodyLimit, warn_if_exposed
+from pcd_integrations.http_calls import check_model, decide, in_engine, served_engine, server_sent
+from pcd_integrations.http_errors import (
     ApiError,
     ErrorBody,
     ValidationErrorBody,
@@ -62,7 +54,8 @@ from .http_errors import (
     openai_param,
     wire_safe,
 )
-from .operations import (
+from pcd_integrations.loading import EngineLoader
+from pcd_integrations.operations import (
     Backpressure,
     Operations,
     Tracer,
@@ -73,9 +66,15 @@ from .operations import (
     observed_chunks,
     stamp,
 )
-from .playground import add_playground
-from .read_timeouts import DEFAULT_READ_TIMEOUTS, ReadTimeouts, http_protocol
-from .tracing import RequestTracer
+from pcd_integrations.playground import add_playground
+from pcd_integrations.read_timeouts import DEFAULT_READ_TIMEOUTS, ReadTimeouts, http_protocol
+from pcd_integrations.tracing import RequestTracer
+from pcd_integrations.wire.body import BodyError, loads_strict
+from pcd_integrations.wire.chat import ChatCompletionRequest
+from pcd_integrations.wire.chat_reply import ChatCompletion
+from pcd_integrations.wire.decisions import DecisionRequest, DecisionResponse, decision_response
+from pcd_integrations.wire.errors import OpenAIErrorBody
+from pcd_integrations.wire.served import HealthBody, ModelList, model_card, openai_model
 
 if TYPE_CHECKING:
     from fastapi import FastAPI, Request

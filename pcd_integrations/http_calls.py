@@ -15,14 +15,13 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from pcd_core import BackendError, DecideResponse, Engine, PcdError, UpstreamError
+from pcd_core.concurrency.model_lock import Cancellation, in_worker
 from pcd_core.errors import Cancelled
-from pcd_core.fairness import Cancellation, in_worker
+from pcd_integrations.http_errors import ApiError, openai_error, request_error, wire_safe
 from pcd_integrations.loading import EngineLoader
+from pcd_integrations.threads import iterate_in_thread
 from pcd_integrations.wire import accepts_model
 from pcd_integrations.wire.chat_reply import ChatCompletionChunk
-
-from .http_errors import ApiError, openai_error, request_error, wire_safe
-from .threads import iterate_in_thread
 
 if TYPE_CHECKING:
     from fastapi import Request
@@ -66,7 +65,7 @@ async def in_engine(call: Callable[[], _T], where: dict[str, str | int], state_f
 
     The call runs under a ``Cancellation`` that is set when the client disconnects, or when this
     coroutine itself is cancelled (a dropped stream, a stopping server), so that the engine stops at
-    its next pass boundary instead of computing an answer nobody reads (``pcd_core/fairness.py``).
+    its next pass boundary instead of computing an answer nobody reads (``pcd_core/concurrency/model_lock.py``).
     """
     token = Cancellation()
     watcher = asyncio.create_task(_cancel_on_disconnect(request, token))

@@ -25,7 +25,7 @@ from operator import itemgetter
 from typing import Any, Literal, get_args
 
 from pcd_core import BackendUnavailableError, Engine, Extraction, PromptError, Stats
-from pcd_core.fairness import in_thread
+from pcd_core.concurrency.model_lock import in_thread
 from pcd_core.result import Generation
 from pcd_core.tools import NO_TOOL, ToolDecision, ToolSpec, choose_tool, normalise_tool_choice, tool_arguments
 
@@ -50,9 +50,9 @@ try:
 except ImportError as error:  # pragma: no cover - exercised by a subprocess test without the extra
     raise BackendUnavailableError("langchain", "langchain-core") from error
 
-from .langchain_decisions import PCDDecisionModel, usage_metadata
-from .lazy_engine import LazyEngine
-from .threads import iterate_in_thread
+from pcd_integrations.langchain_decisions import PCDDecisionModel, usage_metadata
+from pcd_integrations.lazy_engine import LazyEngine
+from pcd_integrations.threads import iterate_in_thread
 
 __all__ = ["NO_TOOL", "ChatPCD", "PCDDecisionModel", "render_chat_messages", "render_messages"]
 

@@ -43,7 +43,7 @@ from pcd_core import (
     ScoreAnswer,
     Stats,
 )
-from pcd_core.fairness import in_thread
+from pcd_core.concurrency.model_lock import in_thread
 
 try:
     from langchain_core import decisions
@@ -55,7 +55,7 @@ try:
 except ImportError as error:  # pragma: no cover - exercised by a subprocess test without the extra
     raise BackendUnavailableError("langchain", "langchain-core") from error
 
-from .lazy_engine import LazyEngine
+from pcd_integrations.lazy_engine import LazyEngine
 
 __all__ = [
     "PCDChoiceAnswer",

@@ -32,7 +32,7 @@ from collections.abc import AsyncGenerator, Generator, Iterator, Mapping, Sequen
 from typing import TYPE_CHECKING, Any
 
 from pcd_core import BackendUnavailableError
-from pcd_core.fairness import in_thread
+from pcd_core.concurrency.model_lock import in_thread
 
 try:
     from llama_index.core.base.llms.types import (
@@ -64,7 +64,7 @@ except ImportError as error:  # pragma: no cover - exercised by a subprocess tes
 
 from pcd_core import Engine
 from pcd_core.cost import Stats
-from pcd_core.options import load_options
+from pcd_core.loading.options import load_options
 from pcd_core.result import Generation
 from pcd_core.tools import (
     NO_TOOL,
@@ -75,12 +75,11 @@ from pcd_core.tools import (
     normalise_tool_choice,
     tool_arguments,
 )
-
-from .lazy_engine import LazyEngine
-from .llama_index_program import PCDProgram
-from .llama_index_selector import PCDSelector
-from .llama_index_text import engine_content, messages_to_text, prompt_to_text
-from .threads import iterate_in_thread
+from pcd_integrations.lazy_engine import LazyEngine
+from pcd_integrations.llama_index_program import PCDProgram
+from pcd_integrations.llama_index_selector import PCDSelector
+from pcd_integrations.llama_index_text import engine_content, messages_to_text, prompt_to_text
+from pcd_integrations.threads import iterate_in_thread
 
 if TYPE_CHECKING:
     from llama_index.core.tools.types import BaseTool

@@ -25,10 +25,9 @@ except ImportError as error:  # pragma: no cover - exercised by a subprocess tes
     raise BackendUnavailableError("llama-index", "llama-index-core") from error
 
 from pcd_core import Engine, Extraction, SchemaError, parse_schema
-from pcd_core.options import load_options
-
-from .lazy_engine import LazyEngine
-from .llama_index_text import prompt_to_text
+from pcd_core.loading.options import load_options
+from pcd_integrations.lazy_engine import LazyEngine
+from pcd_integrations.llama_index_text import prompt_to_text
 
 __all__ = ["PCDProgram", "partial_objects"]
 

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from pcd_core import BackendUnavailableError, ChoiceAnswer, DecideResponse, Engine, NoulAnswer, PromptError
-from pcd_core.options import load_options
+from pcd_core.loading.options import load_options
 
 try:
     from llama_index.core.base.base_selector import BaseSelector, SelectorResult, SingleSelection

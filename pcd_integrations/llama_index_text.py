@@ -22,7 +22,7 @@ try:
 except ImportError as error:  # pragma: no cover - exercised by a subprocess test without the extra
     raise BackendUnavailableError("llama-index", "llama-index-core") from error
 
-from pcd_core.chatting import transcript
+from pcd_core.reading.chatting import transcript
 
 __all__ = ["engine_content", "messages_to_text", "prompt_to_text"]
 

@@ -21,7 +21,7 @@ from types import ModuleType
 from typing import Any
 
 from pcd_core.cost import Stats
-from pcd_core.questions import DecideResponse
+from pcd_core.request.questions import DecideResponse
 from pcd_core.result import Extraction
 
 __all__ = ["INSTALL_HINT", "Metrics", "prometheus_available"]

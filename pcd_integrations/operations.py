@@ -10,7 +10,7 @@ metrics and tracing, for ``pcd serve`` and ``pcd-mcp`` over HTTP alike.
   ``max_queue`` wait: one more gets 503 with ``Retry-After`` before its body is read, in OpenAI's
   error shape on the OpenAI routes and System One's elsewhere. With ``timeout_s`` set, a request
   whose response has not started by then gets 504 and its work is dropped: the route's task is
-  cancelled, which sets the request's ``Cancellation`` (``pcd_core/fairness.py``, set by the route's
+  cancelled, which sets the request's ``Cancellation`` (``pcd_core/concurrency/model_lock.py``, set by the route's
   engine call when its await is cancelled), so a request still queued leaves the queue and one that
   holds the model stops at its next pass boundary.
 - **Health.** ``GET /livez`` is 200 while the process serves; ``GET /readyz`` is 200 once the model
@@ -37,11 +37,10 @@ from typing import Any, Literal, Protocol
 
 from pcd_core.cost import Stats
 from pcd_core.hooks import listening
-from pcd_core.questions import DecideResponse
+from pcd_core.request.questions import DecideResponse
+from pcd_integrations.guards import App, Message, Receive, Scope, Send, send_body, send_error
 from pcd_integrations.loading import EngineLoader
-
-from .guards import App, Message, Receive, Scope, Send, send_body, send_error
-from .metrics import INSTALL_HINT, Metrics
+from pcd_integrations.metrics import INSTALL_HINT, Metrics
 
 __all__ = [
     "Backpressure",
@@ -357,7 +356,7 @@ def build_metrics(loader: EngineLoader, paths: frozenset[str]) -> Metrics | None
     """An app's metrics over its known ``paths``, reading the engine's queue; None without prometheus-client
     (``/metrics`` then answers 501 with the install hint).
     """
-    from .metrics import prometheus_available
+    from pcd_integrations.metrics import prometheus_available
 
     if not prometheus_available():
         return None

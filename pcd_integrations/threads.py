@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, Iterator
 from typing import TypeVar
 
-from pcd_core.fairness import in_thread
+from pcd_core.concurrency.model_lock import in_thread
 
 __all__ = ["iterate_in_thread"]
 

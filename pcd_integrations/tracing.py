@@ -17,7 +17,7 @@ import importlib
 import threading
 from typing import Any
 
-from .guards import Scope
+from pcd_integrations.guards import Scope
 
 __all__ = ["INSTALL_HINT", "RequestSpan", "RequestTracer"]
 

@@ -1,4 +1,4 @@
-"""Many inputs read together (``pcd_core/batching.py``) on the real embedded model, torch fp32.
+"""Many inputs read together (``pcd_core/planning/batching.py``) on the real embedded model, torch fp32.
 
 Each input of ``fill_many`` / ``decide_many`` must get the answers and probabilities of its own solo
 call to 1e-5, on every bundled schema and question set, with inputs of very different lengths, a
@@ -14,7 +14,7 @@ from conftest import load_case, schema_cases
 from pydantic import BaseModel, Field
 
 from pcd_core import PromptError
-from pcd_core.batching import BATCH_STEM_TOKENS, _groups
+from pcd_core.planning.batching import BATCH_STEM_TOKENS, _groups
 from pcd_core.result import FieldResult
 
 TOL = 1e-5

@@ -9,7 +9,7 @@ import pytest
 
 from pcd_core.bench import BenchCase, agreement, bench_case, is_valid, parse_lenient, valid_output
 from pcd_core.bench.checks import json_object_end
-from pcd_core.schema import parse_schema
+from pcd_core.request.schema import parse_schema
 from pcd_integrations.commands.main import main as pcd
 
 TINY = {

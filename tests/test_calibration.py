@@ -9,11 +9,11 @@ import math
 import numpy as np
 import pytest
 
-from pcd_core.calibration import CALIBRATION_VERSION, Calibration, FieldCalibration, fit
 from pcd_core.errors import PcdError
 from pcd_core.evaluation import metrics
-from pcd_core.readout import make_readout
+from pcd_core.reading.readout import make_readout
 from pcd_core.testing import oracle_engine
+from pcd_core.trust.calibration import CALIBRATION_VERSION, Calibration, FieldCalibration, fit
 
 
 def _log_softmax(z):

@@ -1,4 +1,4 @@
-"""The default calibration's cross-validated choice (pcd_core/calibration_choice.py), model-free.
+"""The default calibration's cross-validated choice (pcd_core/trust/calibration_choice.py), model-free.
 
 Synthetic answers whose truth is known: a model that leans hard to one label (right less often than
 the majority class, as SmolLM2-135M on polarity) must get a fit that undoes the lean; a model that is
@@ -7,8 +7,8 @@ already calibrated must keep its raw reading at 100 examples, since any fit ther
 
 import numpy as np
 
-from pcd_core.calibration_choice import CANDIDATES, choose_fit
 from pcd_core.evaluation import metrics
+from pcd_core.trust.calibration_choice import CANDIDATES, choose_fit
 
 
 def _log_softmax(z):

@@ -24,7 +24,7 @@ httpx = pytest.importorskip("httpx", reason="the HTTP tests need httpx")
 from loopback import assert_openai_bad_request, serving  # noqa: E402
 
 from pcd_core import Engine  # noqa: E402
-from pcd_core.limits import Limits  # noqa: E402
+from pcd_core.request.limits import Limits  # noqa: E402
 from pcd_core.tools import NO_TOOL  # noqa: E402
 from pcd_integrations.http import create_app  # noqa: E402
 
@@ -136,7 +136,7 @@ def test_concurrent_structured_requests_share_their_summaries_steps_and_read_as_
             assert got == pytest.approx(solo.fields[name].probabilities, abs=1e-5)
         # each step is one pass to its request, whether it ran it or shared another's
         assert reply.x_pcd["forward_passes"] == solo.stats.forward_passes
-    # the summaries' steps joined (pcd_core/stepping.py): fewer passes than the fills one by one
+    # the summaries' steps joined (pcd_core/concurrency/pass_join.py): fewer passes than the fills one by one
     assert spent < sum(solo.stats.forward_passes for solo in alone)
 
 

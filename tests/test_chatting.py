@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from pcd_core import Engine
-from pcd_core.chatting import as_messages, render_chat
 from pcd_core.errors import PromptError
-from pcd_core.reading import after_head
+from pcd_core.reading.chatting import as_messages, render_chat
+from pcd_core.reading.read_path import after_head
 from pcd_core.result import Generation
 
 CHAT = [

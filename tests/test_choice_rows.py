@@ -14,14 +14,14 @@ import math
 import pytest
 
 from pcd_core import Engine
-from pcd_core.asking import render_decide_prompt
 from pcd_core.backends.packing import pack_tree, plan_chunks
 from pcd_core.bench.choices import STATE, choice_question
-from pcd_core.deciding import plan_decide
 from pcd_core.errors import LimitError
-from pcd_core.limits import Limits
-from pcd_core.questions import DecideRequest, distribution
-from pcd_core.trie import Variant
+from pcd_core.planning.deciding import plan_decide
+from pcd_core.prompting.question_rows import render_decide_prompt
+from pcd_core.prompting.trie import Variant
+from pcd_core.request.limits import Limits
+from pcd_core.request.questions import DecideRequest, distribution
 
 
 def plan_for(engine, questions):

@@ -3,8 +3,8 @@
 import pytest
 
 from pcd_core import PromptError, TokenizationError, parse_schema
-from pcd_core.compiler import compile_schema
-from pcd_core.prompt import MARKER, render
+from pcd_core.prompting.compiler import compile_schema
+from pcd_core.prompting.prompt import MARKER, render
 from pcd_core.testing import ByteTokenizer, _ByteVocabulary
 from pcd_core.tokenizer import LAYOUTS, TextTokenizer
 
@@ -130,9 +130,9 @@ def test_a_line_that_merges_with_the_text_after_it_raises_tokenization_error():
 
 def test_the_state_close_is_read_in_the_trunk_so_a_merging_fence_end_is_asked_and_a_merging_question_refused():
     # Qwen's tokenizer reads the fence's closing ">>>" and the line breaks after it as one token
-    from pcd_core.asking import STATE_CLOSE, as_text, ask, question_block, render_decide_prompt
-    from pcd_core.deciding import plan_decide
-    from pcd_core.questions import DecideRequest, NoulQuestion
+    from pcd_core.planning.deciding import plan_decide
+    from pcd_core.prompting.question_rows import STATE_CLOSE, as_text, ask, question_block, render_decide_prompt
+    from pcd_core.request.questions import DecideRequest, NoulQuestion
 
     tokenizer = TextTokenizer(_MergingVocabulary(">\n\n"))
     prompt = render_decide_prompt(tokenizer)
@@ -153,11 +153,11 @@ def test_the_state_close_is_read_in_the_trunk_so_a_merging_fence_end_is_asked_an
 @pytest.mark.parametrize("alias", ["smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b"])
 def test_each_models_tokenizer_asks_every_kind_of_question_after_any_state(alias):
     # Qwen's tokenizer refused every decide before the state close moved into the trunk
-    from pcd_core.asking import render_decide_prompt
-    from pcd_core.deciding import plan_decide
-    from pcd_core.dummy_weights import dummy_tokenizer
     from pcd_core.errors import PcdError
-    from pcd_core.questions import ChoiceQuestion, DecideRequest, NoulQuestion, ScoreQuestion
+    from pcd_core.loading.dummy_weights import dummy_tokenizer
+    from pcd_core.planning.deciding import plan_decide
+    from pcd_core.prompting.question_rows import render_decide_prompt
+    from pcd_core.request.questions import ChoiceQuestion, DecideRequest, NoulQuestion, ScoreQuestion
 
     try:
         tokenizer = dummy_tokenizer(alias)

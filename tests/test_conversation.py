@@ -1,4 +1,4 @@
-"""Earlier turns and the caller's instructions in the decide prompt (``pcd_core/conversation.py``,
+"""Earlier turns and the caller's instructions in the decide prompt (``pcd_core/request/conversation.py``,
 ``asking.render_decide_prompt``, ``prompt.render``): model-free with a stand-in template, then on the
 embedded model's own template and tokenizer.
 """
@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from pcd_core.asking import CALLER_INSTRUCTIONS, DECIDE_INSTRUCTIONS, as_text, render_decide_prompt
-from pcd_core.conversation import Conversation, Turn, check_conversation
 from pcd_core.errors import LimitError, PromptError
-from pcd_core.limits import Limits
-from pcd_core.prompt import render
+from pcd_core.prompting.prompt import render
+from pcd_core.prompting.question_rows import CALLER_INSTRUCTIONS, DECIDE_INSTRUCTIONS, as_text, render_decide_prompt
+from pcd_core.request.conversation import Conversation, Turn, check_conversation
+from pcd_core.request.limits import Limits
 
 
 class _Templater:

@@ -4,9 +4,9 @@ import math
 
 import pytest
 
-from pcd_core.debias import CONTENT_FREE, content_free_prior, debiased
-from pcd_core.readout import make_readout
+from pcd_core.reading.readout import make_readout
 from pcd_core.testing import oracle_engine
+from pcd_core.trust.debias import CONTENT_FREE, content_free_prior, debiased
 
 SCHEMA = {"colour": ["red", "green", "blue"], "size": ["small", "large"]}
 

@@ -12,9 +12,9 @@ import pytest
 
 from pcd_core import BackendError, DecodeOptions, OptionError, PromptError
 from pcd_core.backends.base import Query
-from pcd_core.decoding import DecisionTask, RoundStats, decode, plan_rows
+from pcd_core.prompting.trie import LabelTrie, Variant
+from pcd_core.reading.rounds import DecisionTask, RoundStats, decode, plan_rows
 from pcd_core.testing import OracleBackend, check_backend, oracle_engine
-from pcd_core.trie import LabelTrie, Variant
 
 PROMPT = tuple(range(10, 30))
 KEY = (40, 41, 42)  # the field's key tokens, shared by every variant

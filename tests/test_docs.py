@@ -375,7 +375,7 @@ DOTTED = re.compile(r"`((?:pcd_core|pcd_integrations|mcp_server)(?:\.\w+)+)")
 
 
 def _resolves(dotted: str) -> bool:
-    """Whether ``pcd_core.limits.Limits`` names a module, or an attribute of one, that imports."""
+    """Whether ``pcd_core.request.limits.Limits`` names a module, or an attribute of one, that imports."""
     parts = dotted.split(".")
     for end in range(len(parts), 0, -1):
         try:

@@ -19,7 +19,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from pcd_core import Engine
 from pcd_core.backends.torch_backend import MASK_ALIGN, TorchBackend, default_dtype
-from pcd_core.dummy_weights import (
+from pcd_core.errors import BackendError, OptionError
+from pcd_core.loading.dummy_weights import (
     FAMILY_TOKENIZERS,
     Architecture,
     build_model,
@@ -27,7 +28,6 @@ from pcd_core.dummy_weights import (
     read_architecture,
     shipped_architectures,
 )
-from pcd_core.errors import BackendError, OptionError
 from pcd_integrations.commands.main import main as pcd
 
 MISTRAL = {"model_type": "mistral", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4}
@@ -152,7 +152,7 @@ def test_cuda_defaults_to_bfloat16_and_cpu_to_float32():
 
 def test_a_qwen_shape_without_its_tokenizer_names_the_pip_command():
     from pcd_core.errors import PcdError
-    from pcd_core.models import cache_dir, resolve
+    from pcd_core.loading.model_files import cache_dir, resolve
 
     try:  # the lookups dummy_tokenizer makes: its kept copy, or the GGUF (its package, or joined in the cache)
         found = (cache_dir() / "tokenizers" / "qwen2.5-coder-0.5b").is_dir() or resolve("qwen2.5-coder-0.5b")
@@ -167,7 +167,7 @@ def test_a_qwen_shape_without_its_tokenizer_names_the_pip_command():
 
 
 def test_a_shape_too_big_for_the_free_memory_is_refused_before_it_is_built(monkeypatch):
-    import pcd_core.dummy_weights as dummy_weights
+    import pcd_core.loading.dummy_weights as dummy_weights
 
     monkeypatch.setattr(dummy_weights, "_free_bytes", lambda device: 4 << 20)  # 4 MiB free
     # the size is read on the meta device; drawing the weights (under a forked RNG) would come next

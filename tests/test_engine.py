@@ -12,13 +12,13 @@ from conftest import LoopTicks, load_case, schema_cases
 from pydantic import BaseModel, Field
 
 from pcd_core import ChoiceAnswer, DecodeOptions, Engine, NoulAnswer, OptionError, PromptError, SchemaError, ScoreAnswer
-from pcd_core.asking import render_decide_prompt
 from pcd_core.backends.packing import pack_tree
-from pcd_core.deciding import plan_decide
-from pcd_core.decoding import DecisionTask, RoundStats, decode, plan_rows
 from pcd_core.errors import RequestError
-from pcd_core.questions import DecideRequest, answer_of
-from pcd_core.reading import BYPASSED, after_head
+from pcd_core.planning.deciding import answer_of, plan_decide
+from pcd_core.prompting.question_rows import render_decide_prompt
+from pcd_core.reading.read_path import BYPASSED, after_head
+from pcd_core.reading.rounds import DecisionTask, RoundStats, decode, plan_rows
+from pcd_core.request.questions import DecideRequest
 from pcd_core.tokenizer import TextTokenizer
 
 TEXT = "I was billed twice for March ($49 each). Refund the duplicate within 12 hours or I cancel."

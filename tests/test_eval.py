@@ -7,12 +7,12 @@ import json
 import numpy as np
 import pytest
 
-from pcd_core.calibration import Calibration, fit
 from pcd_core.evaluation import datasets
 from pcd_core.evaluation.cache import AnswerCache
 from pcd_core.evaluation.runner import build_report, fit_calibration, read_answers, read_question_answers, variants
-from pcd_core.selective import NEVER
 from pcd_core.testing import oracle_engine
+from pcd_core.trust.calibration import Calibration, fit
+from pcd_core.trust.selective import NEVER
 from pcd_integrations.commands.main import main
 
 SCHEMA = {"colour": ["red", "green", "blue"], "size": ["small", "large"]}

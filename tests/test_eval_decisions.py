@@ -1,7 +1,7 @@
 """Thresholds an agent acts on (pcd_core/evaluation/decisions.py, probing.py) on synthetic answers.
 
 A trained head's abstention and answer-set thresholds are fitted on its out-of-fold probabilities
-(pcd_core/heads.py ``out_of_fold``): on states of pure noise a weakly regularised head fits its own
+(pcd_core/trust/heads.py ``out_of_fold``): on states of pure noise a weakly regularised head fits its own
 train examples well, and its out-of-fold probabilities must not (they never saw the example they
 score). On states of known structure, the thresholds fitted that way must hold their targets on
 held-out answers, and ``decision_report`` must report them under ``head`` beside the zero-shot ones.
@@ -14,12 +14,12 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from pcd_core.calibration import Calibration, FieldCalibration
 from pcd_core.evaluation.decisions import decision_report, fitted_thresholds, with_decisions
 from pcd_core.evaluation.probing import fit_heads
 from pcd_core.evaluation.runner import Answers, FieldAnswers
-from pcd_core.heads import Head, fit_head, out_of_fold
-from pcd_core.selective import NEVER
+from pcd_core.trust.calibration import Calibration, FieldCalibration
+from pcd_core.trust.heads import Head, fit_head, out_of_fold
+from pcd_core.trust.selective import NEVER
 
 pytest.importorskip("sklearn", reason="fitting a head needs the 'heads' extra")
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pcd_core.calibration import Calibration
 from pcd_core.evaluation.cache import AnswerCache, CachedAnswer
 from pcd_core.evaluation.probing import fit_heads, learning_curve
 from pcd_core.evaluation.runner import Answers, FieldAnswers, build_report
+from pcd_core.trust.calibration import Calibration
 
 pytest.importorskip("sklearn", reason="fitting a head needs the 'heads' extra")
 

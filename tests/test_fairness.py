@@ -1,4 +1,4 @@
-"""Fair model access (``pcd_core/fairness.py``): first come first served, handed over between passes.
+"""Fair model access (``pcd_core/concurrency/model_lock.py``): first come first served, handed over between passes.
 
 The lock's order is checked with plain threads. On the real model, the test thread holds the
 engine's lock while a long request and then a short one queue behind it, and lets go: the short one
@@ -16,7 +16,7 @@ import pytest
 from pydantic import BaseModel, Field
 
 from pcd_core import Cancelled
-from pcd_core.fairness import Cancellation, ModelLock, cancellable, run_cancellable
+from pcd_core.concurrency.model_lock import Cancellation, ModelLock, cancellable, run_cancellable
 
 STATE = "The invoice for March was charged twice. Please refund the duplicate and confirm by email."
 LONG_QUESTIONS = {

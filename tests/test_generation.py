@@ -11,9 +11,9 @@ from pydantic import BaseModel, Field
 from pcd_core import parse_schema
 from pcd_core.cost import Meter
 from pcd_core.errors import BackendError, GenerationError, OptionError
-from pcd_core.generation import generate_open_fields
-from pcd_core.grammar import GrammarTokenizer
-from pcd_core.prompt import INSTRUCTIONS, MIXED_INSTRUCTIONS
+from pcd_core.prompting.grammar import GrammarTokenizer
+from pcd_core.prompting.prompt import INSTRUCTIONS, MIXED_INSTRUCTIONS
+from pcd_core.reading.generation import generate_open_fields
 from pcd_core.testing import check_grow, check_grow_many, oracle_engine
 
 TICKET = (

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from pcd_core.errors import SchemaError
-from pcd_core.grammar import GrammarTokenizer, RowMatcher, check_value_schema
+from pcd_core.prompting.grammar import GrammarTokenizer, RowMatcher, check_value_schema
 
 
 @pytest.fixture(scope="module")

@@ -12,9 +12,9 @@ import time
 import pytest
 
 from pcd_core import PcdError, PromptError, SchemaError, parse_schema
-from pcd_core.asking import as_text, inline_text
 from pcd_core.errors import LimitError, RequestError, TextError
-from pcd_core.limits import DEFAULT_LIMITS, Limits, check_decide
+from pcd_core.prompting.question_rows import as_text, inline_text
+from pcd_core.request.limits import DEFAULT_LIMITS, Limits, check_decide
 from pcd_core.testing import oracle_engine
 
 NOUL = {"type": "noul", "instructions": "Is it broken?"}

@@ -5,13 +5,13 @@ A subset of ``examples/injection_cases.json`` (the full set, with the before/aft
 only the template's control tokens, and no answer may flip. With the fence alone, SmolLM2-135M still
 copied the fake turn's answer line (``{"answer": "C"}``) on states 0 and 2, whose three-way choice it
 barely decides (4 of these 6 choices flipped); since the state is written on one line without the
-reply's quotes and braces (``pcd_core/asking.py``, ``as_data_line``), none does.
+reply's quotes and braces (``pcd_core/prompting/question_rows.py``, ``as_data_line``), none does.
 """
 
 import importlib.util
 from pathlib import Path
 
-from pcd_core.asking import as_text, render_decide_prompt
+from pcd_core.prompting.question_rows import as_text, render_decide_prompt
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 spec = importlib.util.spec_from_file_location("injection_eval", EXAMPLES / "injection_eval.py")

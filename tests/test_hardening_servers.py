@@ -24,7 +24,7 @@ from mcp.shared._httpx_utils import create_mcp_http_client  # noqa: E402
 
 from mcp_server import build_server  # noqa: E402
 from mcp_server.http_transport import http_app  # noqa: E402
-from pcd_core.limits import Limits  # noqa: E402
+from pcd_core.request.limits import Limits  # noqa: E402
 from pcd_core.testing import oracle_engine  # noqa: E402
 from pcd_integrations.guards import is_loopback, warn_if_exposed  # noqa: E402
 from pcd_integrations.http import create_app  # noqa: E402

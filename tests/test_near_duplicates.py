@@ -1,11 +1,11 @@
-"""Near-duplicate groups (pcd_core/near_duplicates.py) and the head folds that keep them whole."""
+"""Near-duplicate groups (pcd_core/trust/near_duplicates.py) and the head folds that keep them whole."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from pcd_core.near_duplicates import BOILERPLATE_SHARE, RUN_WORDS, THREAD_TEXTS, near_duplicate_groups
+from pcd_core.trust.near_duplicates import BOILERPLATE_SHARE, RUN_WORDS, THREAD_TEXTS, near_duplicate_groups
 
 QUOTE = "the launch was moved to friday because the weather station reported strong winds"
 
@@ -59,7 +59,7 @@ def test_folds_that_keep_twins_together_do_not_learn_the_twin():
     random meets its twin in training and looks right; on grouped folds it is at chance, as on new data.
     """
     pytest.importorskip("sklearn")
-    from pcd_core.heads import fit_head, out_of_fold
+    from pcd_core.trust.heads import fit_head, out_of_fold
 
     rng = np.random.default_rng(0)
     states = rng.standard_normal((150, 300))  # wider than the examples: a fit can memorise them

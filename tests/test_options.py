@@ -1,4 +1,4 @@
-"""``LoadOptions`` (pcd_core/options.py): one checked value behind ``Engine.load``, every command's model
+"""``LoadOptions`` (pcd_core/loading/options.py): one checked value behind ``Engine.load``, every command's model
 flags and the adapters; an option a backend cannot honour is refused the same way for every backend,
 before anything loads.
 
@@ -14,8 +14,9 @@ import json
 import pytest
 
 from mcp_server.__main__ import parse_args as mcp_parse_args
-from pcd_core import Engine, LoadOptions, OptionError, models
-from pcd_core.options import BACKENDS, load_options
+from pcd_core import Engine, LoadOptions, OptionError
+from pcd_core.loading import load as model_load
+from pcd_core.loading.options import BACKENDS, load_options
 from pcd_integrations.commands import common
 from pcd_integrations.commands.main import build_parser, main
 from pcd_integrations.lazy_engine import LazyEngine
@@ -62,8 +63,8 @@ def _with_url(backend: str, options: dict) -> dict:
 @pytest.fixture
 def no_load(monkeypatch):
     """Fail the test if a refused option got as far as finding or loading a model."""
-    monkeypatch.setattr(models, "resolve", lambda name: pytest.fail(f"resolved {name!r} after a bad option"))
-    monkeypatch.setattr(models, "_load", lambda options: pytest.fail(f"loaded {options}"))
+    monkeypatch.setattr(model_load, "resolve", lambda name: pytest.fail(f"resolved {name!r} after a bad option"))
+    monkeypatch.setattr(model_load, "_load", lambda options: pytest.fail(f"loaded {options}"))
 
 
 @pytest.mark.parametrize(("backend", "name", "value"), REFUSED)

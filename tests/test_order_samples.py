@@ -75,7 +75,7 @@ def test_three_rotations_cost_the_passes_of_one_on_the_embedded_model(engine):
 
 
 def test_answers_read_in_k_orders_are_debiased_by_a_prior_read_in_the_same_k_orders():
-    from pcd_core.questions import DecideRequest
+    from pcd_core.request.questions import DecideRequest
 
     engine = oracle_engine(window=8)
     questions = {"team": _choice(OPTIONS)}

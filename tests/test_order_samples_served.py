@@ -15,7 +15,7 @@ import pytest
 
 from pcd_core import Engine
 from pcd_core.errors import OptionError
-from pcd_core.options import LoadOptions
+from pcd_core.loading.options import LoadOptions
 from pcd_core.testing import oracle_engine
 from pcd_integrations.commands.main import build_parser
 

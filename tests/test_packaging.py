@@ -44,7 +44,7 @@ def test_the_wheel_ships_the_type_markers_and_the_bundled_cases(wheel):
     assert {f"{package}/py.typed" for package in PACKAGES} <= names
     cases = {f"pcd_core/benchdata/{p.name}" for p in (ROOT / "pcd_core" / "benchdata").glob("*.json")}
     assert cases and cases <= names
-    shapes = {f"pcd_core/archs/{p.name}" for p in (ROOT / "pcd_core" / "archs").glob("*.json")}
+    shapes = {f"pcd_core/loading/archs/{p.name}" for p in (ROOT / "pcd_core" / "loading" / "archs").glob("*.json")}
     assert shapes and shapes <= names  # pcd bench --dummy-weights
     page = {f"pcd_integrations/playground/{p.name}" for p in (ROOT / "pcd_integrations" / "playground").iterdir()}
     assert page - {"pcd_integrations/playground/__pycache__"} <= names  # pcd serve's GET / and its examples

@@ -2,9 +2,9 @@
 
 import pytest
 
-from pcd_core.asking import as_text
 from pcd_core.errors import PromptError
-from pcd_core.prompt import FENCE_NONCE_CHARS, MARKER, SYSTEM_MARKER, fence, render
+from pcd_core.prompting.prompt import FENCE_NONCE_CHARS, MARKER, SYSTEM_MARKER, fence, render
+from pcd_core.prompting.question_rows import as_text
 
 
 class _MarkingTemplater:

@@ -1,6 +1,6 @@
 """The question models, their wire forms and the strict body reader, without a model.
 
-Every rule in ``pcd_core/questions.py`` is checked here with the message an adapter will show; the
+Every rule in ``pcd_core/request/questions.py`` is checked here with the message an adapter will show; the
 OpenAI Decisions translation (``pcd_integrations/wire/decisions.py``) is checked to build the same System One
 questions, and to map answers back in order with the values' own JSON types.
 """
@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from pcd_core.asking import question_block
-from pcd_core.conversation import Conversation, Turn
 from pcd_core.cost import Stats
-from pcd_core.questions import (
+from pcd_core.prompting.question_rows import question_block
+from pcd_core.request.conversation import Conversation, Turn
+from pcd_core.request.questions import (
     ChoiceAnswer,
     ChoiceQuestion,
     DecideRequest,

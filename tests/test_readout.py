@@ -4,9 +4,10 @@ import math
 
 import pytest
 
-from pcd_core.readout import make_readout, normalised_peak, renormalise
-from pcd_core.result import FieldResult, mass_warnings
-from pcd_core.schema import make_field
+from pcd_core.planning.filling import field_result
+from pcd_core.reading.readout import make_readout, normalised_peak, renormalise
+from pcd_core.request.schema import make_field
+from pcd_core.result import mass_warnings
 
 
 def test_renormalise_is_a_stable_softmax():
@@ -34,7 +35,7 @@ def test_candidate_mass_sums_the_root_reads_unrenormalised():
 
 def test_low_candidate_mass_becomes_a_warning_not_an_error():
     field = make_field("topic", ["A", "B"])
-    low = FieldResult.from_readout(field, make_readout([-3.0, -4.0], {1: -3.0, 2: -4.0}), "trie", 1)
-    high = FieldResult.from_readout(field, make_readout([-0.1, -3.0], {1: -0.1, 2: -3.0}), "trie", 1)
+    low = field_result(field, make_readout([-3.0, -4.0], {1: -3.0, 2: -4.0}), "trie", 1)
+    high = field_result(field, make_readout([-0.1, -3.0], {1: -0.1, 2: -3.0}), "trie", 1)
     warnings = mass_warnings({"topic": low, "other": high})
     assert len(warnings) == 1 and "'topic'" in warnings[0]

@@ -201,8 +201,8 @@ class Address(BaseModel):
 
 def test_open_objects_have_exactly_their_keys_and_arrays_a_visible_bound():
     """pydantic does not forbid extra keys, and the grammar once let a model invent them until its cap."""
-    from pcd_core.prompt import open_catalog_line
-    from pcd_core.strict import DEFAULT_MAX_ITEMS
+    from pcd_core.prompting.prompt import open_catalog_line
+    from pcd_core.request.open_schema import DEFAULT_MAX_ITEMS
 
     class Order(BaseModel):
         ship_to: Address
@@ -229,7 +229,7 @@ def test_an_object_that_allows_more_keys_stays_open():
 
 
 def test_a_list_that_reaches_the_default_bound_is_named_in_a_warning():
-    from pcd_core.strict import DEFAULT_MAX_ITEMS, bound_warnings, strict_schema
+    from pcd_core.request.open_schema import DEFAULT_MAX_ITEMS, bound_warnings, strict_schema
 
     spec = strict_schema({"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"}}}})
     full = {"tags": ["t"] * DEFAULT_MAX_ITEMS}

@@ -1,4 +1,4 @@
-"""Abstention thresholds and conformal answer sets (pcd_core/selective.py), model-free.
+"""Abstention thresholds and conformal answer sets (pcd_core/trust/selective.py), model-free.
 
 The Clopper-Pearson bound is checked against its definition by direct summation of the binomial law;
 the threshold and the sets against synthetic answers whose chance of being right is known, on fresh
@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 
-from pcd_core.selective import (
+from pcd_core.trust.selective import (
     NEVER,
     abstention_threshold,
     answer_set,

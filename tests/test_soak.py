@@ -4,7 +4,7 @@
 requests each, a third of them valid, the rest malformed or over a bound. Then 4 MCP sessions over
 streamable HTTP make 10 calls each. No response may be a 5xx, every valid answer must equal the
 answer the same request gets alone (its probabilities to 1e-5: concurrent decides share passes,
-``pcd_core/stepping.py``, and a pass's float sums follow its width), and the process's resident
+``pcd_core/concurrency/pass_join.py``, and a pass's float sums follow its width), and the process's resident
 memory afterwards must be within 100 MB of what it was before (rejected requests leave nothing behind).
 """
 
@@ -23,7 +23,7 @@ from mcp.client.streamable_http import streamable_http_client  # noqa: E402
 
 from mcp_server import build_server  # noqa: E402
 from mcp_server.http_transport import http_app  # noqa: E402
-from pcd_core.limits import Limits  # noqa: E402
+from pcd_core.request.limits import Limits  # noqa: E402
 from pcd_integrations.http import create_app  # noqa: E402
 from pcd_integrations.loopback import serving  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""Concurrent replies share passes (``pcd_core/stepping.py``) on the real SmolLM2-135M, torch backend.
+"""Concurrent replies share passes (``pcd_core/concurrency/pass_join.py``) on the real SmolLM2-135M, torch backend.
 
 Each reply read concurrently must be the reply read alone (the same tokens, the same log-probs to
 float rounding, the same passes charged to it), while the engine runs fewer passes than the replies
@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 from pydantic import BaseModel, Field
 
+from pcd_core.concurrency.model_lock import Cancellation, cancellable
+from pcd_core.concurrency.pass_join import PassJoin, run_step, step_join, submit_step
 from pcd_core.errors import BackendError, Cancelled
-from pcd_core.fairness import Cancellation, cancellable
-from pcd_core.questions import distribution
-from pcd_core.stepping import PassJoin, run_step, step_join, submit_step
+from pcd_core.request.questions import distribution
 
 PROMPTS = [
     "Tell me a short fact about the number 7.",

@@ -10,12 +10,12 @@ holds, no more. The encode cache is bounded in bytes and keeps no long text.
 import pytest
 import tqdm
 
-from pcd_core.asking import ask, render_decide_prompt
-from pcd_core.compiler import compile_schema
 from pcd_core.errors import PromptError
-from pcd_core.models import load_tokenizer_and_weights_dir, resolve
-from pcd_core.questions import ChoiceQuestion, NoulQuestion, ScoreQuestion
-from pcd_core.schema import parse_schema
+from pcd_core.loading.model_files import load_tokenizer_and_weights_dir, resolve
+from pcd_core.prompting.compiler import compile_schema
+from pcd_core.prompting.question_rows import ask, render_decide_prompt
+from pcd_core.request.questions import ChoiceQuestion, NoulQuestion, ScoreQuestion
+from pcd_core.request.schema import parse_schema
 from pcd_core.tokenizer import EncodeCache, TextTokenizer, entry_bytes
 
 FAKE_TURN = (
@@ -58,7 +58,7 @@ def fill_ids(tokenizer: TextTokenizer, schema: dict, text: str) -> list[tuple[in
 
 
 def decide_ids(tokenizer: TextTokenizer, state: str, question) -> list[tuple[int, ...]]:
-    from pcd_core.asking import as_text
+    from pcd_core.prompting.question_rows import as_text
 
     prompt = render_decide_prompt(tokenizer)
     before = prompt.head + as_text(state)

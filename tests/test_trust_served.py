@@ -31,9 +31,9 @@ from mcp import Client  # noqa: E402
 from mcp_server import build_server  # noqa: E402
 from mcp_server.__main__ import parse_args  # noqa: E402
 from pcd_core import Engine  # noqa: E402
-from pcd_core.calibration import Calibration, FieldCalibration  # noqa: E402
-from pcd_core.models import RECOMMENDED_MODEL, recommendation  # noqa: E402
-from pcd_core.selective import NEVER  # noqa: E402
+from pcd_core.loading.model_files import RECOMMENDED_MODEL, recommendation  # noqa: E402
+from pcd_core.trust.calibration import Calibration, FieldCalibration  # noqa: E402
+from pcd_core.trust.selective import NEVER  # noqa: E402
 from pcd_integrations.commands.main import main  # noqa: E402
 from pcd_integrations.http import create_app  # noqa: E402
 from pcd_integrations.langchain_decisions import PCDDecisionModel  # noqa: E402

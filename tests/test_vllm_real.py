@@ -28,7 +28,7 @@ from conftest import DATA_DIR, load_case, schema_cases  # noqa: E402
 
 from pcd_core import Engine  # noqa: E402
 from pcd_core.backends.base import Query  # noqa: E402
-from pcd_core.models import converted_dir, resolve  # noqa: E402
+from pcd_core.loading.model_files import converted_dir, resolve  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 VENV = ROOT / ".venv-vllm"

@@ -18,7 +18,7 @@ A backend knows nothing about schemas, labels or JSON. It offers:
     extended by the trunk, its KV kept as ``prefill(trunk, parent=prefix)`` would return it (to
     float rounding), so that the next pass continues from it; with no trunk it is ``prefix`` itself. Neither the
     given prefix nor any row is kept. ``pause`` is called between two passes of one call (chunks,
-    below): the engine hands the model to a waiting request there (``pcd_core/fairness.py``).
+    below): the engine hands the model to a waiting request there (``pcd_core/concurrency/model_lock.py``).
 
 ``grow(prefix, rows, new) -> Rows``
     The generation primitive: every open row gets its new tokens in ONE forward pass, each row seeing
@@ -31,7 +31,7 @@ A backend knows nothing about schemas, labels or JSON. It offers:
     The steps of several generations, each after its own prefix (a ``GrowStep``: a prefix, its
     rows, their new tokens), read in ONE forward pass where the backend can join them (torch's
     packed layout, llama.cpp): each row sees its own prefix and its own row only, so each result is
-    its own ``grow``'s. This is how concurrent replies share a pass (``pcd_core/stepping.py``): a
+    its own ``grow``'s. This is how concurrent replies share a pass (``pcd_core/concurrency/pass_join.py``): a
     step of one token is dominated by reading the weights, which a joined pass reads once. The base
     class runs the steps one ``grow`` after another.
 
@@ -64,10 +64,10 @@ from typing import Any, Literal, TypeVar
 
 import numpy as np
 
-from ..errors import BackendError, HiddenStatesUnavailableError, PromptError
-from . import model_thread
-from .counting import PassCounter
-from .packing import TokenTree, pack_tree, plan_chunks
+from pcd_core.backends import model_thread
+from pcd_core.backends.counting import PassCounter
+from pcd_core.backends.packing import TokenTree, pack_tree, plan_chunks
+from pcd_core.errors import BackendError, HiddenStatesUnavailableError, PromptError
 
 _T = TypeVar("_T")
 
@@ -202,7 +202,7 @@ class Backend(ABC):
     #: whether ``score(..., hidden=True)`` works: the backend overrides ``_score_chunk_hidden`` and
     #: ``_prefix_hidden``
     reads_hidden: bool = False
-    #: whether many inputs' fills read in shared passes (``pcd_core/batching.py``), where each request
+    #: whether many inputs' fills read in shared passes (``pcd_core/planning/batching.py``), where each request
     #: is read again in every round after its first, beat reading them one by one; false where a pass
     #: costs its tokens and little else (llama.cpp: docs/benchmarks.md), so its fills run one by one
     batches_fills: bool = True
@@ -271,7 +271,7 @@ class Backend(ABC):
         hidden: bool = False,
     ) -> Scored:
         """Log-probs at each query; with ``hidden``, also the hidden state there (``hidden_parts``; a
-        trained head reads it: ``pcd_core/heads.py``), from the same passes. A backend that cannot expose hidden
+        trained head reads it: ``pcd_core/trust/heads.py``), from the same passes. A backend that cannot expose hidden
         states refuses ``hidden`` with ``HiddenStatesUnavailableError`` before any pass.
         """
         if hidden and not self.reads_hidden:

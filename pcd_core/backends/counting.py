@@ -11,8 +11,8 @@ import threading
 import weakref
 from dataclasses import dataclass, field
 
-from ..hooks import notify_pass
-from .model_thread import acting_thread
+from pcd_core.backends.model_thread import acting_thread
+from pcd_core.hooks import notify_pass
 
 
 @dataclass
@@ -20,7 +20,7 @@ class PassCounter:
     """Forward passes and tokens read, counted under a lock so that threads may share a backend.
 
     Each thread also keeps its own tally (``mine``): a request runs in one thread, and when it hands
-    the model over between passes (``pcd_core/fairness.py``) other requests' passes fall between its
+    the model over between passes (``pcd_core/concurrency/model_lock.py``) other requests' passes fall between its
     own, so the difference of two totals would count them as its cost. A pass the model thread runs
     for a thread is that thread's (``model_thread.acting_thread``).
     """
@@ -44,7 +44,7 @@ class PassCounter:
 
     def charge(self, n_passes: int, n_tokens: int) -> None:
         """Count, in this thread's tally only, passes another thread ran for this thread's request as
-        well as its own (``pcd_core/stepping.py``: replies' steps joined in one pass); the totals
+        well as its own (``pcd_core/concurrency/pass_join.py``: replies' steps joined in one pass); the totals
         counted that pass once already.
         """
         with self._lock:

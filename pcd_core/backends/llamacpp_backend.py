@@ -50,11 +50,11 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from ..errors import BackendError, BackendUnavailableError, PromptError
-from .base import Backend, Growth, Prefix, Query, Rows
-from .packing import TokenTree, pack_tree
-from .seqpool import Seq, SeqPool
-from .seqsets import BatchLayout, grow_layout, leaves, pass_layout, pass_layout_for_prompt
+from pcd_core.backends.base import Backend, Growth, Prefix, Query, Rows
+from pcd_core.backends.packing import TokenTree, pack_tree
+from pcd_core.backends.seqpool import Seq, SeqPool
+from pcd_core.backends.seqsets import BatchLayout, grow_layout, leaves, pass_layout, pass_layout_for_prompt
+from pcd_core.errors import BackendError, BackendUnavailableError, PromptError
 
 try:
     import llama_cpp as llama

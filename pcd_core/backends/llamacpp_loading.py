@@ -14,7 +14,7 @@ through transformers' GGUF reader, which imports torch too, holds it; later proc
 tokenizer must agree with llama.cpp's own vocabulary, token for token, or the engine would score ids
 the model reads as other text: ``check_vocabulary`` refuses a mismatch at load.
 
-The context's thread count is the ``threads`` load option (``pcd_core/options.py``), else
+The context's thread count is the ``threads`` load option (``pcd_core/loading/options.py``), else
 ``PCD_LLAMACPP_THREADS`` when set, else every core of the machine.
 """
 
@@ -29,8 +29,8 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from ..errors import BackendError, OptionError, PcdError
-from ..tokenizer import TextTokenizer
+from pcd_core.errors import BackendError, OptionError, PcdError
+from pcd_core.tokenizer import TextTokenizer
 
 #: texts whose tokenization must be the same in llama.cpp and in the tokenizer: words, digits,
 #: spaces, punctuation, JSON and non-ASCII, where byte-level pre-tokenizers differ first
@@ -101,7 +101,7 @@ def load_llamacpp(
             f"the llamacpp backend reads GGUF files, and {source.name!r} is a model folder or hub id; "
             "give an embedded alias or a .gguf path, or use backend='torch'"
         )
-    from .llamacpp_backend import LlamaCppBackend  # BackendUnavailableError without the extra
+    from pcd_core.backends.llamacpp_backend import LlamaCppBackend  # BackendUnavailableError without the extra
 
     with tqdm(total=2, desc=f"loading {source.name}", disable=None, leave=False) as progress:
         hf_tokenizer = gguf_tokenizer(source.gguf, cache)

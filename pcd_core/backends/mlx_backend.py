@@ -36,9 +36,9 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import BackendError, BackendUnavailableError
-from .base import Backend, Growth, Prefix, Query, Rows, middle_layers, new_tokens
-from .packing import TokenTree, pack_tree
+from pcd_core.backends.base import Backend, Growth, Prefix, Query, Rows, middle_layers, new_tokens
+from pcd_core.backends.packing import TokenTree, pack_tree
+from pcd_core.errors import BackendError, BackendUnavailableError
 
 try:
     import mlx.core as mx
@@ -46,7 +46,7 @@ try:
 except ImportError as error:  # the extra is optional; say how to install it
     raise BackendUnavailableError("mlx", "mlx") from error
 
-from .mlx_loading import load_hf_dir, load_llama_gguf  # it needs mlx, imported above
+from pcd_core.backends.mlx_loading import load_hf_dir, load_llama_gguf  # it needs mlx, imported above
 
 #: mlx-lm model types whose blocks this loop reproduces (the load-time check proves each one)
 _SUPPORTED_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "gemma3_text"})

@@ -13,7 +13,7 @@ from typing import Any
 import mlx.core as mx  # only ``mlx_backend`` imports this module, after checking that mlx is there
 from mlx import nn
 
-from ..errors import BackendError
+from pcd_core.errors import BackendError
 
 #: GGUF tensor names (llama.cpp) to mlx-lm parameter paths
 _GGUF_TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}

@@ -11,7 +11,7 @@ as long (docs/benchmarks.md, "One thread runs the model", has the figures and ``
 call the engine from many threads, so the backends that run in this process (``Backend.serialises``)
 hand each hook to this one thread (``run``) and wait for it; their loaders build the model there
 too. The call runs in a copy of the caller's context (its pass listener and cancellation, as
-``pcd_core/hooks.py`` and ``pcd_core/fairness.py`` keep them), and ``acting_thread`` tells whose
+``pcd_core/hooks.py`` and ``pcd_core/concurrency/model_lock.py`` keep them), and ``acting_thread`` tells whose
 work it is, so that ``counting.PassCounter`` charges the caller. A call made on this thread runs at
 once, so a hook may call another. Every in-process model of the process shares the thread, so two
 engines' passes take turns (on a CPU they would share the same cores anyway). A process that ends,

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any
 from weakref import finalize
 
-from ..errors import BackendError
+from pcd_core.errors import BackendError
 
 
 class Seq:

@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from .packing import TokenTree
+from pcd_core.backends.packing import TokenTree
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ sequence after the prefix, under a tree-shaped 4D mask: the trunk is causal, eac
 whole prefix, the whole trunk and the earlier tokens of its own row, and each row's positions restart
 at the trunk's end. The trunk's keys and values are kept, so the pass also returns the extended
 prefix. A pass after a prefix whose rows part into groups of their own (the requests of many inputs
-in a batch, ``pcd_core/batching.py``) is read as a batch of those groups instead, each over its own
+in a batch, ``pcd_core/planning/batching.py``) is read as a batch of those groups instead, each over its own
 view of the prefix KV, when that costs less (``packing.batch_groups``): a packed mask is dense, so
 packed inputs cost attention in the square of their summed length, and a batch only in each one's.
 Such a pass keeps the keys and states of each input's request (``StemMemo``), and the next pass
@@ -54,9 +54,19 @@ from typing import Any, cast
 
 import numpy as np
 
-from ..errors import BackendError, BackendUnavailableError
-from .base import Backend, Growth, LayoutChoice, Prefix, Query, RowLayout, Rows, middle_layers, new_tokens
-from .packing import TokenTree, batch_groups, leading_chain, pack_tree
+from pcd_core.backends.base import (
+    Backend,
+    Growth,
+    LayoutChoice,
+    Prefix,
+    Query,
+    RowLayout,
+    Rows,
+    middle_layers,
+    new_tokens,
+)
+from pcd_core.backends.packing import TokenTree, batch_groups, leading_chain, pack_tree
+from pcd_core.errors import BackendError, BackendUnavailableError
 
 try:
     import torch
@@ -65,7 +75,7 @@ except ImportError as error:  # pragma: no cover - exercised only without the ex
     raise BackendUnavailableError("torch", error.name or "torch") from error
 
 # they need torch, imported above
-from .torch_cache import (
+from pcd_core.backends.torch_cache import (
     Arena,
     ArenaLayer,
     BatchLayer,
@@ -78,7 +88,7 @@ from .torch_cache import (
     StemMemo,
     TorchState,
 )
-from .torch_check import CheckCase, rounding_floor, whole_pass_case
+from pcd_core.backends.torch_check import CheckCase, rounding_floor, whole_pass_case
 
 logger = logging.getLogger(__name__)
 
@@ -407,7 +417,7 @@ class TorchBackend(Backend):
         padded to the widest, over its own broadcast view of the prefix KV and its own tokens only.
         A token in several groups (an ancestor they share) is answered from the first. A group that
         starts with a path the last batch read after the same prefix (an input's request, read again
-        in each round: ``pcd_core/batching.py``) takes that path's keys, values and hidden states from
+        in each round: ``pcd_core/planning/batching.py``) takes that path's keys, values and hidden states from
         ``StemMemo`` and reads only the rest; the paths this pass reads replace the memo.
         """
         n_prefix, batch = prefix.n_tokens, len(groups)

@@ -23,7 +23,7 @@ from typing import Any
 import torch  # only ``torch_backend`` imports this module, after checking that torch is there
 from transformers.cache_utils import DynamicLayer
 
-from .packing import shared_start
+from pcd_core.backends.packing import shared_start
 
 logger = logging.getLogger(__name__)
 
@@ -272,7 +272,7 @@ class StemKV:
 class StemMemo:
     """The leading paths of the last batch of groups a backend read, and the prefix they followed
     (held weakly: an evicted head takes its paths' use with it). A batch reads its inputs' requests in
-    front of their rows in every round (``pcd_core/batching.py``); from the second round on, each
+    front of their rows in every round (``pcd_core/planning/batching.py``); from the second round on, each
     group starts with the path the round before read, and the backend reads those keys from here.
     """
 

@@ -33,11 +33,11 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import BackendError, BackendUnavailableError, HiddenStatesUnavailableError, UpstreamError
-from ..tokenizer import TextTokenizer
-from .base import Backend, Prefix, Query, Scored
-from .counting import PassCounter
-from .packing import TokenTree
+from pcd_core.backends.base import Backend, Prefix, Query, Scored
+from pcd_core.backends.counting import PassCounter
+from pcd_core.backends.packing import TokenTree
+from pcd_core.errors import BackendError, BackendUnavailableError, HiddenStatesUnavailableError, UpstreamError
+from pcd_core.tokenizer import TextTokenizer
 
 try:
     import httpx

@@ -5,8 +5,8 @@ makes one record per schema and backend, ``report`` prints and plots. The ``pcd 
 parses arguments and drives them lives outside the core, in ``pcd_integrations/commands/bench.py``.
 """
 
-from .checks import agreement, is_valid, parse_lenient, valid_output
-from .runner import BenchCase, bench_case, bench_throughput
+from pcd_core.bench.checks import agreement, is_valid, parse_lenient, valid_output
+from pcd_core.bench.runner import BenchCase, bench_case, bench_throughput
 
 __all__ = [
     "BenchCase",

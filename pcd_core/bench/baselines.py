@@ -31,12 +31,12 @@ from typing import Any
 
 import numpy as np
 
-from ..backends.base import Prefix
-from ..compiler import CompiledField, CompiledSchema
-from ..decoding import DecisionTask, RoundStats, decode
-from ..errors import BackendError
-from ..reading import after_head
-from .checks import ObjectScanner
+from pcd_core.backends.base import Prefix
+from pcd_core.bench.checks import ObjectScanner
+from pcd_core.errors import BackendError
+from pcd_core.prompting.compiler import CompiledField, CompiledSchema
+from pcd_core.reading.read_path import after_head
+from pcd_core.reading.rounds import DecisionTask, RoundStats, decode
 
 
 @dataclass
@@ -114,8 +114,8 @@ def decide_sequential(engine: Any, compiled: CompiledSchema, head: Prefix, text:
 
 def fill_sequential(engine: Any, compiled: CompiledSchema, head: Prefix, text: str) -> BaselineRun:
     """Closed fields one by one (``decide_sequential``), then each open field alone after them."""
-    from ..cost import Meter
-    from ..generation import generate_open_fields
+    from pcd_core.cost import Meter
+    from pcd_core.reading.generation import generate_open_fields
 
     if compiled.fields:
         run = decide_sequential(engine, compiled, head, text)
@@ -137,7 +137,7 @@ def generate_grammar(
     engine: Any, compiled: CompiledSchema, head: Prefix, text: str, cap: int, script: Sequence[int] = ()
 ) -> BaselineRun:
     """Greedy token-by-token generation of the whole object under llguidance's JSON Schema mask."""
-    from ..grammar import object_matcher
+    from pcd_core.prompting.grammar import object_matcher
 
     backend, grammar = engine.backend, engine.grammar_tokenizer
     matcher = object_matcher(grammar, compiled.schema)

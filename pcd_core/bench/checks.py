@@ -14,7 +14,7 @@ import json
 import re
 from typing import Any
 
-from ..schema import Field, Schema
+from pcd_core.request.schema import Field, Schema
 
 #: one ``"key": value`` pair written by a model: a JSON string, a literal, or a number
 _PAIR = r'"{key}"\s*:\s*("(?:[^"\\]|\\.)*"|true|false|null|-?\d+(?:\.\d+)?)'

@@ -13,7 +13,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from .measure import timed
+from pcd_core.bench.measure import timed
 
 STATE = "My card was charged twice for order 1182. Refund the duplicate today or I will dispute it."
 

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .baselines import (
+from pcd_core.bench.baselines import (
     BaselineRun,
     ar_cap,
     fill_sequential,
@@ -29,8 +29,8 @@ from .baselines import (
     request_ids,
     scripted_document,
 )
-from .checks import agreement, json_object_end, parse_lenient, valid_output
-from .measure import Timed, peak_rss_mb, timed, weights_dtype
+from pcd_core.bench.checks import agreement, json_object_end, parse_lenient, valid_output
+from pcd_core.bench.measure import Timed, peak_rss_mb, timed, weights_dtype
 
 BASELINES = ("ar", "arc", "seq")
 #: how AR-constrained is implemented, written into every record
@@ -219,7 +219,7 @@ def _baseline_fields(
 
 def bench_throughput(engine: Any, case: BenchCase, n_docs: int, texts: Sequence[str] = ()) -> dict[str, Any]:
     """``n_docs`` inputs on one warm schema, one at a time (``fill`` in a loop) and then read together
-    (``fill_many``, ``pcd_core/batching.py``), on the same engine: documents per second of each, the
+    (``fill_many``, ``pcd_core/planning/batching.py``), on the same engine: documents per second of each, the
     ratio, the passes, and the peak RSS of each (the rise over the run and the process's peak after
     it). ``texts`` are the inputs, taken in turn up to ``n_docs``; none: numbered copies of the case's.
     """

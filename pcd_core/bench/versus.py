@@ -26,8 +26,8 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ..errors import PcdError
-from .measure import rss_bytes
+from pcd_core.bench.measure import rss_bytes
+from pcd_core.errors import PcdError
 
 #: what both engines are asked to write for the generation line: long enough to run the whole budget
 GENERATION_PROMPT = "Write a long, detailed story about a lighthouse keeper who finds a message in a bottle."
@@ -73,7 +73,7 @@ def bench_generation(engine: Any, rival: Any, repeat: int) -> dict[str, Any]:
 
 def probe_load(model: str, backend: str, schema: dict[str, Any], text: str) -> LoadProbe:
     """Load ``model`` on ``backend`` in this process and fill ``schema`` once (run in a fresh child)."""
-    from ..engine import Engine
+    from pcd_core.engine import Engine
 
     before = rss_bytes()
     started = time.perf_counter()

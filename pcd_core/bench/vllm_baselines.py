@@ -15,10 +15,10 @@ import statistics
 import time
 from typing import Any, TextIO
 
-from ..backends.vllm_backend import VllmBackend
-from ..errors import BackendError
-from .checks import agreement, is_valid
-from .runner import BenchCase, ar_cap, strict_json
+from pcd_core.backends.vllm_backend import VllmBackend
+from pcd_core.bench.checks import agreement, is_valid
+from pcd_core.bench.runner import BenchCase, ar_cap, strict_json
+from pcd_core.errors import BackendError
 
 
 def generate_json(engine: Any, case: BenchCase, max_tokens: int) -> dict[str, Any]:

@@ -30,8 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from ..backends.base import FINAL_STATE
-from ..errors import PcdError
+from pcd_core.backends.base import FINAL_STATE
+from pcd_core.errors import PcdError
 
 #: the line format written; version 2 adds ``hidden`` (None or per field a base64 float16 state), and
 #: later ``hidden_parts`` (what the states hold, ``Backend.hidden_parts``; a line without it holds the

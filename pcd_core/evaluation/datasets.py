@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import PcdError
-from ..models import cache_dir
+from pcd_core.errors import PcdError
+from pcd_core.loading.model_files import cache_dir
 
 logger = logging.getLogger(__name__)
 

@@ -1,9 +1,9 @@
 """From answers on labelled examples to a calibration an agent can act on, and the report of how it acts.
 
 ``choose_calibration`` is ``pcd calibrate``'s default: per field, the fit cross-validation picks on the
-train split (pcd_core/calibration_choice.py). ``with_decisions`` adds, per field, the abstention
+train split (pcd_core/trust/calibration_choice.py). ``with_decisions`` adds, per field, the abstention
 threshold for a target risk and the answer-set threshold for a target coverage, both fitted on the
-train split's calibrated answers (pcd_core/selective.py). ``decision_report`` scores those on the
+train split's calibrated answers (pcd_core/trust/selective.py). ``decision_report`` scores those on the
 held-out split: coverage (share answered) and risk (error among answered), and the sets' coverage and
 mean size, per field and pooled; for the fields answered by a trained head, the same for the head's
 own thresholds (fitted on its out-of-fold probabilities, pcd_core/evaluation/probing.py) under
@@ -18,12 +18,19 @@ from typing import Any
 
 import numpy as np
 
-from ..calibration import Calibration, FieldCalibration
-from ..calibration_choice import TEMPERATURE_SD, choose_fit
-from ..heads import Head
-from ..selective import CONFIDENCE, abstention_threshold, answer_set, conformal_threshold, first_tested, risk_coverage
-from . import metrics
-from .runner import Answers, variants
+from pcd_core.evaluation import metrics
+from pcd_core.evaluation.runner import Answers, variants
+from pcd_core.trust.calibration import Calibration, FieldCalibration
+from pcd_core.trust.calibration_choice import TEMPERATURE_SD, choose_fit
+from pcd_core.trust.heads import Head
+from pcd_core.trust.selective import (
+    CONFIDENCE,
+    abstention_threshold,
+    answer_set,
+    conformal_threshold,
+    first_tested,
+    risk_coverage,
+)
 
 
 def choose_calibration(answers: Answers, model: str, fitted_on: Mapping[str, Any], seed: int = 0) -> Calibration:
@@ -177,7 +184,7 @@ def too_few(n: int, risk: float | None, level: float = CONFIDENCE) -> str | None
         return None
     return (
         f"{n} train examples cannot promise risk {risk}: the bound (Clopper-Pearson at confidence "
-        f"{level:.2f}, pcd_core/selective.py) is first tested at {first_tested(risk, level)} answered examples, "
+        f"{level:.2f}, pcd_core/trust/selective.py) is first tested at {first_tested(risk, level)} answered examples, "
         "so every field will abstain; fit on more examples (--train-limit)"
     )
 

@@ -1,6 +1,6 @@
 """Heads fitted on answers read with hidden states, and how their accuracy grows with the train split.
 
-``fit_heads`` fits one head per field (pcd_core/heads.py) on the train answers' states, which
+``fit_heads`` fits one head per field (pcd_core/trust/heads.py) on the train answers' states, which
 ``read_answers(..., hidden=True)`` kept from the fills it ran anyway: fitting reads nothing. With a
 target risk or coverage it also fits the head's own abstention and answer-set thresholds
 (pcd_core/evaluation/decisions.py), on its out-of-fold probabilities (``heads.out_of_fold``): the same
@@ -18,22 +18,22 @@ from typing import Any
 
 import numpy as np
 
-from ..backends.base import FINAL_STATE
-from ..calibration import Calibration
-from ..errors import OptionError
-from ..heads import Head, fit_head, out_of_fold
-from ..near_duplicates import near_duplicate_groups
-from ..selective import CONFIDENCE
-from . import metrics
-from .decisions import fitted_thresholds
-from .runner import Answers, FieldAnswers, variants
+from pcd_core.backends.base import FINAL_STATE
+from pcd_core.errors import OptionError
+from pcd_core.evaluation import metrics
+from pcd_core.evaluation.decisions import fitted_thresholds
+from pcd_core.evaluation.runner import Answers, FieldAnswers, variants
+from pcd_core.trust.calibration import Calibration
+from pcd_core.trust.heads import Head, fit_head, out_of_fold
+from pcd_core.trust.near_duplicates import near_duplicate_groups
+from pcd_core.trust.selective import CONFIDENCE
 
 #: the train sizes of the learning curve (issue 27); sizes over the train split are left out
 CURVE_SIZES = (16, 64, 256, 1000)
 
 
 def _groups(out: FieldAnswers, end: int) -> np.ndarray | None:
-    """The near-duplicate groups of the first ``end`` examples (pcd_core/near_duplicates.py), which
+    """The near-duplicate groups of the first ``end`` examples (pcd_core/trust/near_duplicates.py), which
     the heads' folds keep whole; None for answers that came without their texts.
     """
     return near_duplicate_groups(out.texts[:end]) if len(out.texts) == len(out.gold) else None

@@ -4,8 +4,8 @@
 probability row, the candidate mass and the gold index; it also runs the bench's AR-constrained
 baseline (``pcd_core/bench/baselines.py``) on the same prompt, head and model. Every variant the report
 compares (raw, debiased, calibrated) is computed from those same rows, so they differ only in the
-post-processing: ``p / prior`` for debiasing (pcd_core/debias.py), ``softmax(log p / T + b)`` for
-calibration (pcd_core/calibration.py). ``tests/test_eval.py`` runs it on the oracle engine.
+post-processing: ``p / prior`` for debiasing (pcd_core/trust/debias.py), ``softmax(log p / T + b)`` for
+calibration (pcd_core/trust/calibration.py). ``tests/test_eval.py`` runs it on the oracle engine.
 """
 
 from __future__ import annotations
@@ -19,13 +19,13 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from ..backends.base import FINAL_STATE
-from ..calibration import BIAS_SD, Calibration, FieldCalibration, fit
-from ..debias import PRIOR_FLOOR
-from ..errors import PcdError, PromptError, RequestError, TokenizationError
-from ..schema import Schema, parse_schema
-from . import metrics
-from .cache import AnswerCache, CachedAnswer, answer_key
+from pcd_core.backends.base import FINAL_STATE
+from pcd_core.errors import PcdError, PromptError, RequestError, TokenizationError
+from pcd_core.evaluation import metrics
+from pcd_core.evaluation.cache import AnswerCache, CachedAnswer, answer_key
+from pcd_core.request.schema import Schema, parse_schema
+from pcd_core.trust.calibration import BIAS_SD, Calibration, FieldCalibration, fit
+from pcd_core.trust.debias import PRIOR_FLOOR
 
 logger = logging.getLogger(__name__)
 
@@ -116,10 +116,10 @@ def read_answers(
     answer ``cache`` holds (pcd_core/evaluation/cache.py) is not read again. ``hidden`` also keeps
     each field's hidden state at its first decision point, from the same fill (what heads fit on).
     The records not cached are read ``batch_size`` at a time with ``fill_many``
-    (``pcd_core/batching.py``: the answers of one-at-a-time fills, in fewer passes).
+    (``pcd_core/planning/batching.py``: the answers of one-at-a-time fills, in fewer passes).
     """
-    from ..bench.baselines import ar_cap, generate_grammar
-    from ..bench.checks import parse_lenient
+    from pcd_core.bench.baselines import ar_cap, generate_grammar
+    from pcd_core.bench.checks import parse_lenient
 
     parsed = parse_schema(schema)
     names = [f.name for f in parsed.fields]
@@ -185,7 +185,7 @@ def read_answers(
 
 def _written_label(schema: Schema, name: str, written: Mapping[str, Any]) -> int:
     """The label index the baseline wrote for ``name``; -1 for a value it never wrote or that means none."""
-    from ..bench.checks import label_of
+    from pcd_core.bench.checks import label_of
 
     picked = label_of(schema.field(name), written[name]) if name in written else None
     return -1 if picked is None else picked
@@ -230,7 +230,7 @@ def read_question_answers(
     is ``Engine.decide``'s (its answers are kept apart from those read in one order). The records not
     cached are read ``batch_size`` at a time with ``decide_many``.
     """
-    from ..questions import DecideRequest, answer_names, distribution
+    from pcd_core.request.questions import DecideRequest, answer_names, distribution
 
     asked = DecideRequest(state="", questions=questions).questions
     answers = {qid: FieldAnswers(answer_names(q)) for qid, q in asked.items()}
@@ -323,7 +323,7 @@ def fit_calibration(
 ) -> Calibration:
     """Per field, a temperature (and with ``bias``, per-label biases under a ``N(0, bias_sd**2)``
     prior) fitted on the raw or the debiased answers; with ``top_label``, then scaled to fit the
-    confidence (pcd_core/calibration.py).
+    confidence (pcd_core/trust/calibration.py).
     """
     fields = {}
     for name, out in answers.fields.items():

@@ -1,5 +1,5 @@
 import sys
 
-from .main import main
+from pcd_integrations.commands.main import main
 
 sys.exit(main())

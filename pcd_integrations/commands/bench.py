@@ -19,14 +19,13 @@ from pcd_core.bench.choices import bench_choices
 from pcd_core.bench.report import write_json, write_plot, write_table
 from pcd_core.bench.runner import BASELINES, BenchCase, bench_case, bench_throughput
 from pcd_core.bench.widths import bench_widths
-from pcd_core.dummy_weights import check_architecture
 from pcd_core.errors import PcdError
-from pcd_core.limits import DEFAULT_LIMITS
-from pcd_core.options import BACKENDS, LoadOptions
-from pcd_core.schema import parse_schema
-
-from . import common
-from .bench_clients import bench_clients
+from pcd_core.loading.dummy_weights import check_architecture
+from pcd_core.loading.options import BACKENDS, LoadOptions
+from pcd_core.request.limits import DEFAULT_LIMITS
+from pcd_core.request.schema import parse_schema
+from pcd_integrations.commands import common
+from pcd_integrations.commands.bench_clients import bench_clients
 
 #: what ``--backend all`` runs, in turn
 LOCAL_BACKENDS = tuple(name for name in BACKENDS if name != "vllm")

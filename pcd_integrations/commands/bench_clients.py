@@ -5,7 +5,7 @@ and real HTTP clients (httpx, one connection each) send their requests one after
 client alone, then N at once, each sending ``requests`` requests. Three routes are measured:
 
 - ``/v1/chat/completions`` with a plain reply of up to ``max_tokens`` tokens: concurrent replies'
-  steps share passes (``pcd_core/stepping.py``), so generated tokens per second is the figure;
+  steps share passes (``pcd_core/concurrency/pass_join.py``), so generated tokens per second is the figure;
 - ``/v1/decisions`` with one predicate over a state of its own: requests per second;
 - ``/v1/chat/completions`` with a ``json_schema`` response format whose fields are all closed
   (``structured``): a fill each, concurrent fills of the schema joined; requests per second.

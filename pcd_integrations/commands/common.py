@@ -3,7 +3,7 @@
 The subcommands (``main.py``'s fill, decide, models and serve; ``bench.py``; ``evaluate.py``) import
 this module and never the dispatcher, so each can be read and tested on its own. Commands call
 ``common.load_engine`` through the module, so that a test can replace the load in one place. The model
-flags are generated from ``pcd_core.options.LoadOptions`` (``add_model_options``, used by ``pcd-mcp`` too)
+flags are generated from ``pcd_core.loading.options.LoadOptions`` (``add_model_options``, used by ``pcd-mcp`` too)
 and read back into one (``options_from_args``); ``tests/test_options.py`` checks both.
 """
 
@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 from pcd_core.engine import Engine  # light: torch and transformers load with the model, not with the engine
 from pcd_core.errors import PcdError
-from pcd_core.options import LoadOptions
+from pcd_core.loading.options import LoadOptions
 
 
 def read_json(path: str, what: str) -> Any:
@@ -189,7 +189,7 @@ def check_questions(path: str, state: Any, questions: Any) -> None:
     """The request checked as ``/v1/systemone`` checks it, before any model loads."""
     from pydantic import ValidationError
 
-    from pcd_core.questions import DecideRequest
+    from pcd_core.request.questions import DecideRequest
 
     try:
         DecideRequest(state=state, questions=questions)

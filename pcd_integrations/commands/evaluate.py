@@ -1,7 +1,7 @@
 """``pcd eval`` and ``pcd calibrate``: arguments, data selection, the printed table, JSON and plot.
 
 Arguments, the data file and the schema are checked before the model loads. ``pcd calibrate`` reads
-the train split, fits per field (by default the cross-validated choice of pcd_core/calibration_choice.py;
+the train split, fits per field (by default the cross-validated choice of pcd_core/trust/calibration_choice.py;
 ``--debias`` / ``--bias`` / ``--no-top-label`` a fixed fit), adds the ``--abstain-risk`` and
 ``--coverage`` thresholds (pcd_core/evaluation/decisions.py), saves the file, then reports on the test
 split with it applied, so one command gives raw, debiased and calibrated numbers on held-out data
@@ -24,7 +24,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from pcd_core.calibration import BIAS_SD, Calibration
 from pcd_core.errors import PcdError
 from pcd_core.evaluation import datasets
 from pcd_core.evaluation.cache import AnswerCache
@@ -37,12 +36,12 @@ from pcd_core.evaluation.runner import (
     read_answers,
     read_question_answers,
 )
-from pcd_core.limits import MAX_ORDER_SAMPLES
-from pcd_core.schema import parse_schema
-from pcd_core.selective import CONFIDENCE
-
-from . import common
-from .eval_output import held_out_summary, write_decisions, write_plot, write_table
+from pcd_core.request.limits import MAX_ORDER_SAMPLES
+from pcd_core.request.schema import parse_schema
+from pcd_core.trust.calibration import BIAS_SD, Calibration
+from pcd_core.trust.selective import CONFIDENCE
+from pcd_integrations.commands import common
+from pcd_integrations.commands.eval_output import held_out_summary, write_decisions, write_plot, write_table
 
 
 def _add_data_options(parser: argparse.ArgumentParser, split: str) -> None:

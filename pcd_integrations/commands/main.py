@@ -21,10 +21,9 @@ from typing import Any
 
 from pcd_core import __version__
 from pcd_core.errors import PcdError
-from pcd_core.models import DEFAULT_MODEL, EMBEDDED, cache_dir
-
-from . import common
-from .output import decide_record, decide_table, fill_record, fill_table
+from pcd_core.loading.model_files import DEFAULT_MODEL, EMBEDDED, cache_dir
+from pcd_integrations.commands import common
+from pcd_integrations.commands.output import decide_record, decide_table, fill_record, fill_table
 
 logger = logging.getLogger(__name__)
 
@@ -34,7 +33,7 @@ JSONL_CHUNK = 8
 
 # -- fill ---------------------------------------------------------------------------------------
 def cmd_fill(args: argparse.Namespace) -> int:
-    from pcd_core.schema import parse_schema
+    from pcd_core.request.schema import parse_schema
 
     schema, case_input = common.read_schema(args.schema)
     parse_schema(schema)
@@ -87,7 +86,7 @@ def add_fill(commands: Any) -> None:
     fill.add_argument("--strategy", default="trie", choices=("trie", "greedy", "exact"))
     fill.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
     common.add_model_options(fill)
-    from .evaluate import add_trust_options  # light: no model, no matplotlib
+    from pcd_integrations.commands.evaluate import add_trust_options  # light: no model, no matplotlib
 
     add_trust_options(fill)
     fill.set_defaults(run=cmd_fill)
@@ -117,7 +116,7 @@ def add_decide(commands: Any) -> None:
     decide.add_argument("--state", metavar="FILE", help="the state to ask about instead (.json as JSON, else text)")
     decide.add_argument("--json", action="store_true", help="print the /v1/systemone response instead of a table")
     common.add_model_options(decide, opt_in=("order_samples",))
-    from .evaluate import add_trust_options
+    from pcd_integrations.commands.evaluate import add_trust_options
 
     add_trust_options(decide)
     decide.set_defaults(run=cmd_decide)
@@ -137,7 +136,7 @@ def add_models(commands: Any) -> None:
 
 
 def add_bench(commands: Any) -> None:
-    from .bench import add_bench_parser  # light: torch and matplotlib load only when it runs
+    from pcd_integrations.commands.bench import add_bench_parser  # light: torch and matplotlib load only when it runs
 
     add_bench_parser(commands)
 
@@ -155,16 +154,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
         import fastapi  # noqa: F401  (fail here, with the hint, not after the model has loaded)
         import uvicorn  # noqa: F401
 
-        from ..http import serve
-        from ..operations import Backpressure
-        from ..read_timeouts import ReadTimeouts
+        from pcd_integrations.http import serve
+        from pcd_integrations.operations import Backpressure
+        from pcd_integrations.read_timeouts import ReadTimeouts
     except ImportError as error:
         raise PcdError(f"{error}; run: pip install 'pcd-engine[http]'") from error
     if args.otel and importlib.util.find_spec("opentelemetry") is None:
         raise PcdError("--otel needs opentelemetry-api, which is not installed; run: pip install 'pcd-engine[otel]'")
-    from pcd_core.calibration import Calibration
-    from pcd_core.limits import Limits
-    from pcd_core.models import recommendation
+    from pcd_core.loading.model_files import recommendation
+    from pcd_core.request.limits import Limits
+    from pcd_core.trust.calibration import Calibration
 
     # read now, so that a bad file is an error here and not a failed load behind a listening server
     args.calibration = Calibration.load(args.calibration) if args.calibration else None
@@ -250,7 +249,7 @@ def add_serve(commands: Any) -> None:
         "configures (the otel extra)",
     )
     common.add_model_options(serve, opt_in=("order_samples",))
-    from .evaluate import add_trust_options  # light: no model, no matplotlib
+    from pcd_integrations.commands.evaluate import add_trust_options  # light: no model, no matplotlib
 
     add_trust_options(serve, "every answer")
     serve.set_defaults(run=cmd_serve)
@@ -258,7 +257,7 @@ def add_serve(commands: Any) -> None:
 
 #: every subcommand, in the order ``pcd --help`` lists them
 def add_eval(commands: Any) -> None:
-    from .evaluate import add_eval_parsers  # light: the model and matplotlib load when it runs
+    from pcd_integrations.commands.evaluate import add_eval_parsers  # light: the model and matplotlib load when it runs
 
     add_eval_parsers(commands)
 

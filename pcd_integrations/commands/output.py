@@ -13,8 +13,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pcd_core.cost import Stats
-from pcd_core.generation import GeneratedField
-from pcd_core.questions import ChoiceAnswer, DecideResponse, NoulAnswer, ScoreAnswer
+from pcd_core.reading.generation import GeneratedField
+from pcd_core.request.questions import ChoiceAnswer, DecideResponse, NoulAnswer, ScoreAnswer
 from pcd_core.result import LOW_MASS, Extraction, FieldResult, MembershipResult
 
 LOW_MASS_MARK = "!"

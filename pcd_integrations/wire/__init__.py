@@ -1,7 +1,7 @@
 """Wire protocols over ``engine.decide``: one set of pydantic models per protocol, shared by every server.
 
 - System One (``POST /v1/systemone``, MCP ``decide``): the question and answer models of
-  ``pcd_core/questions.py`` are that wire themselves.
+  ``pcd_core/request/questions.py`` are that wire themselves.
 - OpenAI Decisions (``POST /v1/decisions``): ``decisions.py`` declares its request and response and
   translates them to and from the System One models, so both routes make the same engine call;
   ``decision_input.py`` declares its input items and splits them into state, turns and instructions.
@@ -18,7 +18,7 @@ Decisions models, ``tests/test_chat_completions.py`` the chat ones.
 
 from __future__ import annotations
 
-from pcd_core.models import EMBEDDED
+from pcd_core.loading.model_files import EMBEDDED
 
 
 def served_names(model_name: str) -> frozenset[str]:

@@ -39,7 +39,7 @@ from pydantic import (
     model_validator,
 )
 
-from pcd_core.chatting import Message, transcript
+from pcd_core.reading.chatting import Message, transcript
 from pcd_core.tools import ToolChoice, ToolChoiceError, ToolSpec, normalise_tool_choice
 
 #: The most tokens a generated reply has when the request sets no ``max_tokens``.
@@ -329,7 +329,7 @@ class ChatCompletionRequest(ChatObject):
         return [{"role": "system" if m.role == "developer" else m.role, "content": m.text} for m in self.messages]
 
     def transcript(self) -> str:
-        """The input text of a fill or a tool choice (``pcd_core.chatting.transcript``)."""
+        """The input text of a fill or a tool choice (``pcd_core.reading.chatting.transcript``)."""
         return transcript(self.chat_messages())
 
     def called_this_turn(self) -> set[str]:

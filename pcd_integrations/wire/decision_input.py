@@ -8,7 +8,7 @@ its ``call_id`` (``check_items``). Images are refused with a message that says s
 text only. ``split_input`` turns the items into what ``Engine.decide`` reads: system and developer
 messages are the caller's instructions, the user messages that end the input are the state, and
 every other item is an earlier turn, rendered through the model's chat template with its own role (a
-function call and its output are tool turns; ``pcd_core/conversation.py``). ``tests/test_questions.py``
+function call and its output are tool turns; ``pcd_core/request/conversation.py``). ``tests/test_questions.py``
 covers the split, ``tests/test_decisions_api.py`` the route with the real ``openai`` client.
 """
 
@@ -19,8 +19,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, StrictStr, Tag, field_validator, model_validator
 
-from pcd_core.conversation import Conversation, Role, Turn
-from pcd_core.questions import Text
+from pcd_core.request.conversation import Conversation, Role, Turn
+from pcd_core.request.questions import Text
 
 
 class WireModel(BaseModel):

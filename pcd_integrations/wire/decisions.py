@@ -9,7 +9,7 @@ a boolean) and ``score`` (2 to 10 ``{label, description}`` levels), each with an
 ``prompt_cache_key`` asks the engine to keep the earlier turns in its head cache. Images, in the input
 or in instructions, are refused with a message that says so: the engine reads text only.
 
-Each question becomes a `pcd_core.questions` model when it is validated, so the System One rules and
+Each question becomes a `pcd_core.request.questions` model when it is validated, so the System One rules and
 messages apply here unchanged, and both routes make the same ``engine.decide`` call. Answers come back
 in question order with their names; a choice's values keep their JSON type (``true`` stays a boolean).
 Each answer says, as on ``/v1/systemone``, whether it was debiased and calibrated (``x_debiased``,
@@ -37,10 +37,10 @@ from pydantic import (
     model_validator,
 )
 
-from pcd_core import questions as systemone
-from pcd_core.conversation import Conversation
 from pcd_core.cost import Stats
-from pcd_core.questions import (
+from pcd_core.request import questions as systemone
+from pcd_core.request.conversation import Conversation
+from pcd_core.request.questions import (
     CALIBRATED,
     DEBIASED,
     ChoiceQuestion,
@@ -50,8 +50,16 @@ from pcd_core.questions import (
     Text,
     check_options,
 )
-
-from .decision_input import INPUT_MODELS, InputItem, Part, WireModel, as_parts, as_text, check_items, split_input
+from pcd_integrations.wire.decision_input import (
+    INPUT_MODELS,
+    InputItem,
+    Part,
+    WireModel,
+    as_parts,
+    as_text,
+    check_items,
+    split_input,
+)
 
 #: The most questions one request may ask, as the OpenAI API admits.
 MAX_QUESTIONS = 400
@@ -255,7 +263,7 @@ class DecisionScoreAnswer(_HowRead):
 
 class RefusalAnswer(WireModel):
     """OpenAI's refusal (openai >= 3.57): the engine abstained, its probability being below the threshold a
-    calibration fitted for a target risk (pcd_core/selective.py); the reading it declined is ``x_answer``.
+    calibration fitted for a target risk (pcd_core/trust/selective.py); the reading it declined is ``x_answer``.
     """
 
     type: Literal["refusal"] = "refusal"

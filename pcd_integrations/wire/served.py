@@ -14,7 +14,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from pcd_core import Engine
-from pcd_core.models import EMBEDDED
+from pcd_core.loading.model_files import EMBEDDED
 
 
 class HealthBody(BaseModel):
