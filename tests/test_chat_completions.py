@@ -420,7 +420,7 @@ def test_a_body_over_the_bound_is_413_in_openai_shape_on_both_openai_routes(clie
         assert "max_body_bytes" in error.message
 
 
-# -- a client that hangs up (issue 24, item 4) -------------------------------------------------------
+# -- a client that hangs up -------------------------------------------------------------------------
 COUNT = [{"role": "user", "content": "Count from 1 to 500, separated by commas."}]
 
 
@@ -470,7 +470,7 @@ def test_a_client_that_hangs_up_stops_its_request_and_the_next_one_does_not_wait
     assert after["x_pcd"]["queue_ms"] < busy["x_pcd"]["queue_ms"] / 4
 
 
-# -- the protocol's own words for its mistakes (issue 24, item 10) -----------------------------------
+# -- the protocol's own words for its mistakes -----------------------------------------------------
 @pytest.mark.parametrize("param", ["max_tokens", "max_completion_tokens"])
 def test_a_reply_cap_over_the_context_names_the_parameter_and_its_room(client, engine, param):
     with pytest.raises(openai.BadRequestError) as raised:

@@ -1,4 +1,4 @@
-"""A choice's rows grow like its options (issue 24, item 3), on the real embedded model.
+"""A choice's rows grow like its options, on the real embedded model.
 
 Past the tokenizer's single-token letters a choice is read through two-letter codes: one row per
 first letter, each carrying the question's whole option list. The list must be read once, the
@@ -79,7 +79,7 @@ def test_a_255_option_choice_is_one_warm_pass_reading_each_row_token_once(engine
 def alone(engine, plan, index: int = 0) -> list[float]:
     """Each option's probability from its own continuation, read after the question's row in a pass
     of its own: at every token where options part, the probability of its token among the allowed
-    ones, multiplied down to the token that settles it (the forced decision tree of seed 002).
+    ones, multiplied down to the token that settles it (a forced decision tree).
     """
     backend, trie = engine.backend, plan.asked[index].trie
     variants: tuple[Variant, ...] = trie.variants

@@ -392,8 +392,7 @@ def _resolves(dotted: str) -> bool:
 
 @pytest.mark.parametrize("path", PAGES, ids=lambda path: path.name)
 def test_every_repository_path_the_page_names_exists(path):
-    """Paths and modules named in the text follow the code when it moves (issue 31 moved the commands
-    out of pcd_core); a stale one fails here rather than sending a reader to a file that is gone."""
+    """Paths and modules named in the text follow the code when it moves; a stale one fails here rather than sending a reader to a file that is gone."""
     text = path.read_text()
     for name in REPO_PATH.findall(text):
         if "<" in name or "*" in name:

@@ -1,4 +1,4 @@
-"""The seven-field double-billing ticket of seed 000, on SmolLM2-135M.
+"""The seven-field double-billing ticket, on SmolLM2-135M.
 
 Every field is reported (``pytest -s`` prints them). SmolLM2-135M is a very small model: it reads the
 topic, the refund request and the routing right, and these are asserted; it also leans toward the

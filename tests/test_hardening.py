@@ -1,4 +1,4 @@
-"""Issue 15's reproductions on the Python API: each failure it lists, and the typed error it gets now.
+"""Hostile and malformed input on the Python API: each failure once seen, and the typed error it gets now.
 
 Model-free cases run on the oracle engine (``pcd_core/testing.py``); the ones whose point is the real
 tokenizer or the real model run on the embedded SmolLM2-135M.

@@ -1,4 +1,4 @@
-"""Issue 15 on the servers: what a hostile but fair client sends gets a 4xx in the protocol's shape.
+"""Hostile input on the servers: what a hostile but fair client sends gets a 4xx in the protocol's shape.
 
 HTTP runs in process through httpx's ASGI transport (middleware included); MCP through the SDK's
 in-process client and, for the bearer key, over real streamable HTTP on loopback. The error paths
@@ -191,7 +191,7 @@ def test_pcd_mcp_reads_the_key_from_the_named_variable(monkeypatch, capsys):
     assert exited.value.code == 2 and "unset or empty" in capsys.readouterr().err
 
 
-# -- slow clients: header and body read timeouts (issue 24, item 5) ------------------------------
+# -- slow clients: header and body read timeouts --------------------------------------------------
 QUICK = ReadTimeouts(header_s=0.5, body_s=0.5)
 DRIP_INTERVAL_S = 0.05  # a byte every 50 ms: a slow client that never stops sending
 DRIP_LIMIT_S = 5.0  # what a drip may take before the test calls the server's patience unbounded

@@ -1,5 +1,5 @@
-"""Hidden states at the queried positions, read in the same pass as the log-probs (issue 27: a
-trained head reads them at no extra pass).
+"""Hidden states at the queried positions, read in the same pass as the log-probs: a
+trained head reads them at no extra pass.
 
 ``check_backend`` (pcd_core/testing.py) already holds every backend that reads them to the contract:
 same values, same pass count, packed equal to alone. Here: the torch backend's states are the model's

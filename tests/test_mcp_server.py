@@ -400,7 +400,7 @@ OPEN_SCHEMA = {
 
 @pytest.mark.asyncio
 async def test_fill_accepts_open_fields_and_reports_them_as_generated(server, engine: Engine) -> None:
-    """The fill tool takes what ``engine.fill`` takes (issue 24, item 7): open fields come back
+    """The fill tool takes what ``engine.fill`` takes: open fields come back
     generated (their text and token count), closed ones decided, each as the engine reported it.
     """
     async with Client(server, raise_exceptions=True) as client:
@@ -423,7 +423,7 @@ async def test_fill_accepts_open_fields_and_reports_them_as_generated(server, en
 @pytest.mark.asyncio
 async def test_an_abandoned_call_stops_the_engine_at_its_next_pass(server, engine: Engine) -> None:
     """A client that gives up on a call mid-generation (the SDK sends ``notifications/cancelled``)
-    stops the fill at its next pass boundary instead of letting it run on (issue 24, item 4).
+    stops the fill at its next pass boundary instead of letting it run on.
     """
     story = {"type": "object", "properties": {"story": {"type": "string", "maxLength": 1000}}, "required": ["story"]}
     async with Client(server, raise_exceptions=True) as client:

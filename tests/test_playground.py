@@ -377,7 +377,7 @@ def test_a_multi_label_list_and_a_generated_field_are_drawn_as_the_api_answers_t
 
 
 def test_abstention_and_an_answer_set_are_drawn_when_the_response_carries_them(opened: Opened) -> None:
-    """Issue 32's ``x_abstained`` and ``x_answer_set`` are not returned yet: the server's real answer
+    """The ``x_abstained`` and ``x_answer_set`` are not returned yet: the server's real answer
     gets them added on its way to the page, which must show them rather than drop them.
     """
     page = opened.page

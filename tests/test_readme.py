@@ -44,7 +44,7 @@ def test_the_main_command_uses_shipped_examples():
 
 
 def test_the_readme_fits_on_two_screens_and_its_links_lead_somewhere():
-    """The README is what a newcomer reads first (issue 31): short, and every relative link resolves
+    """The README is what a newcomer reads first: short, and every relative link resolves
     (mkdocs checks the pages under docs/, not the README)."""
     readme = (ROOT / "README.md").read_text()
     assert len(readme.split("\n")) <= 120

@@ -11,7 +11,7 @@ from pcd_core.result import mass_warnings
 
 
 def test_renormalise_is_a_stable_softmax():
-    # the worked example of seed 002: logits 2.1, 0.9, -0.1
+    # a worked example: logits 2.1, 0.9, -0.1
     p = renormalise([2.1, 0.9, -0.1])
     assert p == pytest.approx((0.7082, 0.2133, 0.0785), abs=1e-4)
     assert renormalise([1000.0, 1000.0]) == pytest.approx((0.5, 0.5))

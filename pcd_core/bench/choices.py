@@ -4,7 +4,7 @@ A choice past the tokenizer's single-token letters is read through two-letter co
 first letter, every row carrying the question's whole option list. The rows are packed as a tree,
 so the list is read once and the second letters hang from it; the record shows it as row tokens that
 grow like the options, in one pass. Counting each row whole once split a 255-option question into 15
-passes that read the list 15 times (issue 24). Each record is one warm request (the head cached by a
+passes that read the list 15 times. Each record is one warm request (the head cached by a
 two-option question first), timed ``repeat`` times; ``ms`` is the median.
 """
 

@@ -13,7 +13,7 @@ heavy or broken dependencies, so they are never installed), converts it into
   and is left out.
 
 Label names are readable words, not the newsgroup ids: a model decides better between names that
-mean something (seed 000: meaning first).
+mean something: meaning first.
 """
 
 from __future__ import annotations

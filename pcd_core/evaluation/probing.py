@@ -28,7 +28,7 @@ from pcd_core.trust.heads import Head, fit_head, out_of_fold
 from pcd_core.trust.near_duplicates import near_duplicate_groups
 from pcd_core.trust.selective import CONFIDENCE
 
-#: the train sizes of the learning curve (issue 27); sizes over the train split are left out
+#: the train sizes of the learning curve; sizes over the train split are left out
 CURVE_SIZES = (16, 64, 256, 1000)
 
 

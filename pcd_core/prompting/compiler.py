@@ -130,7 +130,7 @@ def compile_open_fields(
 
     The row ends right after the key's colon when the colon and the value's first token stay apart,
     as they do in GPT-2-style and Qwen tokenizers (``":`` then `` "``): the space belongs to the value,
-    so the grammar writes it (seed 000's rule: end the row where the tokenizer would).
+    so the grammar writes it (end the row where the tokenizer would).
     """
     probe_line = layout.segment("k", "0", last=False)
     line_end = probe_line[probe_line.index(": 0") + 3 :]

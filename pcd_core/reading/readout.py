@@ -3,7 +3,7 @@
 - ``probabilities``: the labels' settled masses renormalised over the allowed labels, in float64.
 - ``candidate_mass``: the unrenormalised probability that the model's next token starts any allowed
   label at the decision point. Low mass means the model wanted to write something off the menu
-  (seed 000: 0.24 on a field whose winner still read 0.551 after renormalising).
+  (0.24 on a field of the double-billing ticket whose winner still read 0.551 after renormalising).
 - ``confidence``: the normalised peak ``(n * max p - 1) / (n - 1)``, clamped to [0, 1], as the hosted
   Jev API computes it: 0 for a uniform split, 1 for certainty.
 - ``settled_logmass`` / ``exact_logmass``: from the log-probs read at a trie's nodes (``trie.py``
@@ -67,7 +67,7 @@ def settled_logmass(
     """Per label, log of the summed mass of its settled paths over the nodes that were read.
 
     With ``branch_norm`` every read is renormalised over the node's children first: the forced
-    decision tree of seed 002, where a deeper node asks only which allowed continuation follows.
+    decision tree, where a deeper node asks only which allowed continuation follows.
     Nodes that were not read (``greedy`` branches not taken) leave their labels at ``-inf``.
     """
     terms: list[list[float]] = [[] for _ in range(n_labels)]

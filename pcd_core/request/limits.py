@@ -112,7 +112,7 @@ def check_row_tokens(limits: Limits, n_tokens: int) -> None:
 
     The count is the real one, not a bound from the request's bytes: such a bound let a 255-option
     choice through while the engine read its option list once per branch row, 42,360 row tokens in
-    15 passes (issue 24).
+    15 passes.
     """
     _at_most(
         limits,

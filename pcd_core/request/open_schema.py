@@ -3,7 +3,7 @@
 JSON Schema lets an object hold keys it does not declare unless ``additionalProperties`` is false, and
 pydantic's schemas never say so. llguidance follows the standard: with an ordinary ``Address(BaseModel)``
 SmolLM2 wrote ``{"city": "Lyon", "country": "France", "month": "March", "day": "12", ...`` until its token
-cap (issue 24). Users of OpenAI's strict structured outputs and of instructor expect the declared keys,
+cap. Users of OpenAI's strict structured outputs and of instructor expect the declared keys,
 all of them, in order. So every object is closed and every declared key required, unless the schema
 explicitly allows more keys (``additionalProperties: true`` or a schema, or ``patternProperties``; a
 pydantic ``dict`` says ``true``). An array without ``maxItems`` gets ``DEFAULT_MAX_ITEMS``, marked so

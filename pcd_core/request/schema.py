@@ -94,7 +94,7 @@ class Schema:
 
     def waves(self) -> tuple[tuple[str, ...], ...]:
         """Dependency levels. The first independent field is decided alone (wave 0), so that every later
-        field is asked after one real answer line instead of as the object's first key (seed 000); any
+        field is asked after one real answer line instead of as the object's first key; any
         other field goes one wave after the latest of its dependencies, and at least into wave 1.
         """
         if not self.fields:
@@ -147,7 +147,7 @@ def _check_distinct_labels(name: str, values: Sequence[Any]) -> None:
 
 
 def spellings(value: JsonValue) -> tuple[str, ...]:
-    """Every JSON spelling of a value. Small models often quote booleans and numbers (seed 000)."""
+    """Every JSON spelling of a value. Small models often quote booleans and numbers."""
     canonical = json.dumps(value, ensure_ascii=False)
     if isinstance(value, bool) or (isinstance(value, (int, float)) and not isinstance(value, bool)):
         return canonical, json.dumps(canonical, ensure_ascii=False)
@@ -389,7 +389,7 @@ def _checked(schema: Schema) -> Schema:
                 raise SchemaError("depends_on names the field itself", field=f.name)
     for f in schema.fields:
         if set(f.depends_on) - closed:
-            # closed fields are decided before any open field is written (seed 000's order)
+            # closed fields are decided before any open field is written
             raise SchemaError("a closed field cannot depend on an open field", field=f.name)
     schema.waves()  # raises on cycles
     open_waves(schema)
