@@ -26,29 +26,14 @@ from pcd_core.errors import PcdError
 from pcd_core.loading.options import BACKEND_MODULES
 from pcd_integrations.commands.common import (
     add_model_options,
-    non_negative,
     options_from_args,
-    positive,
-    positive_seconds,
 )
-from pcd_integrations.read_timeouts import DEFAULT_READ_TIMEOUTS, ReadTimeouts
+from pcd_integrations.serve_options import ServeOptions, add_serve_options, switch_value
 
 TRANSPORTS = ("stdio", "streamable-http")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 logger = logging.getLogger(__name__)
-
-
-def _port(text: str) -> int:
-    value = positive(text)
-    if value > 65535:
-        raise argparse.ArgumentTypeError(f"a port is 1 to 65535, got {text!r}")
-    return value
-
-
-def _flag(value: str | None) -> bool:
-    """An on/off environment variable: 1, true, yes or on (any case) is on; unset or anything else is off."""
-    return (value or "").strip().lower() in {"1", "true", "yes", "on"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -64,13 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=env("PCD_MCP_TRANSPORT", "stdio"),
         help=f"one of {', '.join(TRANSPORTS)} (PCD_MCP_TRANSPORT; default stdio)",
     )
-    add("--host", default=env("PCD_MCP_HOST", "127.0.0.1"), help="HTTP bind address (PCD_MCP_HOST)")
-    add(
-        "--port",
-        type=_port,
-        default=env("PCD_MCP_PORT", "8765"),
-        help="HTTP port; the endpoint is /mcp (PCD_MCP_PORT; default 8765)",
-    )
+    add_serve_options(parser, port=8765, environment="PCD_MCP_", http_note="streamable-http only: ")
     # the model flags are LoadOptions' own, each defaulting to its environment variable
     add_model_options(parser, environment=True, opt_in=("order_samples",))
     add(
@@ -81,8 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     def switch(option: str, variable: str, meaning: str) -> None:
-        """An on/off flag whose default is the environment variable ``variable`` (``_flag``)."""
-        add(option, action="store_true", default=_flag(env(variable)), help=f"{meaning} ({variable}=1)")
+        """An on/off flag whose default is the environment variable ``variable`` (``switch_value``)."""
+        add(option, action="store_true", default=switch_value(env(variable)), help=f"{meaning} ({variable}=1)")
 
     switch("--debias", "PCD_DEBIAS", "divide out the model's content-free label prior from every answer")
     switch(
@@ -95,63 +74,6 @@ def build_parser() -> argparse.ArgumentParser:
         "--json-response",
         "PCD_MCP_JSON_RESPONSE",
         "streamable HTTP answers as one application/json body instead of an SSE stream",
-    )
-    add(
-        "--api-key-env",
-        metavar="VAR",
-        default=env("PCD_MCP_API_KEY_ENV"),
-        help="streamable-http only: require 'Authorization: Bearer <key>', the key read from environment "
-        "variable VAR (PCD_MCP_API_KEY_ENV)",
-    )
-    add(
-        "--max-body-bytes",
-        type=positive,
-        default=env("PCD_MCP_MAX_BODY_BYTES", str(1 << 20)),
-        help="streamable-http only: refuse request bodies over this many bytes with 413 "
-        "(PCD_MCP_MAX_BODY_BYTES; default 1048576)",
-    )
-    for option, variable, default_s, meaning in (
-        (
-            "--header-timeout",
-            "PCD_MCP_HEADER_TIMEOUT",
-            DEFAULT_READ_TIMEOUTS.header_s,
-            "close a connection whose request headers take over S seconds, with 408",
-        ),
-        (
-            "--body-timeout",
-            "PCD_MCP_BODY_TIMEOUT",
-            DEFAULT_READ_TIMEOUTS.body_s,
-            "answer 408 to a request whose body takes over S seconds to arrive",
-        ),
-    ):
-        add(
-            option,
-            type=positive_seconds,
-            metavar="S",
-            default=env(variable, str(default_s)),
-            help=f"streamable-http only: {meaning} ({variable}; default {default_s:g})",
-        )
-    add(
-        "--max-queue",
-        type=non_negative,
-        metavar="N",
-        default=env("PCD_MCP_MAX_QUEUE"),
-        help="streamable-http only: at most N requests wait for the model; one more gets 503 with Retry-After "
-        "(PCD_MCP_MAX_QUEUE; default: no bound)",
-    )
-    add(
-        "--timeout",
-        type=positive_seconds,
-        metavar="S",
-        default=env("PCD_MCP_TIMEOUT"),
-        help="streamable-http only: a request not answered within S seconds gets 504 and its work stops at its "
-        "next pass; an SSE answer that has begun runs on, so pair it with --json-response (PCD_MCP_TIMEOUT)",
-    )
-    switch(
-        "--otel",
-        "PCD_MCP_OTEL",
-        "streamable-http only: an OpenTelemetry span per request and per forward pass, to the tracer "
-        "provider the process configures (the otel extra)",
     )
     add(
         "--log-level",
@@ -198,13 +120,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         )
     if args.log_level not in LOG_LEVELS:
         parser.error(f"--log-level must be one of {', '.join(LOG_LEVELS)}, got {args.log_level!r}")
-    args.api_key = None
-    if args.api_key_env is not None:
-        if args.transport != "streamable-http":
-            parser.error("--api-key-env needs --transport streamable-http; stdio has no one to authenticate")
-        args.api_key = os.environ.get(args.api_key_env)
-        if not args.api_key:
-            parser.error(f"--api-key-env {args.api_key_env}: that environment variable is unset or empty")
+    if args.api_key_env is not None and args.transport != "streamable-http":
+        parser.error("--api-key-env needs --transport streamable-http; stdio has no one to authenticate")
+    try:  # the server flags pcd serve shares (pcd_integrations/serve_options.py), and the key they name
+        args.serve_options = ServeOptions.from_args(args)
+        args.api_key = args.serve_options.api_key()
+    except PcdError as error:
+        parser.error(str(error))
     try:  # read now: a bad file fails here, not as a failed load behind an open transport
         args.load_options = replace(args.load_options, calibration=args.load_options.fitted_calibration())
     except PcdError as exc:
@@ -226,8 +148,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     from mcp_server.server import serve
     from pcd_core import Engine
     from pcd_core.loading.model_files import recommendation
-    from pcd_core.request.limits import Limits
-    from pcd_integrations.operations import Backpressure
 
     advice = recommendation(args.model)
     if advice is not None:
@@ -243,10 +163,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         stateless=args.stateless,
         json_response=args.json_response,
         api_key=args.api_key,
-        limits=Limits(max_body_bytes=args.max_body_bytes),
-        read_timeouts=ReadTimeouts(header_s=args.header_timeout, body_s=args.body_timeout),
-        backpressure=Backpressure(max_queue=args.max_queue, timeout_s=args.timeout),
-        tracing=args.otel,
+        limits=args.serve_options.limits,
+        read_timeouts=args.serve_options.read_timeouts,
+        backpressure=args.serve_options.backpressure,
+        tracing=args.serve_options.otel,
     )
 
 

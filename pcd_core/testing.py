@@ -25,6 +25,10 @@ if TYPE_CHECKING:
 class OracleBackend(Backend):
     """Logits are a function of the last ``window`` tokens; ``boosts`` adds scripted preferences:
     ``{context_suffix_ids: {token: bonus}}`` applies when the context ends with that suffix.
+
+    With ``hidden_size``, the oracle also has hidden states (``state``): the mean of a fixed random
+    direction per token of the whole context, a bag of tokens. Words in the input move it, so a trained
+    head can be fitted and served on the oracle, without a model.
     """
 
     name = "oracle"
@@ -38,6 +42,7 @@ class OracleBackend(Backend):
         context_length: int = 4096,
         max_tokens_per_pass: int | None = None,
         max_pass_bytes: int | None = None,
+        hidden_size: int | None = None,
     ) -> None:
         super().__init__(
             context_length=context_length, max_tokens_per_pass=max_tokens_per_pass, max_pass_bytes=max_pass_bytes
@@ -45,6 +50,9 @@ class OracleBackend(Backend):
         self._vocab = vocab_size
         self.window = window
         self.boosts = {tuple(k): dict(v) for k, v in (boosts or {}).items()}
+        self.hidden_size = hidden_size
+        self.reads_hidden = hidden_size is not None
+        self._directions: dict[int, np.ndarray] = {}
 
     @property
     def vocab_size(self) -> int:
@@ -65,6 +73,16 @@ class OracleBackend(Backend):
         top = values.max()
         return values - top - np.log(np.exp(values - top).sum())
 
+    def state(self, context: Sequence[int]) -> np.ndarray:
+        """The hidden state after ``context``: the mean of its tokens' fixed directions (float32)."""
+        assert self.hidden_size is not None, "an oracle without hidden_size has no hidden states"
+        total = np.zeros(self.hidden_size, dtype=np.float64)
+        for token in context:
+            if token not in self._directions:
+                self._directions[token] = np.random.default_rng(token).normal(0.0, 1.0, self.hidden_size)
+            total += self._directions[token]
+        return (total / max(len(context), 1)).astype(np.float32)
+
     def _prefill(self, ids: tuple[int, ...], parent: Prefix | None, room: int = 0) -> tuple[int, ...]:
         return (parent.ids if parent is not None else ()) + ids
 
@@ -78,6 +96,16 @@ class OracleBackend(Backend):
 
     def _prefix_logp(self, prefix: Prefix) -> np.ndarray:
         return self.logp(prefix.ids)
+
+    def _score_chunk_hidden(
+        self, prefix: Prefix | None, trunk: tuple[int, ...], tree: TokenTree, queries: list[Query]
+    ) -> tuple[list[np.ndarray], tuple[int, ...] | None, list[np.ndarray]]:
+        values, state = self._score_chunk(prefix, trunk, tree, queries)
+        before = (prefix.ids if prefix is not None else ()) + trunk
+        return values, state, [self.state(before + tree.rows[q.row][: q.position + 1]) for q in queries]
+
+    def _prefix_hidden(self, prefix: Prefix) -> np.ndarray:
+        return self.state(prefix.ids)
 
 
 class _ByteVocabulary:

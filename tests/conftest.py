@@ -56,6 +56,23 @@ def engine():
 
 
 @pytest.fixture(scope="session")
+def llama_engine():
+    """The embedded model on llama.cpp; skipped where the llama.cpp binding is not installed."""
+    pytest.importorskip("llama_cpp")
+    from pcd_core import Engine
+
+    return Engine.load("smollm2-135m", backend="llamacpp")
+
+
+@pytest.fixture(scope="session")
+def oracle():
+    """An engine over the deterministic oracle backend (``pcd_core/testing.py``): no model, no weights."""
+    from pcd_core.testing import oracle_engine
+
+    return oracle_engine()
+
+
+@pytest.fixture(scope="session")
 def gemma_engine():
     from pcd_core import Engine
 
@@ -76,3 +93,30 @@ def traced() -> tuple[object, object]:
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     return RequestTracer(provider), exporter
+
+
+# -- markers: what each test needs, so that a developer can pick a loop (docs/layout.md, "The test loop") --
+#: fixtures that load a real model
+MODEL_FIXTURES = frozenset({"engine", "gemma_engine", "llama_engine"})
+#: modules whose tests drive real client libraries against a loopback server
+CLIENT_IMPORTS = ("import openai", "from openai", "langchain_openai", "instructor", "llama_index.llms.openai")
+#: modules longer than the quick loop allows as a whole (measured with --durations); CI runs them
+SLOW_MODULES = frozenset()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    sources: dict[Path, str] = {}
+    for item in items:
+        path = Path(str(item.fspath))
+        source = sources.setdefault(path, path.read_text(encoding="utf-8"))
+        names = set(getattr(item, "fixturenames", ()))
+        if names & MODEL_FIXTURES or "Engine.load(" in source:
+            item.add_marker(pytest.mark.model)
+        if "llama_engine" in names or 'backend="llamacpp"' in source:
+            item.add_marker(pytest.mark.llamacpp)
+        if "browser" in names:
+            item.add_marker(pytest.mark.browser)
+        if any(needle in source for needle in CLIENT_IMPORTS):
+            item.add_marker(pytest.mark.clients)
+        if path.stem in SLOW_MODULES:
+            item.add_marker(pytest.mark.slow)

@@ -21,11 +21,6 @@ NOUL = {"type": "noul", "instructions": "Is it broken?"}
 SENTIMENT = {"sentiment": ["POSITIVE", "NEGATIVE"]}
 
 
-@pytest.fixture(scope="module")
-def oracle():
-    return oracle_engine()
-
-
 # -- 1. invalid Unicode --------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("state", "questions", "loc"),

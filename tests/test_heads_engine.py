@@ -2,9 +2,10 @@
 
 A head is fitted on the states ``Engine.fill(..., hidden=True)`` keeps for a small hand-written
 labelled set; an engine whose calibration holds it answers that field from it (``method: "head"``),
-keeps the zero-shot reading beside it, reads the same passes, and serves it on every wire. A field
-without a head is read zero-shot; a head of another model, or on a backend without hidden states,
-is refused when the engine is built; a version-3 file still loads. A head's own thresholds (fitted
+keeps the zero-shot reading beside it and reads the same passes. A field without a head is read
+zero-shot; a head of another model, or on a backend without hidden states, is refused when the engine
+is built; a version-3 file still loads. ``tests/test_heads_oracle.py`` serves a head on every wire, on
+the oracle backend's states. A head's own thresholds (fitted
 by ``pcd calibrate --head probe --abstain-risk --coverage``) make its answer abstain and carry its answer
 set on every wire, whatever the zero-shot field's thresholds say.
 """
@@ -211,92 +212,3 @@ def test_version_4_round_trips_its_heads_and_version_3_still_loads(head: Head, t
     data["version"] = 3
     older = Calibration.from_dict(data)
     assert older.heads == {} and older.fields == calibration.fields
-
-
-STATE = "The blender arrived cracked. I want my money back."
-REFUND = {"type": "noul", "instructions": "Does the customer ask for money back?"}
-
-
-@pytest.fixture(scope="module")
-def served(engine: Engine, head: Head) -> Engine:
-    """``headed``'s fitted head for the field, and for the questions ``refund`` and ``questions[0]`` a head
-    whose weights are zero: it answers softmax(bias) = (0.881, 0.119) whatever the state, so the served
-    numbers show the head was applied. ``refund``'s and ``questions[0]``'s heads abstain below 0.9 and
-    their sets hold labels of 0.1 or more (so they abstain, their sets both labels); the field's head
-    answers from 0.0 with a set threshold of 0 (so it answers, its set every label).
-    """
-    fixed = Head(
-        ("true", "false"),
-        engine.model_name,
-        np.zeros(head.width),
-        np.ones(head.width),
-        np.zeros((2, head.width)),
-        np.array([1.0, -1.0]),
-        1.0,
-        0,
-    )
-    heads = {
-        "sentiment": replace(head, abstain_below=0.0, set_threshold=0.0),
-        "refund": replace(fixed, abstain_below=0.9, set_threshold=0.1),
-        "questions[0]": replace(fixed, abstain_below=0.9, set_threshold=0.1),
-    }
-    calibration = Calibration(engine.model_name, False, {}, {"data": "hand-written"}, heads=heads)
-    return Engine(engine.backend, engine.tokenizer, engine.model_name, calibration=calibration)
-
-
-FIXED_TRUE = float(np.exp(1.0) / (np.exp(1.0) + np.exp(-1.0)))
-
-
-def test_served_answers_say_a_head_answered(engine: Engine, served: Engine) -> None:
-    openai = pytest.importorskip("openai")
-    httpx = pytest.importorskip("httpx")
-    pytest.importorskip("uvicorn")
-    from loopback import serving
-
-    from pcd_integrations.http import create_app
-
-    raw = engine.decide(STATE, {"refund": REFUND}).answers["refund"]
-    with serving(create_app(served)) as url:
-        body = httpx.post(f"{url}/v1/systemone", json={"state": STATE, "questions": {"refund": REFUND}}, timeout=600)
-        refund = body.json()["answers"]["refund"]
-        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
-        predicate = {"type": "predicate", "instructions": REFUND["instructions"]}
-        decision = client.decisions.create(model="smollm2-135m", input=STATE, questions=[predicate])
-        response_format = {"type": "json_schema", "json_schema": {"name": "review", "schema": SCHEMA}}
-        reply = client.chat.completions.create(
-            model="smollm2-135m", messages=[{"role": "user", "content": POSITIVE[1]}], response_format=response_format
-        )
-    assert refund["x_method"] == "head" and refund["noul"] == pytest.approx(FIXED_TRUE, abs=1e-9)
-    assert refund["x_zero_shot"]["true"] == pytest.approx(raw.noul, abs=1e-4)
-    assert refund["x_abstained"] is True and refund["x_answer_set"] == ["true", "false"]
-    refused = decision.answers[0]  # /v1/decisions has no answer sets; an abstained head answer is a refusal
-    assert refused.type == "refusal" and refused.x_abstained is True
-    assert refused.x_answer["x_method"] == "head" and refused.x_answer["probability"] == pytest.approx(FIXED_TRUE)
-    fields = reply.x_pcd["fields"]
-    assert fields["sentiment"]["method"] == "head" and set(fields["sentiment"]["zero_shot"]) == set(LABELS)
-    assert fields["sentiment"]["abstained"] is False and sorted(fields["sentiment"]["answer_set"]) == sorted(LABELS)
-    assert fields["mentions_price"]["method"] == "trie" and fields["mentions_price"]["zero_shot"] is None
-
-
-@pytest.mark.asyncio
-async def test_mcp_and_langchain_answers_say_a_head_answered(served: Engine) -> None:
-    from langchain_core.decisions import Noul
-    from mcp import Client
-
-    from mcp_server import build_server
-    from pcd_integrations.langchain_decisions import PCDDecisionModel
-
-    async with Client(build_server(served), raise_exceptions=True) as client:
-        decided = (
-            await client.call_tool("decide", {"state": STATE, "questions": {"refund": REFUND}})
-        ).structured_content
-        filled = (await client.call_tool("fill", {"state": POSITIVE[1], "schema": SCHEMA})).structured_content
-    assert decided["answers"]["refund"]["x_method"] == "head" and decided["answers"]["refund"]["x_abstained"] is True
-    assert decided["answers"]["refund"]["noul"] == pytest.approx(FIXED_TRUE, abs=1e-9)
-    assert filled["fields"]["sentiment"]["method"] == "head" and filled["fields"]["mentions_price"]["method"] == "trie"
-    assert filled["fields"]["sentiment"]["abstained"] is False and len(filled["fields"]["sentiment"]["answer_set"]) == 2
-    answers = PCDDecisionModel(engine=served).invoke(
-        {"state": STATE, "questions": {"refund": Noul(instructions=REFUND["instructions"])}}
-    )
-    assert answers.answers["refund"].method == "head" and answers.answers["refund"].zero_shot is not None
-    assert answers.answers["refund"].abstained is True and answers.answers["refund"].answer_set == ["true", "false"]

@@ -80,14 +80,6 @@ def test_a_backend_without_hidden_states_refuses_before_any_pass():
     assert backend.forward_passes == before
 
 
-@pytest.fixture(scope="module")
-def llama_engine():
-    pytest.importorskip("llama_cpp")
-    from pcd_core.engine import Engine
-
-    return Engine.load("smollm2-135m", backend="llamacpp")
-
-
 def test_llamacpp_reads_hidden_states_only_when_asked_and_at_no_extra_pass(llama_engine):
     """llama.cpp computes hidden states only for passes that ask (with them on, every token of a batch
     becomes an output). A fill that keeps them costs the passes of one that does not, also when its

@@ -137,10 +137,12 @@ def test_as_structured_llm_returns_engine_objects(llm: PCDLLM, engine: Engine) -
 
 
 @pytest.mark.asyncio
-async def test_as_structured_llm_async_chat(llm: PCDLLM) -> None:
+async def test_as_structured_llm_async_chat(llm: PCDLLM, engine: Engine) -> None:
     structured = llm.as_structured_llm(Ticket)
     response = await structured.achat([ChatMessage(role=MessageRole.USER, content=MESSAGE)])
     assert isinstance(response.raw, Ticket)
+    assert response.raw == engine.fill(Ticket, MESSAGE).value  # the sync path's reading, awaited
+    assert Ticket.model_validate(json.loads(response.message.content)) == response.raw
 
 
 def test_output_cls_must_be_a_pydantic_class(engine: Engine) -> None:

@@ -47,11 +47,6 @@ SELF_ATOL = 0.3
 
 
 @pytest.fixture(scope="module")
-def llama_engine():
-    return Engine.load("smollm2-135m", backend="llamacpp")
-
-
-@pytest.fixture(scope="module")
 def ids(llama_engine):
     encode = llama_engine.tokenizer.encode
     prompt = encode("The customer wrote that the parcel arrived late and damaged, and asked for")

@@ -13,7 +13,6 @@ import argparse
 import importlib.util
 import json
 import logging
-import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -142,27 +141,21 @@ def add_bench(commands: Any) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    """Validate the port, the key and the extra first; then listen at once and load in the background."""
-    if not 0 < args.port < 65536:
-        raise PcdError(f"--port {args.port} is not a TCP port (1..65535)")
-    api_key = None
-    if args.api_key_env is not None:
-        api_key = os.environ.get(args.api_key_env)
-        if not api_key:
-            raise PcdError(f"--api-key-env {args.api_key_env}: that environment variable is unset or empty")
+    """Check the server options, the key and the extra first; then listen at once and load in the background."""
+    from pcd_integrations.serve_options import ServeOptions
+
+    options = ServeOptions.from_args(args)
+    api_key = options.api_key()
     try:
         import fastapi  # noqa: F401  (fail here, with the hint, not after the model has loaded)
         import uvicorn  # noqa: F401
 
         from pcd_integrations.http import serve
-        from pcd_integrations.operations import Backpressure
-        from pcd_integrations.read_timeouts import ReadTimeouts
     except ImportError as error:
         raise PcdError(f"{error}; run: pip install 'pcd-engine[http]'") from error
-    if args.otel and importlib.util.find_spec("opentelemetry") is None:
+    if options.otel and importlib.util.find_spec("opentelemetry") is None:
         raise PcdError("--otel needs opentelemetry-api, which is not installed; run: pip install 'pcd-engine[otel]'")
     from pcd_core.loading.model_files import recommendation
-    from pcd_core.request.limits import Limits
     from pcd_core.trust.calibration import Calibration
 
     # read now, so that a bad file is an error here and not a failed load behind a listening server
@@ -170,83 +163,33 @@ def cmd_serve(args: argparse.Namespace) -> int:
     advice = recommendation(args.model)
     if advice is not None:
         logger.warning(advice)
-    limits = Limits(max_body_bytes=args.max_body_bytes)
     serve(
         lambda: common.load_engine(args, debias=args.debias),
-        host=args.host,
-        port=args.port,
+        host=options.host,
+        port=options.port,
         api_key=api_key,
         model_name=args.model,
-        limits=limits,
+        limits=options.limits,
         playground=not args.no_playground,
-        backpressure=Backpressure(max_queue=args.max_queue, timeout_s=args.timeout),
-        tracing=args.otel,
-        read_timeouts=ReadTimeouts(header_s=args.header_timeout, body_s=args.body_timeout),
+        backpressure=options.backpressure,
+        tracing=options.otel,
+        read_timeouts=options.read_timeouts,
     )
     return 0
 
 
 def add_serve(commands: Any) -> None:
+    from pcd_integrations.serve_options import add_serve_options
+
     serve = commands.add_parser(
         "serve",
         help="serve the HTTP API: /v1/systemone, /v1/decisions and /v1/chat/completions",
     )
-    serve.add_argument(
-        "--host",
-        default="127.0.0.1",
-        help="address to listen on (default 127.0.0.1, this machine only; 0.0.0.0 for every interface, "
-        "with --api-key-env)",
-    )
-    serve.add_argument("--port", type=int, default=8000, help="TCP port to listen on (default 8000)")
-    serve.add_argument(
-        "--header-timeout",
-        type=common.positive_seconds,
-        default=10.0,
-        metavar="S",
-        help="close a connection whose request headers take over S seconds, with 408 (default 10)",
-    )
-    serve.add_argument(
-        "--body-timeout",
-        type=common.positive_seconds,
-        default=30.0,
-        metavar="S",
-        help="answer 408 to a request whose body takes over S seconds to arrive (default 30)",
-    )
-    serve.add_argument(
-        "--api-key-env",
-        metavar="VAR",
-        help="require 'Authorization: Bearer <key>', the key read from environment variable VAR",
-    )
-    serve.add_argument(
-        "--max-body-bytes",
-        type=common.positive,
-        default=1 << 20,
-        help="refuse request bodies over this many bytes with 413 (default 1048576)",
-    )
+    add_serve_options(serve)
     serve.add_argument(
         "--no-playground",
         action="store_true",
         help="do not serve the playground page at / and /playground (it needs no key to load, only to decide)",
-    )
-    serve.add_argument(
-        "--max-queue",
-        type=common.non_negative,
-        default=None,
-        metavar="N",
-        help="at most N requests wait for the model; one more gets 503 with Retry-After (default: no bound)",
-    )
-    serve.add_argument(
-        "--timeout",
-        type=common.positive_seconds,
-        default=None,
-        metavar="S",
-        help="a request not answered within S seconds gets 504 and its work stops at its next pass (default: none)",
-    )
-    serve.add_argument(
-        "--otel",
-        action="store_true",
-        help="an OpenTelemetry span per request and per forward pass, to the tracer provider the process "
-        "configures (the otel extra)",
     )
     common.add_model_options(serve, opt_in=("order_samples",))
     from pcd_integrations.commands.evaluate import add_trust_options  # light: no model, no matplotlib
