@@ -22,7 +22,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import replace
 
-from pcd_core.errors import PcdError
+from pcd_core import PcdError
 from pcd_core.loading.options import BACKEND_MODULES
 from pcd_integrations.commands.common import (
     add_model_options,
@@ -146,8 +146,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     # Imported after the checks: pulling in the engine and the SDK takes a while.
     from mcp_server.server import serve
-    from pcd_core import Engine
-    from pcd_core.loading.model_files import recommendation
+    from pcd_core import Engine, recommendation
 
     advice = recommendation(args.model)
     if advice is not None:

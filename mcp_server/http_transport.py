@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from weakref import WeakKeyDictionary
 
 from mcp_server.loading import EngineLoader
-from pcd_core.request.limits import DEFAULT_LIMITS, Limits
+from pcd_core import DEFAULT_LIMITS, Limits
 from pcd_integrations.guards import BearerAuth, BodyLimit, warn_if_exposed
 from pcd_integrations.operations import Backpressure, Operations, build_metrics
 from pcd_integrations.read_timeouts import DEFAULT_READ_TIMEOUTS, ReadTimeouts

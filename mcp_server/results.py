@@ -12,17 +12,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, JsonValue
 
-from pcd_core.request.questions import (
-    ABSTAINED,
-    ANSWER_SET,
-    CALIBRATED,
-    DEBIASED,
-    METHOD,
-    ORDER_SPREAD,
-    ZERO_SHOT,
-    Answer,
-    Usage,
-)
+from pcd_core import Answer, Usage
+from pcd_core.request.questions import ABSTAINED, ANSWER_SET, CALIBRATED, DEBIASED, METHOD, ORDER_SPREAD, ZERO_SHOT
 
 __all__ = [
     "NO_AT",

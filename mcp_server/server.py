@@ -51,23 +51,30 @@ from mcp_server.results import (
     verdict_of,
 )
 from pcd_core import (
+    DEFAULT_LIMITS,
+    Cancellation,
     ChoiceQuestion,
+    DecideResponse,
     Engine,
+    Extraction,
+    FieldResult,
+    GeneratedField,
+    GenerationError,
+    LimitError,
+    Limits,
     NoulQuestion,
+    OptionError,
     PromptError,
     Question,
+    RequestError,
     SchemaError,
     ScoreQuestion,
     TokenizationError,
     __version__,
     parse_schema,
 )
-from pcd_core.concurrency.model_lock import Cancellation, in_worker
-from pcd_core.errors import GenerationError, LimitError, OptionError, RequestError
-from pcd_core.reading.generation import GeneratedField
-from pcd_core.request.limits import DEFAULT_LIMITS, Limits, check_decide, check_fill
-from pcd_core.request.questions import DecideResponse
-from pcd_core.result import Extraction, FieldResult
+from pcd_core.concurrency.model_lock import in_worker
+from pcd_core.request.limits import check_decide, check_fill
 from pcd_integrations.operations import Backpressure, trace_cost
 from pcd_integrations.read_timeouts import DEFAULT_READ_TIMEOUTS, ReadTimeouts, http_protocol
 

@@ -6,6 +6,7 @@ passes, instead of letting the model write JSON token by token.
 
 import logging
 
+from pcd_core.concurrency.model_lock import Cancellation
 from pcd_core.cost import Stats
 from pcd_core.engine import Engine
 from pcd_core.errors import (
@@ -13,16 +14,26 @@ from pcd_core.errors import (
     BackendUnavailableError,
     Cancelled,
     FreeTextNotSupportedError,
+    GenerationError,
     HiddenStatesUnavailableError,
+    LimitError,
     OptionError,
     PcdError,
     PromptError,
+    ReplyTooLongError,
+    RequestError,
     SchemaError,
+    TextError,
     TokenizationError,
     UpstreamError,
 )
-from pcd_core.loading.options import LoadOptions
+from pcd_core.loading.model_files import recommendation
+from pcd_core.loading.options import BACKENDS, DEFAULT_MODEL, BackendName, LoadOptions
+from pcd_core.reading.chatting import Message
+from pcd_core.reading.generation import GeneratedField
 from pcd_core.reading.rounds import DecodeOptions
+from pcd_core.request.conversation import Conversation, Role, Turn
+from pcd_core.request.limits import DEFAULT_LIMITS, Limits
 from pcd_core.request.questions import (
     Answer,
     ChoiceAnswer,
@@ -37,7 +48,18 @@ from pcd_core.request.questions import (
     Usage,
 )
 from pcd_core.request.schema import Field, Label, Schema, parse_schema
-from pcd_core.result import Extraction, FieldResult
+from pcd_core.result import Extraction, FieldResult, Generation, MembershipResult
+from pcd_core.tools import (
+    NO_TOOL,
+    ToolChoice,
+    ToolChoiceError,
+    ToolDecision,
+    ToolSpec,
+    choose_tool,
+    normalise_tool_choice,
+    tool_arguments,
+)
+from pcd_core.trust.calibration import Calibration
 
 __version__ = "0.1.0"
 
@@ -45,37 +67,65 @@ __version__ = "0.1.0"
 logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 __all__ = [
+    "__version__",
     "Answer",
+    "BackendError",
+    "BackendName",
+    "BACKENDS",
+    "BackendUnavailableError",
+    "Calibration",
+    "Cancellation",
+    "Cancelled",
     "ChoiceAnswer",
     "ChoiceQuestion",
+    "choose_tool",
+    "Conversation",
     "DecideRequest",
     "DecideResponse",
-    "NoulAnswer",
-    "NoulQuestion",
-    "Question",
-    "ScoreAnswer",
-    "ScoreQuestion",
-    "Usage",
-    "BackendError",
-    "UpstreamError",
-    "BackendUnavailableError",
-    "HiddenStatesUnavailableError",
-    "Cancelled",
     "DecodeOptions",
-    "LoadOptions",
+    "DEFAULT_LIMITS",
+    "DEFAULT_MODEL",
     "Engine",
     "Extraction",
     "Field",
-    "FreeTextNotSupportedError",
     "FieldResult",
+    "FreeTextNotSupportedError",
+    "GeneratedField",
+    "Generation",
+    "GenerationError",
+    "HiddenStatesUnavailableError",
     "Label",
+    "LimitError",
+    "Limits",
+    "LoadOptions",
+    "MembershipResult",
+    "Message",
+    "NO_TOOL",
+    "normalise_tool_choice",
+    "NoulAnswer",
+    "NoulQuestion",
     "OptionError",
+    "parse_schema",
     "PcdError",
     "PromptError",
+    "Question",
+    "recommendation",
+    "ReplyTooLongError",
+    "RequestError",
+    "Role",
     "Schema",
     "SchemaError",
+    "ScoreAnswer",
+    "ScoreQuestion",
     "Stats",
+    "TextError",
     "TokenizationError",
-    "parse_schema",
-    "__version__",
+    "tool_arguments",
+    "ToolChoice",
+    "ToolChoiceError",
+    "ToolDecision",
+    "ToolSpec",
+    "Turn",
+    "UpstreamError",
+    "Usage",
 ]

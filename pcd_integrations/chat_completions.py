@@ -25,11 +25,17 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from pcd_core import Engine, Extraction
-from pcd_core.cost import Stats
-from pcd_core.errors import ReplyTooLongError, RequestError
-from pcd_core.result import Generation
-from pcd_core.tools import ToolDecision, choose_tool, tool_arguments
+from pcd_core import (
+    Engine,
+    Extraction,
+    Generation,
+    ReplyTooLongError,
+    RequestError,
+    Stats,
+    ToolDecision,
+    choose_tool,
+    tool_arguments,
+)
 from pcd_integrations.wire.chat import ChatCompletionRequest, ToolCall
 from pcd_integrations.wire.chat_reply import (
     AssistantReply,

@@ -18,8 +18,8 @@ import logging
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from pcd_core.errors import LimitError
-from pcd_core.request.limits import Limits, check_body_size
+from pcd_core import LimitError, Limits
+from pcd_core.request.limits import check_body_size
 from pcd_integrations.wire.errors import openai_error_body
 
 Scope = MutableMapping[str, Any]

@@ -38,11 +38,12 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Annotated, Any
 
 from pcd_core import (
+    DEFAULT_LIMITS,
     DecideRequest,
     Engine,
+    Limits,
     __version__,
 )
-from pcd_core.request.limits import DEFAULT_LIMITS, Limits
 from pcd_integrations.chat_completions import chunks, completion, reply_steps
 from pcd_integrations.guards import BodyLimit, warn_if_exposed
 from pcd_integrations.http_calls import check_model, decide, in_engine, served_engine, server_sent

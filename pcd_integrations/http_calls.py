@@ -14,9 +14,8 @@ import logging
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from pcd_core import BackendError, DecideResponse, Engine, PcdError, UpstreamError
-from pcd_core.concurrency.model_lock import Cancellation, in_worker
-from pcd_core.errors import Cancelled
+from pcd_core import BackendError, Cancellation, Cancelled, DecideResponse, Engine, PcdError, UpstreamError
+from pcd_core.concurrency.model_lock import in_worker
 from pcd_integrations.http_errors import ApiError, openai_error, request_error, wire_safe
 from pcd_integrations.loading import EngineLoader
 from pcd_integrations.threads import iterate_in_thread

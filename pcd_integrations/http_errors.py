@@ -15,8 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from pcd_core import PcdError, PromptError, SchemaError, TokenizationError
-from pcd_core.errors import LimitError, RequestError, TextError
+from pcd_core import LimitError, PcdError, PromptError, RequestError, SchemaError, TextError, TokenizationError
 from pcd_integrations.wire import chat, decisions
 from pcd_integrations.wire.errors import openai_error_body
 

@@ -24,10 +24,21 @@ from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from operator import itemgetter
 from typing import Any, Literal, get_args
 
-from pcd_core import BackendUnavailableError, Engine, Extraction, PromptError, Stats
+from pcd_core import (
+    NO_TOOL,
+    BackendUnavailableError,
+    Engine,
+    Extraction,
+    Generation,
+    PromptError,
+    Stats,
+    ToolDecision,
+    ToolSpec,
+    choose_tool,
+    normalise_tool_choice,
+    tool_arguments,
+)
 from pcd_core.concurrency.model_lock import in_thread
-from pcd_core.result import Generation
-from pcd_core.tools import NO_TOOL, ToolDecision, ToolSpec, choose_tool, normalise_tool_choice, tool_arguments
 
 try:
     from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun

@@ -16,9 +16,7 @@ import threading
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
-from pcd_core import Engine
-from pcd_core.loading.options import DEFAULT_MODEL, BackendName, LoadOptions
-from pcd_core.trust.calibration import Calibration
+from pcd_core import DEFAULT_MODEL, BackendName, Calibration, Engine, LoadOptions
 
 __all__ = ["LazyEngine"]
 

@@ -62,12 +62,11 @@ try:
 except ImportError as error:  # pragma: no cover - exercised by a subprocess test without the extra
     raise BackendUnavailableError("llama-index", "llama-index-core") from error
 
-from pcd_core import Engine
-from pcd_core.cost import Stats
-from pcd_core.loading.options import load_options
-from pcd_core.result import Generation
-from pcd_core.tools import (
+from pcd_core import (
     NO_TOOL,
+    Engine,
+    Generation,
+    Stats,
     ToolChoice,
     ToolDecision,
     ToolSpec,
@@ -75,6 +74,7 @@ from pcd_core.tools import (
     normalise_tool_choice,
     tool_arguments,
 )
+from pcd_core.loading.options import load_options
 from pcd_integrations.lazy_engine import LazyEngine
 from pcd_integrations.llama_index_program import PCDProgram
 from pcd_integrations.llama_index_selector import PCDSelector

@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
-    from pcd_core.engine import Engine
+    from pcd_core import Engine
 
 logger = logging.getLogger(__name__)
 

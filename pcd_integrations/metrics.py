@@ -20,9 +20,7 @@ from collections.abc import Callable, Iterable, Mapping
 from types import ModuleType
 from typing import Any
 
-from pcd_core.cost import Stats
-from pcd_core.request.questions import DecideResponse
-from pcd_core.result import Extraction
+from pcd_core import DecideResponse, Extraction, Stats
 
 __all__ = ["INSTALL_HINT", "Metrics", "prometheus_available"]
 

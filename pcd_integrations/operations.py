@@ -35,9 +35,8 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from pcd_core.cost import Stats
+from pcd_core import DecideResponse, Stats
 from pcd_core.hooks import listening
-from pcd_core.request.questions import DecideResponse
 from pcd_integrations.guards import App, Message, Receive, Scope, Send, send_body, send_error
 from pcd_integrations.loading import EngineLoader
 from pcd_integrations.metrics import INSTALL_HINT, Metrics

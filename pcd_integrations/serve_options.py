@@ -16,8 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pcd_core.errors import OptionError
-from pcd_core.request.limits import Limits
+from pcd_core import Limits, OptionError
 from pcd_integrations.commands.common import non_negative, positive, positive_seconds
 from pcd_integrations.operations import Backpressure
 from pcd_integrations.read_timeouts import DEFAULT_READ_TIMEOUTS, ReadTimeouts

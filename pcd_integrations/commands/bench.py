@@ -15,15 +15,12 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from pcd_core import BACKENDS, DEFAULT_LIMITS, LoadOptions, PcdError, parse_schema
 from pcd_core.bench.choices import bench_choices
 from pcd_core.bench.report import write_json, write_plot, write_table
 from pcd_core.bench.runner import BASELINES, BenchCase, bench_case, bench_throughput
 from pcd_core.bench.widths import bench_widths
-from pcd_core.errors import PcdError
 from pcd_core.loading.dummy_weights import check_architecture
-from pcd_core.loading.options import BACKENDS, LoadOptions
-from pcd_core.request.limits import DEFAULT_LIMITS
-from pcd_core.request.schema import parse_schema
 from pcd_integrations.commands import common
 from pcd_integrations.commands.bench_clients import bench_clients
 
@@ -248,7 +245,7 @@ def _options(args: argparse.Namespace) -> tuple[LoadOptions, ...]:
 def run_bench(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from pcd_core.engine import Engine
+    from pcd_core import Engine
 
     cases, baselines = _check(args)
     inputs = throughput_inputs(args.throughput_inputs)  # read twice: _check only needed its first text
@@ -382,8 +379,8 @@ def _print_versus(records: list[dict[str, Any]]) -> None:
 def run_vllm_bench(args: argparse.Namespace, options: LoadOptions, cases: list[BenchCase]) -> int:
     """The ``--backend vllm`` branch of ``pcd bench``: one record per case, a table, ``--json``."""
     # here, not at the top: the vLLM client needs httpx, which a plain install of the torch extra lacks
+    from pcd_core import Engine
     from pcd_core.bench.vllm_baselines import bench_vllm_case, write_vllm_table
-    from pcd_core.engine import Engine
 
     engine = Engine.load(options)
     records = [bench_vllm_case(engine, case, repeat=args.repeat, cap=args.ar_cap) for case in cases]

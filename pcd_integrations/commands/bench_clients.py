@@ -22,8 +22,8 @@ import threading
 import time
 from typing import Any
 
+from pcd_core import PcdError
 from pcd_core.bench.measure import peak_rss_mb, weights_dtype
-from pcd_core.errors import PcdError
 
 ROUTES = ("chat", "decisions", "structured")
 HAZARD = {"type": "predicate", "instructions": "Does the customer report a safety hazard?"}

@@ -19,9 +19,11 @@ from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from pcd_core.engine import Engine  # light: torch and transformers load with the model, not with the engine
-from pcd_core.errors import PcdError
-from pcd_core.loading.options import LoadOptions
+from pcd_core import (
+    Engine,  # light: torch and transformers load with the model, not with the engine
+    LoadOptions,
+    PcdError,
+)
 
 
 def read_json(path: str, what: str) -> Any:
@@ -189,7 +191,7 @@ def check_questions(path: str, state: Any, questions: Any) -> None:
     """The request checked as ``/v1/systemone`` checks it, before any model loads."""
     from pydantic import ValidationError
 
-    from pcd_core.request.questions import DecideRequest
+    from pcd_core import DecideRequest
 
     try:
         DecideRequest(state=state, questions=questions)

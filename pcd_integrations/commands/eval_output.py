@@ -12,9 +12,9 @@ from __future__ import annotations
 import math
 from typing import Any, TextIO
 
+from pcd_core import Calibration
 from pcd_core.evaluation.metrics import reliability
 from pcd_core.evaluation.runner import variants
-from pcd_core.trust.calibration import Calibration
 
 COLUMNS = (
     "n",

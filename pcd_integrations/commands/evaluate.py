@@ -24,7 +24,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from pcd_core.errors import PcdError
+from pcd_core import Calibration, PcdError, parse_schema
 from pcd_core.evaluation import datasets
 from pcd_core.evaluation.cache import AnswerCache
 from pcd_core.evaluation.decisions import choose_calibration, decision_report, too_few, with_decisions, write_risk_plot
@@ -37,8 +37,7 @@ from pcd_core.evaluation.runner import (
     read_question_answers,
 )
 from pcd_core.request.limits import MAX_ORDER_SAMPLES
-from pcd_core.request.schema import parse_schema
-from pcd_core.trust.calibration import BIAS_SD, Calibration
+from pcd_core.trust.calibration import BIAS_SD
 from pcd_core.trust.selective import CONFIDENCE
 from pcd_integrations.commands import common
 from pcd_integrations.commands.eval_output import held_out_summary, write_decisions, write_plot, write_table

@@ -18,9 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pcd_core import __version__
-from pcd_core.errors import PcdError
-from pcd_core.loading.model_files import DEFAULT_MODEL, EMBEDDED, cache_dir
+from pcd_core import DEFAULT_MODEL, PcdError, __version__
+from pcd_core.loading.model_files import EMBEDDED, cache_dir
 from pcd_integrations.commands import common
 from pcd_integrations.commands.output import decide_record, decide_table, fill_record, fill_table
 
@@ -32,7 +31,7 @@ JSONL_CHUNK = 8
 
 # -- fill ---------------------------------------------------------------------------------------
 def cmd_fill(args: argparse.Namespace) -> int:
-    from pcd_core.request.schema import parse_schema
+    from pcd_core import parse_schema
 
     schema, case_input = common.read_schema(args.schema)
     parse_schema(schema)
@@ -155,8 +154,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise PcdError(f"{error}; run: pip install 'pcd-engine[http]'") from error
     if options.otel and importlib.util.find_spec("opentelemetry") is None:
         raise PcdError("--otel needs opentelemetry-api, which is not installed; run: pip install 'pcd-engine[otel]'")
-    from pcd_core.loading.model_files import recommendation
-    from pcd_core.trust.calibration import Calibration
+    from pcd_core import Calibration, recommendation
 
     # read now, so that a bad file is an error here and not a failed load behind a listening server
     args.calibration = Calibration.load(args.calibration) if args.calibration else None

@@ -12,10 +12,18 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pcd_core.cost import Stats
-from pcd_core.reading.generation import GeneratedField
-from pcd_core.request.questions import ChoiceAnswer, DecideResponse, NoulAnswer, ScoreAnswer
-from pcd_core.result import LOW_MASS, Extraction, FieldResult, MembershipResult
+from pcd_core import (
+    ChoiceAnswer,
+    DecideResponse,
+    Extraction,
+    FieldResult,
+    GeneratedField,
+    MembershipResult,
+    NoulAnswer,
+    ScoreAnswer,
+    Stats,
+)
+from pcd_core.result import LOW_MASS
 
 LOW_MASS_MARK = "!"
 

@@ -13,7 +13,7 @@ import json
 import re
 from typing import Any
 
-from pcd_core.errors import PcdError
+from pcd_core import PcdError
 
 Location = tuple[str | int, ...]
 

@@ -39,8 +39,8 @@ from pydantic import (
     model_validator,
 )
 
-from pcd_core.reading.chatting import Message, transcript
-from pcd_core.tools import ToolChoice, ToolChoiceError, ToolSpec, normalise_tool_choice
+from pcd_core import Message, ToolChoice, ToolChoiceError, ToolSpec, normalise_tool_choice
+from pcd_core.reading.chatting import transcript
 
 #: The most tokens a generated reply has when the request sets no ``max_tokens``.
 DEFAULT_MAX_TOKENS = 256

@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import Field, SerializerFunctionWrapHandler, model_serializer
 
-from pcd_core.cost import Stats
+from pcd_core import Stats
 from pcd_integrations.wire.chat import ChatObject, ToolCall
 
 FinishReason = Literal["stop", "length", "tool_calls"]

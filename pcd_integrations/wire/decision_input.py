@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, StrictStr, Tag, field_validator, model_validator
 
-from pcd_core.request.conversation import Conversation, Role, Turn
+from pcd_core import Conversation, Role, Turn
 from pcd_core.request.questions import Text
 
 

@@ -37,19 +37,9 @@ from pydantic import (
     model_validator,
 )
 
-from pcd_core.cost import Stats
+from pcd_core import ChoiceQuestion, Conversation, DecideResponse, NoulQuestion, ScoreQuestion, Stats
 from pcd_core.request import questions as systemone
-from pcd_core.request.conversation import Conversation
-from pcd_core.request.questions import (
-    CALIBRATED,
-    DEBIASED,
-    ChoiceQuestion,
-    DecideResponse,
-    NoulQuestion,
-    ScoreQuestion,
-    Text,
-    check_options,
-)
+from pcd_core.request.questions import CALIBRATED, DEBIASED, Text, check_options
 from pcd_integrations.wire.decision_input import (
     INPUT_MODELS,
     InputItem,
