@@ -243,7 +243,18 @@ class PCDLM(dspy.LM):
         return await super().acall(prompt, messages=messages, **kwargs)
 
     def _request(self, state: Any, questions: dict[str, Any]) -> dict[str, Any]:
-        return {"provider": "pcd", "model": self.pcd_engine.model_name, "state": state, "questions": questions}
+        """The cache key: the request, and the engine settings that change its answers (DSPy's disk
+        cache outlives the process, so a reload with debias or a calibration must not hit old answers).
+        """
+        planner = self.pcd_engine.planner
+        engine = {
+            "backend": self.pcd_engine.backend.name,
+            "debias": planner.debias,
+            "order_samples": planner.order_samples,
+            "calibration": repr(planner.calibration) if planner.calibration is not None else None,
+        }
+        model = self.pcd_engine.model_name
+        return {"provider": "pcd", "model": model, "engine": engine, "state": state, "questions": questions}
 
     @with_callbacks
     def _answer(self, state: Any, questions: dict[str, Any]) -> dict[str, dict[str, Any]]:
