@@ -13,7 +13,8 @@ invariants it keeps, each proven on the embedded model in ``tests/test_http.py``
   ``{"error": {"message", "type", "param", "code"}}`` (a body over the bound: 413, in the same
   shapes); nothing a client sends can get a 5xx;
 - bodies are read strictly: a repeated key or a NaN is refused, never silently resolved;
-- a request that names another model gets 404 (``model_not_found``) rather than this model's answer;
+- a request that names another model gets 404 (``model_not_found``) rather than this model's answer; the
+  decision routes also answer the Jev specification's aliases (``jev-latest``, ``jev-preview``) as this model;
 - other System One errors have the shape ``{"detail": {"error_type", "message"}}``;
 - requests share the event loop while the engine serialises model access, so eight concurrent clients
   get exactly the answers that sequential requests get.
@@ -70,6 +71,7 @@ from pcd_integrations.operations import (
 from pcd_integrations.playground import add_playground
 from pcd_integrations.read_timeouts import DEFAULT_READ_TIMEOUTS, ReadTimeouts, http_protocol
 from pcd_integrations.tracing import RequestTracer
+from pcd_integrations.wire import JEV_ALIASES
 from pcd_integrations.wire.body import BodyError, loads_strict
 from pcd_integrations.wire.chat import ChatCompletionRequest
 from pcd_integrations.wire.chat_reply import ChatCompletion
@@ -243,7 +245,7 @@ def create_app(
     @app.post("/v1/systemone", dependencies=checked, responses={**answered, **errors})
     async def systemone(request: DecideRequest, http: Request) -> JSONResponse:
         """Answer every question about the one shared state; each answer is independent of the others."""
-        check_model(request.model, loader, "model")
+        check_model(request.model, loader, "model", JEV_ALIASES)
         where: dict[str, str | int] = {qid: qid for qid in request.questions}
         response = await decide(loader, request.state, request.questions, "state", where, http)
         observe_decided(response)
@@ -252,7 +254,7 @@ def create_app(
     @app.post("/v1/decisions", dependencies=checked, responses={200: {"model": DecisionResponse}, **openai_errors})
     async def decisions(request: DecisionRequest, http: Request) -> JSONResponse:
         """The OpenAI Decisions API: answers in question order, each independent of the others."""
-        check_model(request.model, loader, "model")
+        check_model(request.model, loader, "model", JEV_ALIASES)
         questions = request.engine_questions()
         where: dict[str, str | int] = {qid: index for index, qid in enumerate(questions)}
         state, context = request.state_and_context()

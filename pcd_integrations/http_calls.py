@@ -39,9 +39,12 @@ def served_engine(loader: EngineLoader) -> Engine:
     raise ApiError(503, "model_loading", "the model is still loading; retry shortly", headers={"Retry-After": "1"})
 
 
-def check_model(requested: str | None, loader: EngineLoader, loc: str) -> None:
+def check_model(requested: str | None, loader: EngineLoader, loc: str, aliases: frozenset[str] = frozenset()) -> None:
+    """404 for a request that names a model this server does not serve; ``aliases`` are names the
+    route's protocol reserves for whatever model the server serves (``wire.JEV_ALIASES``).
+    """
     served = loader.model_name
-    if served is not None and not accepts_model(requested, served):
+    if served is not None and not accepts_model(requested, served, aliases):
         message = f"the model {requested!r} is not served here; this server answers with {served!r}"
         raise ApiError(404, "model_not_found", message, loc=["body", loc])
 
