@@ -209,10 +209,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         args.load_options = replace(args.load_options, calibration=args.load_options.fitted_calibration())
     except PcdError as exc:
         parser.error(f"--calibration: {exc}")
-    from pcd_core.models import resolve
+    from pcd_core.errors import OfflineError
+    from pcd_core.hub import is_offline
+    from pcd_core.models import resolve_options
 
-    try:
-        resolve(args.model)  # finds embedded packages and .gguf files without loading weights
+    try:  # finds embedded packages, stores and .gguf files without loading weights; downloads nothing
+        resolve_options(replace(args.load_options, offline=True))
+    except OfflineError as exc:  # a Hub id not cached yet downloads with the load, behind the open transport
+        if is_offline(args.load_options.offline):
+            parser.error(f"--model {args.model!r}: {exc}")
     except PcdError as exc:
         parser.error(f"--model {args.model!r}: {exc}")
     return args

@@ -60,7 +60,8 @@ class LoadOptions:
 
     model: str = _option(
         DEFAULT_MODEL,
-        "embedded alias, HF id, local folder or .gguf path (pcd models lists the aliases)",
+        "embedded alias, Hub id (downloaded on first use; ORG/REPO:FILE.gguf for one GGUF), ollama:NAME[:TAG], "
+        "lmstudio:PUBLISHER/NAME, local folder or .gguf path (pcd models lists them)",
         env="PCD_MODEL",
     )
     backend: BackendName = _option("torch", "the engine that runs the model", env="PCD_BACKEND")
@@ -69,6 +70,19 @@ class LoadOptions:
         None,
         "the torch backend's weights and arithmetic (default float32 on CPU, what every figure here uses)",
         env="PCD_DTYPE",
+    )
+    revision: str | None = _option(
+        None, "the Hugging Face revision (branch, tag or commit) of a Hub id; a commit pins it", metavar="REV"
+    )
+    offline: bool = _option(
+        False,
+        "never download: a Hub id not in the local cache is refused with what is missing (as HF_HUB_OFFLINE=1)",
+    )
+    lmstudio_dir: str | None = _option(
+        None,
+        "LM Studio's models folder for lmstudio:PUBLISHER/NAME (default: the one LM Studio uses)",
+        env="PCD_LMSTUDIO_DIR",
+        metavar="DIR",
     )
     row_layout: LayoutChoice = _option(
         "auto",
@@ -168,6 +182,12 @@ def _check_values(options: LoadOptions) -> None:
             raise OptionError(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
     if not isinstance(options.model, str) or not options.model:
         raise OptionError(f"model must be a model name or path, got {options.model!r}")
+    if not isinstance(options.offline, bool):
+        raise OptionError(f"offline must be True or False, got {options.offline!r}")
+    for name in ("revision", "lmstudio_dir"):
+        value = getattr(options, name)
+        if value is not None and (not isinstance(value, str) or not value):
+            raise OptionError(f"{name} must be a non-empty string, got {value!r}")
     for name in ("max_tokens_per_pass", "max_pass_bytes", "threads"):
         _positive(name, getattr(options, name))
     check_order_samples(options.order_samples)
