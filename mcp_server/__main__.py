@@ -190,8 +190,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         args.load_options = options_from_args(args, calibration=args.calibration, debias=args.debias)
     except PcdError as error:
         parser.error(str(error))
-    module = BACKEND_MODULES[args.load_options.backend]
-    if importlib.util.find_spec(module) is None:
+    module = BACKEND_MODULES.get(args.load_options.backend)
+    if module is not None and importlib.util.find_spec(module) is None:
         parser.error(
             f"the {args.backend!r} backend needs {module!r}, which is not installed; "
             f"run: pip install 'pcd-engine[{args.backend}]'"

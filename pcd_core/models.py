@@ -14,6 +14,7 @@ and later loads take seconds.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import hashlib
 import importlib.util
@@ -29,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from tqdm.auto import tqdm
 
-from . import hub, model_stores
+from . import auto, hub, model_stores
 from .backends import model_thread
 from .errors import BackendError, BackendUnavailableError, PcdError
 from .options import DEFAULT_MODEL, LoadOptions
@@ -302,11 +303,32 @@ def load_backend(options: LoadOptions) -> tuple[Any, TextTokenizer, str]:
     refuses an option), with a progress bar on stderr. For ``backend="vllm"`` only the tokenizer loads
     here, from the same files as the server's model.
     """
+    options, choice = chosen_options(options)
     # a model in this process is built on the thread that will run it (``backends/model_thread.py``)
     loaded, tokenizer, name = _load(options) if options.backend == "vllm" else model_thread.run(partial(_load, options))
     if options.max_pass_bytes is not None:
         loaded.max_pass_bytes = options.max_pass_bytes
     return loaded, tokenizer, name
+
+
+def chosen_options(options: LoadOptions) -> tuple[LoadOptions, auto.Choice]:
+    """``options`` with ``backend="auto"`` replaced by the backend ``auto.py``'s rule picks for this
+    model on this machine (resolving the model to see its format and size, unless an option names the
+    backend), and the choice with its reason. A named backend is kept.
+    """
+    machine = auto.this_machine()
+    if options.backend != "auto":
+        return options, auto.choose(options, "remote", 0, machine)
+    model_format: auto.ModelFormat = "remote"
+    size = 0
+    if auto.forced(options) is None:
+        source = resolve_options(options)
+        model_format, size = auto.source_format(source.gguf, source.pretrained)
+    choice = auto.choose(options, model_format, size, machine)
+    logger.info(
+        "backend auto: %s, dtype %s, on %s: %s", choice.backend, choice.dtype, machine.describe(), choice.reason
+    )
+    return dataclasses.replace(options, backend=choice.backend), choice
 
 
 def _load(options: LoadOptions) -> tuple[Any, TextTokenizer, str]:
@@ -377,12 +399,27 @@ def _torch_backend(folder: str, options: LoadOptions) -> Backend:
     from .backends.torch_backend import TorchBackend, default_dtype
 
     device = options.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    torch_dtype = getattr(torch, options.dtype) if options.dtype else default_dtype(torch.device(device))
-    model = AutoModelForCausalLM.from_pretrained(
-        folder, dtype=torch_dtype, attn_implementation="sdpa", local_files_only=True
-    )
-    model = model.to(device)  # type: ignore[arg-type]
-    return TorchBackend(model, max_tokens_per_pass=options.max_tokens_per_pass, row_layout=options.row_layout)
+    if options.dtype:
+        torch_dtype = getattr(torch, options.dtype)
+    elif device == "cpu" and auto.this_machine().amx:  # auto: bfloat16 on AMX, if the self-check passes in it
+        torch_dtype = torch.bfloat16
+    else:
+        torch_dtype = default_dtype(torch.device(device))
+
+    def build(dtype: Any) -> Backend:
+        model = AutoModelForCausalLM.from_pretrained(
+            folder, dtype=dtype, attn_implementation="sdpa", local_files_only=True
+        )
+        model = model.to(device)  # type: ignore[arg-type]
+        return TorchBackend(model, max_tokens_per_pass=options.max_tokens_per_pass, row_layout=options.row_layout)
+
+    try:
+        return build(torch_dtype)
+    except BackendError as error:
+        if options.dtype or torch_dtype == torch.float32:
+            raise
+        logger.warning("the load self-check failed in %s (%s); loading in float32", torch_dtype, error)
+        return build(torch.float32)
 
 
 def _mlx_backend(source: ModelSource, folder: str, max_tokens: int | None) -> Backend:

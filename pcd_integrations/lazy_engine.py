@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from pcd_core import Engine
 from pcd_core.calibration import Calibration
-from pcd_core.options import DEFAULT_MODEL, BackendName, LoadOptions
+from pcd_core.options import DEFAULT_MODEL, BackendChoice, LoadOptions
 
 __all__ = ["LazyEngine"]
 
@@ -28,8 +28,8 @@ class LazyEngine(BaseModel):
 
     model: str = DEFAULT_MODEL
     """A model alias, Hugging Face id or local path, as ``pcd_core.Engine.load`` takes it."""
-    backend: BackendName = "torch"
-    """The backend that runs it (``pcd_core/options.py``)."""
+    backend: BackendChoice = "auto"
+    """The backend that runs it, or ``auto`` to let the model's format and size pick (``pcd_core/auto.py``)."""
     calibration: str | None = None
     """A calibration file written by ``pcd calibrate``, applied to the decisions it was fitted on; read
     when the engine loads (``Engine.load(calibration=...)``)."""
