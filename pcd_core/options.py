@@ -254,9 +254,20 @@ SUPPORT: Mapping[str, Support] = {
 
 def check_support(options: LoadOptions) -> None:
     """Refuse an option the backend cannot honour: one check and one message shape for every backend."""
-    if options.backend == "auto":  # auto picks a backend that honours what is set (pcd_core/auto.py)
-        return
     defaults = {f.name: f.default for f in dataclasses.fields(LoadOptions)}
+    if options.backend == "auto":  # auto picks a backend that honours all that is set (pcd_core/auto.py)
+        possible, named = set(BACKENDS), []
+        for name, support in SUPPORT.items():
+            value = getattr(options, name)
+            if value != defaults[name]:
+                named.append(name)
+                possible &= {b for b, takes in support.backends.items() if takes is None or value in takes}
+        if not possible:
+            raise OptionError(
+                f"no backend honours {' and '.join(named)} together, so backend 'auto' has none to pick; "
+                "leave one unset or name a backend"
+            )
+        return
     for name, support in SUPPORT.items():
         value = getattr(options, name)
         if value == defaults[name]:

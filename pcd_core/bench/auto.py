@@ -15,6 +15,7 @@ import os
 import platform
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,14 +56,30 @@ def candidates(machine: Machine, bfloat16: bool) -> list[Candidate]:
 
 
 def bench_auto(
-    models: list[str], cases: dict[str, tuple[Any, str]], *, repeat: int = 3, bfloat16: bool = False
+    models: list[str],
+    cases: dict[str, tuple[Any, str]],
+    *,
+    repeat: int = 3,
+    bfloat16: bool = False,
+    on_record: Callable[[dict[str, Any]], None] = lambda report: None,
 ) -> dict[str, Any]:
     """Time every candidate of every model on ``cases`` ({name: (schema, input)}) and say what
-    ``auto`` picks; a model that cannot be found is recorded as skipped, with why.
+    ``auto`` picks; a model that cannot be found is recorded as skipped, with why. ``on_record`` gets
+    the report so far after each model (``pcd bench --auto --json`` writes it, so a long run that is
+    stopped keeps the models it finished).
     """
     machine = this_machine()
-    load_before = list(os.getloadavg())
     records: list[dict[str, Any]] = []
+    report = {
+        "meta": {
+            "machine": f"{platform.machine()} {platform.processor() or ''} {os.cpu_count()} CPUs".strip(),
+            "described": machine.describe(),
+            "load_average_before": list(os.getloadavg()),
+            "repeat": repeat,
+            "cases": list(cases),
+        },
+        "records": records,
+    }
     for model in models:
         try:
             source = resolve(model)
@@ -124,14 +141,6 @@ def bench_auto(
             }
         )
         del engines
-    return {
-        "meta": {
-            "machine": f"{platform.machine()} {platform.processor() or ''} {os.cpu_count()} CPUs".strip(),
-            "described": machine.describe(),
-            "load_average_before": load_before,
-            "load_average_after": list(os.getloadavg()),
-            "repeat": repeat,
-            "cases": list(cases),
-        },
-        "records": records,
-    }
+        records[-1]["load_average_after"] = list(os.getloadavg())
+        on_record(report)
+    return report

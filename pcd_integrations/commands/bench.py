@@ -133,13 +133,20 @@ def run_auto_bench(args: argparse.Namespace) -> int:
 
     cases = load_cases(args.schema or list(AUTO_CASES), args.input)
     models = [name.strip() for name in args.auto.split(",") if name.strip()]
+    command = "pcd " + " ".join(arg for arg in sys.argv[1:] if arg not in ("-v", "--verbose"))
+
+    def write(report: dict[str, Any]) -> None:
+        report["meta"]["command"] = command
+        if args.json:
+            Path(args.json).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+
     report = bench_auto(
         models,
         {case.name: (case.schema, case.text) for case in cases},
         repeat=args.repeat,
         bfloat16=args.auto_bfloat16,
+        on_record=write,
     )
-    report["meta"]["command"] = "pcd " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["bench"] else "pcd bench --auto"
     for record in report["records"]:
         if "skipped" in record:
             print(f"{record['model']}: skipped ({record['skipped']})")
@@ -151,8 +158,6 @@ def run_auto_bench(args: argparse.Namespace) -> int:
         for label, choice in record["choices"].items():
             medians = ", ".join(f"{case} {ms:.0f} ms" for case, ms in choice["median_ms"].items())
             print(f"  {label:<16} {medians}  (ran {choice['ran']['backend']} {choice['ran']['dtype']})")
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     return 0
 
 
