@@ -300,3 +300,13 @@ def test_an_interrupted_download_completes_or_leaves_nothing_behind(hub_env, hon
     assert sha256(path) == sha256(EMBEDDED["smollm2-135m"].locate())
     assert not list(repo.rglob("*.incomplete"))
     assert fetched(hub) == {GGUF_FILE}  # the other GGUF in the repository is never fetched
+
+
+def test_offline_and_revision_are_flags_of_every_command():
+    from pcd_integrations.commands.common import options_from_args
+    from pcd_integrations.commands.main import build_parser
+
+    argv = ["fill", "--schema", "s.json", "--input", "t.txt", "--model", REPO, "--offline", "--revision", COMMIT]
+    options = options_from_args(build_parser().parse_args(argv))
+    assert (options.model, options.offline, options.revision) == (REPO, True, COMMIT)
+    assert options_from_args(build_parser().parse_args(argv[:5])).offline is False
