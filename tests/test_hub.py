@@ -310,3 +310,11 @@ def test_offline_and_revision_are_flags_of_every_command():
     options = options_from_args(build_parser().parse_args(argv))
     assert (options.model, options.offline, options.revision) == (REPO, True, COMMIT)
     assert options_from_args(build_parser().parse_args(argv[:5])).offline is False
+
+
+def test_embedded_aliases_and_their_typos_never_reach_the_hub(hub_env):
+    hub, cache = hub_env  # downloads allowed, the hub one connection away
+    assert resolve("smollm2-135m").gguf == EMBEDDED["smollm2-135m"].locate()
+    with pytest.raises(PcdError, match="did you mean 'smollm2-135m'"):
+        resolve("smollm2-135")
+    assert hub.requests == [] and not cache.exists()
