@@ -112,8 +112,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         args.load_options = options_from_args(args, calibration=args.calibration, debias=args.debias)
     except PcdError as error:
         parser.error(str(error))
-    module = BACKEND_MODULES[args.load_options.backend]
-    if importlib.util.find_spec(module) is None:
+    module = BACKEND_MODULES.get(args.load_options.backend)
+    if module is not None and importlib.util.find_spec(module) is None:
         parser.error(
             f"the {args.backend!r} backend needs {module!r}, which is not installed; "
             f"run: pip install 'pcd-engine[{args.backend}]'"
@@ -131,10 +131,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         args.load_options = replace(args.load_options, calibration=args.load_options.fitted_calibration())
     except PcdError as exc:
         parser.error(f"--calibration: {exc}")
-    from pcd_core.loading.model_files import resolve
+    from pcd_core import OfflineError
+    from pcd_core.loading.hub import is_offline
+    from pcd_core.loading.model_files import resolve_options
 
-    try:
-        resolve(args.model)  # finds embedded packages and .gguf files without loading weights
+    try:  # finds embedded packages, stores and .gguf files without loading weights; downloads nothing
+        resolve_options(replace(args.load_options, offline=True))
+    except OfflineError as exc:  # a Hub id not cached yet downloads with the load, behind the open transport
+        if is_offline(args.load_options.offline):
+            parser.error(f"--model {args.model!r}: {exc}")
     except PcdError as exc:
         parser.error(f"--model {args.model!r}: {exc}")
     return args

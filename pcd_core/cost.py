@@ -53,6 +53,8 @@ class Stats:
     total_ms: float = 0.0
     row_layout: RowLayout = "packed"
     head_cache: HeadCache = "miss"
+    backend: str = ""  # the backend that ran the request ("torch", "llamacpp", ...): backend="auto"'s pick
+    dtype: str = ""  # what it computed in ("float32", "bfloat16"; "gguf": the file's own types)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -40,6 +40,16 @@ class TokenizationError(PcdError, ValueError):
         super().__init__(f"{where}{message}{shown}")
 
 
+class ModelNotFoundError(PcdError, LookupError):
+    """A named model is not where its name points (a store, the Hub cache); the message says what is."""
+
+
+class OfflineError(ModelNotFoundError):
+    """A Hub model is not in the local cache and downloading is off (``offline=True``, ``--offline``,
+    ``HF_HUB_OFFLINE=1``); the message names what is missing.
+    """
+
+
 class FreeTextNotSupportedError(PcdError, NotImplementedError):
     """Free-text generation was asked of an adapter that only reads closed decisions."""
 

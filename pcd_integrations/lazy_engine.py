@@ -16,7 +16,8 @@ import threading
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
-from pcd_core import DEFAULT_MODEL, BackendName, Calibration, Engine, LoadOptions
+from pcd_core import DEFAULT_MODEL, Calibration, Engine, LoadOptions
+from pcd_core.loading.options import BackendChoice
 
 __all__ = ["LazyEngine"]
 
@@ -26,8 +27,8 @@ class LazyEngine(BaseModel):
 
     model: str = DEFAULT_MODEL
     """A model alias, Hugging Face id or local path, as ``pcd_core.Engine.load`` takes it."""
-    backend: BackendName = "torch"
-    """The backend that runs it (``pcd_core/loading/options.py``)."""
+    backend: BackendChoice = "auto"
+    """The backend that runs it, or ``auto`` to let the model's format and size pick (``pcd_core/loading/auto.py``)."""
     calibration: str | None = None
     """A calibration file written by ``pcd calibrate``, applied to the decisions it was fitted on; read
     when the engine loads (``Engine.load(calibration=...)``)."""

@@ -1,7 +1,8 @@
-"""Model resolution never touches the network nor the caller's environment.
+"""Model resolution with downloads off never touches the network, and never the caller's environment.
 
-A Hugging Face id resolves only from the local cache; one that is not cached is a ``PcdError`` that says
-how to get it, raised before anything loads. Loading leaves ``HF_HUB_OFFLINE`` unset: the environment is
+With ``HF_HUB_OFFLINE=1`` (as ``conftest.py`` sets it) a Hugging Face id resolves only from the local
+cache; one that is not cached is a ``PcdError`` that says how to get it, raised before anything loads
+(the download itself is ``tests/test_hub.py``'s). Loading leaves ``HF_HUB_OFFLINE`` unset: the environment is
 the application's. The cached-id test builds a real HF cache layout around the embedded model's weights
 and loads it in a fresh process, whose environment no test fixture has touched.
 """

@@ -96,7 +96,7 @@ def test_options_at_their_defaults_ask_nothing_of_any_backend(backend):
 @pytest.mark.parametrize(
     ("given", "says"),
     [
-        ({"backend": "tpu"}, "backend must be one of torch, mlx, llamacpp, vllm, got 'tpu'"),
+        ({"backend": "tpu"}, "backend must be one of auto, torch, mlx, llamacpp, vllm, got 'tpu'"),
         ({"dtype": "float8"}, "dtype must be one of float32, float16, bfloat16"),
         ({"row_layout": "diagonal"}, "row_layout must be one of auto, packed, copies"),
         ({"max_tokens_per_pass": 0}, "max_tokens_per_pass must be a positive whole number, got 0"),
@@ -182,7 +182,8 @@ def test_pcd_refuses_an_unhonoured_flag_in_one_line_before_loading(no_load, tmp_
     [
         ({"PCD_BACKEND": "llamacpp", "PCD_DEVICE": "cuda"}, [], "the llamacpp backend cannot honour device='cuda'"),
         ({"PCD_ROW_LAYOUT": "copies"}, ["--backend", "mlx"], "the mlx backend cannot honour row_layout='copies'"),
-        ({}, ["--threads", "2"], "the torch backend cannot honour threads=2"),
+        ({"PCD_BACKEND": "torch"}, ["--threads", "2"], "the torch backend cannot honour threads=2"),
+        ({"PCD_DEVICE": "cpu"}, ["--threads", "2"], "no backend honours device and threads together"),
         ({"PCD_BACKEND": "tpu"}, [], "backend must be one of"),
     ],
 )

@@ -212,6 +212,10 @@ class Backend(ABC):
     #: norm, the LM head's input) and, where the backend runs the layers itself, ``middle`` (the mean
     #: of the outputs of ``middle_layers``). A trained head reads a leading run of them
     hidden_parts: tuple[str, ...] = FINAL_STATE
+    #: what the model computes in, for every result's ``stats.dtype``: torch's dtype, ``gguf`` where
+    #: the backend computes in the file's own quantized types (llama.cpp), empty where it is not known
+    #: here (a vLLM server's)
+    compute_dtype: str = ""
 
     def __init__(
         self,

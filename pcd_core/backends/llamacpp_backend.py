@@ -153,6 +153,7 @@ class LlamaCppBackend(Backend):
     name = "llamacpp"
     reads_hidden = True
     row_layout = "packed"
+    compute_dtype = "gguf"
     # a batch of 32 three-field fills (two rounds each) ran at 0.71x the loop, eight concurrent
     # clients' such fills at 0.74x one client's rate: a request read again costs what it cost first
     batches_fills = False

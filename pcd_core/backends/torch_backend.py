@@ -169,6 +169,10 @@ class TorchBackend(Backend):
         return self._vocab
 
     @property
+    def compute_dtype(self) -> str:  # type: ignore[override]
+        return self.placement["dtype"]
+
+    @property
     def placement(self) -> dict[str, str]:
         """Where the model computes and in what, for benchmark records: ``{"device", "dtype"}``."""
         dtype = next(self.model.parameters()).dtype

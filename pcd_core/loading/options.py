@@ -27,6 +27,9 @@ from pcd_core.trust.calibration import Calibration
 #: the one list of backend names: ``Engine.load``, the commands' ``--backend``, ``pcd-mcp`` and the adapters
 BackendName = Literal["torch", "mlx", "llamacpp", "vllm"]
 BACKENDS: tuple[BackendName, ...] = get_args(BackendName)
+#: what ``backend`` takes: a backend, or ``auto``, which ``pcd_core/loading/auto.py`` resolves when the model loads
+BackendChoice = Literal["auto", "torch", "mlx", "llamacpp", "vllm"]
+BACKEND_CHOICES: tuple[BackendChoice, ...] = get_args(BackendChoice)
 
 #: the module each backend imports, and so the one whose absence means its extra is not installed
 BACKEND_MODULES: Mapping[BackendName, str] = {
@@ -40,6 +43,8 @@ BACKEND_MODULES: Mapping[BackendName, str] = {
 #: bfloat16 on CUDA (``backends.torch_backend.default_dtype``)
 Dtype = Literal["float32", "float16", "bfloat16"]
 DTYPES: tuple[Dtype, ...] = get_args(Dtype)
+#: ``dtype="auto"`` is the default, stored as None: ``pcd_core/loading/auto.py`` picks it when the model loads
+DtypeChoice = Literal["auto", "float32", "float16", "bfloat16"]
 
 LAYOUT_CHOICES: tuple[LayoutChoice, ...] = get_args(LayoutChoice)
 
@@ -60,15 +65,35 @@ class LoadOptions:
 
     model: str = _option(
         DEFAULT_MODEL,
-        "embedded alias, HF id, local folder or .gguf path (pcd models lists the aliases)",
+        "embedded alias, Hub id (downloaded on first use; ORG/REPO:FILE.gguf for one GGUF), ollama:NAME[:TAG], "
+        "lmstudio:PUBLISHER/NAME, local folder or .gguf path (pcd models lists them)",
         env="PCD_MODEL",
     )
-    backend: BackendName = _option("torch", "the engine that runs the model", env="PCD_BACKEND")
+    backend: BackendChoice = _option(
+        "auto",
+        "the engine that runs the model; auto picks one from the model's format and size and the machine "
+        "(pcd_core/loading/auto.py; pcd models shows its pick)",
+        env="PCD_BACKEND",
+    )
     device: str | None = _option(None, "torch device, e.g. cpu or cuda", env="PCD_DEVICE")
-    dtype: Dtype | None = _option(
+    dtype: DtypeChoice | None = _option(
         None,
-        "the torch backend's weights and arithmetic (default float32 on CPU, what every figure here uses)",
+        "the torch backend's weights and arithmetic; auto (the default) is bfloat16 on CUDA or a CPU with "
+        "AMX whose load self-check passes in it, else float32",
         env="PCD_DTYPE",
+    )
+    revision: str | None = _option(
+        None, "the Hugging Face revision (branch, tag or commit) of a Hub id; a commit pins it", metavar="REV"
+    )
+    offline: bool = _option(
+        False,
+        "never download: a Hub id not in the local cache is refused with what is missing (as HF_HUB_OFFLINE=1)",
+    )
+    lmstudio_dir: str | None = _option(
+        None,
+        "LM Studio's models folder for lmstudio:PUBLISHER/NAME (default: the one LM Studio uses)",
+        env="PCD_LMSTUDIO_DIR",
+        metavar="DIR",
     )
     row_layout: LayoutChoice = _option(
         "auto",
@@ -122,6 +147,8 @@ class LoadOptions:
     )
 
     def __post_init__(self) -> None:
+        if self.dtype == "auto":  # the default, spelt out: stored as None so that both compare equal
+            object.__setattr__(self, "dtype", None)
         _check_values(self)
         check_support(self)
         if self.backend == "vllm" and not self.base_url:
@@ -162,12 +189,22 @@ def _positive(name: str, value: int | None) -> None:
 
 def _check_values(options: LoadOptions) -> None:
     """Each value on its own: a name from its list, a positive count, a non-empty model."""
-    for name, allowed in (("backend", BACKENDS), ("dtype", DTYPES), ("row_layout", LAYOUT_CHOICES)):
+    for name, allowed, more in (
+        ("backend", BACKEND_CHOICES, ""),
+        ("dtype", DTYPES, " (or auto)"),
+        ("row_layout", LAYOUT_CHOICES, ""),
+    ):
         value = getattr(options, name)
         if value is not None and value not in allowed:
-            raise OptionError(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
+            raise OptionError(f"{name} must be one of {', '.join(allowed)}{more}, got {value!r}")
     if not isinstance(options.model, str) or not options.model:
         raise OptionError(f"model must be a model name or path, got {options.model!r}")
+    if not isinstance(options.offline, bool):
+        raise OptionError(f"offline must be True or False, got {options.offline!r}")
+    for name in ("revision", "lmstudio_dir"):
+        value = getattr(options, name)
+        if value is not None and (not isinstance(value, str) or not value):
+            raise OptionError(f"{name} must be a non-empty string, got {value!r}")
     for name in ("max_tokens_per_pass", "max_pass_bytes", "threads"):
         _positive(name, getattr(options, name))
     check_order_samples(options.order_samples)
@@ -218,6 +255,19 @@ SUPPORT: Mapping[str, Support] = {
 def check_support(options: LoadOptions) -> None:
     """Refuse an option the backend cannot honour: one check and one message shape for every backend."""
     defaults = {f.name: f.default for f in dataclasses.fields(LoadOptions)}
+    if options.backend == "auto":  # auto picks a backend that honours all that is set (pcd_core/loading/auto.py)
+        possible, named = set(BACKENDS), []
+        for name, support in SUPPORT.items():
+            value = getattr(options, name)
+            if value != defaults[name]:
+                named.append(name)
+                possible &= {b for b, takes in support.backends.items() if takes is None or value in takes}
+        if not possible:
+            raise OptionError(
+                f"no backend honours {' and '.join(named)} together, so backend 'auto' has none to pick; "
+                "leave one unset or name a backend"
+            )
+        return
     for name, support in SUPPORT.items():
         value = getattr(options, name)
         if value == defaults[name]:

