@@ -23,7 +23,7 @@ from ..calibration import Calibration
 from ..errors import OptionError
 from ..heads import Head, fit_head, out_of_fold
 from ..near_duplicates import near_duplicate_groups
-from ..selective import CONFIDENCE
+from ..selective import DEFAULT_CONFIDENCE
 from . import metrics
 from .decisions import fitted_thresholds
 from .runner import Answers, FieldAnswers, variants
@@ -61,7 +61,7 @@ def fit_heads(
     seed: int = 0,
     abstain_risk: float | None = None,
     coverage: float | None = None,
-    level: float = CONFIDENCE,
+    level: float = DEFAULT_CONFIDENCE,
     parts: tuple[str, ...] = FINAL_STATE,
 ) -> dict[str, Head]:
     """One head per field with gold labels, fitted on every train answer's state; with ``abstain_risk``
