@@ -14,16 +14,17 @@ recommendation of a bigger local one at start (``pcd_core.models.recommendation`
 from __future__ import annotations
 
 import argparse
-import functools
 import importlib.util
 import logging
 import os
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import Any
 
 from pcd_core.errors import PcdError
 from pcd_core.options import BACKEND_MODULES
+from pcd_integrations.commands.cascading import add_cascade_options, cascaded, check_cascade_args
 from pcd_integrations.commands.common import (
     add_model_options,
     non_negative,
@@ -73,6 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     # the model flags are LoadOptions' own, each defaulting to its environment variable
     add_model_options(parser, environment=True, opt_in=("order_samples",))
+    add_cascade_options(parser)  # --then MODEL_OR_URL: a cascade (pcd_core/cascade.py)
     add(
         "--calibration",
         metavar="FILE",
@@ -209,6 +211,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         args.load_options = replace(args.load_options, calibration=args.load_options.fitted_calibration())
     except PcdError as exc:
         parser.error(f"--calibration: {exc}")
+    try:
+        check_cascade_args(args)
+    except PcdError as exc:
+        parser.error(str(exc))
     from pcd_core.models import resolve
 
     try:
@@ -233,7 +239,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     if advice is not None:
         logger.warning(advice)
 
-    load = functools.partial(Engine.load, args.load_options)
+    def load() -> Any:  # the engine, or a cascade from it through the --then stages
+        return cascaded(Engine.load(args.load_options), args)
+
     serve(
         load,
         transport=args.transport,
