@@ -67,7 +67,10 @@ def test_pcd_fill_and_decide_take_then(tmp_path, capsys, direct):
     then = ["--calibration", str(calibration), "--then", "smollm2-135m", "--json"]
     assert main(["fill", "--schema", str(schema), "--input", str(state), *then]) == 0
     filled = json.loads(capsys.readouterr().out)
-    assert filled["fields"]["team"]["engine"] == "smollm2-135m" and filled["fields"]["team"]["escalation"]["escalated"]
+    assert (
+        filled["fields"]["team"]["engine"] == "smollm2-135m (stage 2)"
+        and filled["fields"]["team"]["escalation"]["escalated"]
+    )
     assert "escalation" not in filled["fields"]["urgent"]  # kept: no record
     assert filled["value"] == direct[0].values
     assert [c["asked"] for c in filled["cascade"]] == [2, 1]
@@ -78,7 +81,7 @@ def test_pcd_fill_and_decide_take_then(tmp_path, capsys, direct):
     assert "x_escalation" not in decided["answers"]["team"]  # two options: not the calibration's three
     # the table says who answered
     assert main(["fill", "--schema", str(schema), "--input", str(state), *then[:-1]]) == 0
-    assert "answered by: smollm2-135m 1, smollm2-135m 1" in capsys.readouterr().out
+    assert "answered by: smollm2-135m 1, smollm2-135m (stage 2) 1" in capsys.readouterr().out
 
 
 def test_cascade_flags_are_checked_before_any_model_loads(tmp_path, monkeypatch, capsys):

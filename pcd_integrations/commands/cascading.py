@@ -123,6 +123,9 @@ def stages(args: argparse.Namespace) -> list[Stage]:
         else:
             calibration = args.then_calibration[k] if k < len(args.then_calibration) else None
             engine = Engine.load(common.options_from_args(args, model=target, calibration=calibration))
+            if target == args.model:  # the same model again (another calibration): say which stage answered
+                found.append(Stage(engine, rule(args), name=f"{target} (stage {k + 2})"))
+                continue
         found.append(Stage(engine, rule(args)))
     return found
 
