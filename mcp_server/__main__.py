@@ -14,16 +14,17 @@ recommendation of a bigger local one at start (``pcd_core.loading.model_files.re
 from __future__ import annotations
 
 import argparse
-import functools
 import importlib.util
 import logging
 import os
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import Any
 
 from pcd_core import PcdError
 from pcd_core.loading.options import BACKEND_MODULES
+from pcd_integrations.commands.cascading import add_cascade_options, cascaded, check_cascade_args
 from pcd_integrations.commands.common import (
     add_model_options,
     options_from_args,
@@ -52,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve_options(parser, port=8765, environment="PCD_MCP_", http_note="streamable-http only: ")
     # the model flags are LoadOptions' own, each defaulting to its environment variable
     add_model_options(parser, environment=True, opt_in=("order_samples",))
+    add_cascade_options(parser)  # --then MODEL_OR_URL: a cascade (pcd_core/cascade.py)
     add(
         "--calibration",
         metavar="FILE",
@@ -135,6 +137,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     from pcd_core.loading.hub import is_offline
     from pcd_core.loading.model_files import resolve_options
 
+    try:
+        check_cascade_args(args)
+    except PcdError as exc:
+        parser.error(str(exc))
+
     try:  # finds embedded packages, stores and .gguf files without loading weights; downloads nothing
         resolve_options(replace(args.load_options, offline=True))
     except OfflineError as exc:  # a Hub id not cached yet downloads with the load, behind the open transport
@@ -157,7 +164,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     if advice is not None:
         logger.warning(advice)
 
-    load = functools.partial(Engine.load, args.load_options)
+    def load() -> Any:  # the engine, or a cascade from it through the --then stages
+        return cascaded(Engine.load(args.load_options), args)
+
     serve(
         load,
         transport=args.transport,

@@ -43,10 +43,17 @@ class FieldResult:
     # with Engine.fill(..., hidden=True): the final hidden state at the field's first decision point,
     # what pcd calibrate --head probe fits a head on; never serialised
     hidden: np.ndarray | None = field(default=None, repr=False, compare=False)
+    # in a cascade (pcd_core/cascade.py): the engine that answered, and, where the field went on to a
+    # later engine, why, whether that answer replaced this one, and both readings; None outside one
+    engine: str | None = None
+    escalation: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(replace(self, hidden=None))
         del data["hidden"]
+        for extra in ("engine", "escalation"):  # only in a cascade: other results keep their shape
+            if data[extra] is None:
+                del data[extra]
         data["top"] = [list(pair) for pair in self.top]
         return data
 

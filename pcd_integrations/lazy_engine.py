@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from typing import cast
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from pcd_core import DEFAULT_MODEL, Calibration, Engine, LoadOptions
+from pcd_core.cascade import Cascade
 from pcd_core.loading.options import BackendChoice
 
 __all__ = ["LazyEngine"]
@@ -36,8 +38,9 @@ class LazyEngine(BaseModel):
     """Divide the model's content-free label prior out of every decision (``Engine.load(debias=...)``)."""
     order_samples: int = 1
     """Orders of each choice's and score's options every decision reads (``Engine.load(order_samples=...)``)."""
-    engine: Engine | None = Field(default=None, exclude=True)
-    """An already loaded engine to share; left out of dumps and trace parameters."""
+    engine: Engine | Cascade | None = Field(default=None, exclude=True)
+    """An already loaded engine (or a ``Cascade`` of engines, pcd_core/cascade.py, which answers as one)
+    to share; left out of dumps and trace parameters."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
@@ -76,16 +79,16 @@ class LazyEngine(BaseModel):
             order_samples=self.order_samples,
         )
 
-    def load_engine(self) -> Engine:
+    def load_engine(self) -> Engine:  # a Cascade has the Engine's interface, and is typed as one here
         """The engine, loading the weights on first use (once, even with concurrent callers)."""
         if self.engine is None:
             with self._load_lock:
                 if self.engine is None:
                     self.engine = Engine.load(self.load_options())
-        return self.engine
+        return cast(Engine, self.engine)
 
     async def aload_engine(self) -> Engine:
         """``load_engine`` in a worker thread, so that a first call does not stall the event loop."""
         if self.engine is not None:
-            return self.engine
+            return cast(Engine, self.engine)
         return await asyncio.to_thread(self.load_engine)

@@ -301,3 +301,20 @@ def test_the_top_label_step_makes_the_confidence_match_accuracy_where_the_nll_fi
 def test_the_top_label_step_leaves_a_binary_fit_where_the_nll_put_it():
     logp, gold = _overconfident(2.0, n=3000, k=2, seed=5)
     assert fit(logp, gold)[0] == pytest.approx(fit(logp, gold, top_label=False)[0], rel=1e-3)
+
+
+def test_saving_replaces_the_file_whole_and_a_failed_save_leaves_the_previous_one(tmp_path):
+    path = tmp_path / "c.json"
+    first = Calibration("m", False, {"f": FieldCalibration(("a", "b"), 1.5, (0.0, 0.0))})
+    first.save(path)
+    inode = path.stat().st_ino
+    second = Calibration("m", False, {"f": FieldCalibration(("a", "b"), 2.5, (0.0, 0.0))})
+    second.save(path)
+    # a new file renamed over the old one (a reader holding the old one open keeps reading it whole)
+    assert path.stat().st_ino != inode
+    assert Calibration.load(path).fields["f"].temperature == 2.5
+    broken = Calibration("m", False, second.fields, fitted_on={"data": object()})  # not JSON
+    with pytest.raises(TypeError):
+        broken.save(path)
+    assert Calibration.load(path).fields["f"].temperature == 2.5
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.json"]  # no partial file left behind

@@ -156,12 +156,17 @@ def test_calibrate_by_default_chooses_per_field_and_fits_thresholds_that_eval_th
     assert risk_plot.read_bytes()[:4] == b"\x89PNG"
     captured = capsys.readouterr()
     assert "cannot promise risk 0.2" in captured.err and "yardstick" in captured.err
+    # the split and the labels each part used are said, and the calibration keeps them
+    assert "train split: 3 examples fit the calibration, the other 3 the thresholds" in captured.err
+    assert "thresholds fitted on the other 3 labels" in captured.err
+    assert (calibration.fitted_on["n_fit"], calibration.fitted_on["n_thresholds"]) == (3, 3)
     assert "| pooled |" in captured.out
     # pcd eval with the file reports the same held-out decisions
     eval_path = tmp_path / "e.json"
     argv = ["eval", "--data", str(data), "--schema", str(schema), "--calibration", str(out), "--json", str(eval_path)]
     assert main([*argv, "--constrained-limit", "0"]) == 0
     assert json.loads(eval_path.read_text())["decisions"] == report["decisions"]
+    assert "calibration: 3 train examples fit it, 3 others its thresholds" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("flag", ["--abstain-risk", "--coverage"])

@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 
 from pcd_core.trust.selective import (
+    CONFIDENCE,
+    DEFAULT_CONFIDENCE,
     NEVER,
     abstention_threshold,
     answer_set,
@@ -18,6 +20,7 @@ from pcd_core.trust.selective import (
     fewest_to_promise,
     risk_coverage,
     risk_upper_bound,
+    supported_risk,
 )
 
 
@@ -59,9 +62,9 @@ def test_at_confidence_0_9_the_threshold_holds_the_target_risk_on_fresh_answers(
 
 
 @pytest.mark.parametrize("seed", [0, 5, 6])
-def test_at_the_default_confidence_fresh_risk_lands_about_the_target_with_more_coverage(seed):
+def test_at_the_median_confidence_fresh_risk_lands_about_the_target_with_more_coverage(seed):
     confidence, correct = _answers(4000, seed)
-    aimed = abstention_threshold(confidence, correct, 0.10)
+    aimed = abstention_threshold(confidence, correct, 0.10, level=CONFIDENCE)
     promised = abstention_threshold(confidence, correct, 0.10, level=0.9)
     fresh_confidence, fresh_correct = _answers(50000, seed + 100)
     answered = fresh_confidence >= aimed
@@ -76,7 +79,7 @@ def test_a_confidence_level_outside_half_to_one_is_refused(level):
         abstention_threshold(confidence, correct, 0.1, level=level)
 
 
-def test_the_default_scan_is_not_ended_by_an_early_error_but_a_promise_is():
+def test_the_median_scan_is_not_ended_by_an_early_error_but_a_promise_is():
     # two errors among the 7 most confident answers, then 293 right ones, then only wrong ones: the
     # scan that stops at its first failure never gets past the dip; the estimate reads on, past the
     # right run, into the wrong tail until 10% of the answered are wrong (about 31 of them)
@@ -84,7 +87,7 @@ def test_the_default_scan_is_not_ended_by_an_early_error_but_a_promise_is():
     correct = np.ones(400, dtype=bool)
     correct[[3, 5]] = False
     correct[300:] = False
-    aimed = abstention_threshold(confidence, correct, 0.10)
+    aimed = abstention_threshold(confidence, correct, 0.10, level=CONFIDENCE)
     assert confidence[340] < aimed <= confidence[310]
     assert abstention_threshold(confidence, correct, 0.10, level=0.9) > aimed
 
@@ -141,3 +144,23 @@ def test_a_target_outside_zero_one_is_refused(bad):
         abstention_threshold(np.array([0.9]), np.array([True]), bad)
     with pytest.raises(ValueError):
         conformal_threshold(np.array([0.9]), bad)
+
+
+def test_the_default_is_a_promise_at_nine_in_ten():
+    confidence, correct = _answers(4000, 7)
+    assert DEFAULT_CONFIDENCE == 0.9
+    assert abstention_threshold(confidence, correct, 0.10) == abstention_threshold(confidence, correct, 0.10, level=0.9)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_the_supported_risk_is_the_lowest_target_some_threshold_meets(seed):
+    confidence, correct = _answers(60, seed)
+    supported = supported_risk(confidence, correct)
+    assert supported is not None
+    assert abstention_threshold(confidence, correct, supported) != NEVER
+    below = round(supported - 0.01, 2)
+    assert below <= 0 or abstention_threshold(confidence, correct, below) == NEVER
+
+
+def test_answers_that_are_all_wrong_support_no_risk():
+    assert supported_risk(np.linspace(0.9, 0.6, 40), np.zeros(40, dtype=bool)) is None

@@ -2,8 +2,10 @@
 
 ``choose_calibration`` is ``pcd calibrate``'s default: per field, the fit cross-validation picks on the
 train split (pcd_core/trust/calibration_choice.py). ``with_decisions`` adds, per field, the abstention
-threshold for a target risk and the answer-set threshold for a target coverage, both fitted on the
-train split's calibrated answers (pcd_core/trust/selective.py). ``decision_report`` scores those on the
+threshold for a target risk and the answer-set threshold for a target coverage, both fitted on
+calibrated answers the calibration was not fitted on (pcd_core/trust/selective.py says why):
+``threshold_split`` parts the train split in two, the calibration is fitted on one and the thresholds
+on the other. ``decision_report`` scores those on the
 held-out split: coverage (share answered) and risk (error among answered), and the sets' coverage and
 mean size, per field and pooled; for the fields answered by a trained head, the same for the head's
 own thresholds (fitted on its out-of-fold probabilities, pcd_core/evaluation/probing.py) under
@@ -13,24 +15,81 @@ own thresholds (fitted on its out-of-fold probabilities, pcd_core/evaluation/pro
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
+from pcd_core.errors import PcdError
 from pcd_core.evaluation import metrics
-from pcd_core.evaluation.runner import Answers, variants
+from pcd_core.evaluation.runner import Answers, FieldAnswers, variants
 from pcd_core.trust.calibration import Calibration, FieldCalibration
 from pcd_core.trust.calibration_choice import TEMPERATURE_SD, choose_fit
 from pcd_core.trust.heads import Head
 from pcd_core.trust.selective import (
-    CONFIDENCE,
+    DEFAULT_CONFIDENCE,
     abstention_threshold,
     answer_set,
     conformal_threshold,
     first_tested,
     risk_coverage,
+    supported_risk,
 )
+
+#: the share of the train split that fits the thresholds (the rest fits the calibration), by default
+THRESHOLD_SHARE = 0.5
+
+
+@dataclass(frozen=True)
+class ThresholdSplit:
+    """The train split in two disjoint parts: ``fit`` for the calibration, ``thresholds`` for the
+    abstention and answer-set thresholds; each holds the examples of its part, every field's.
+    """
+
+    fit: Answers
+    thresholds: Answers
+
+    def sizes(self) -> tuple[int, int]:
+        """The examples (distinct texts) in each part."""
+        return _examples(self.fit), _examples(self.thresholds)
+
+
+def _examples(answers: Answers) -> int:
+    return len({text for out in answers.fields.values() for text in out.texts})
+
+
+def _subset(out: FieldAnswers, keep: set[str]) -> FieldAnswers:
+    chosen = [i for i, text in enumerate(out.texts) if text in keep]
+    part = FieldAnswers(out.labels)
+    part.texts = [out.texts[i] for i in chosen]
+    part.probabilities = [out.probabilities[i] for i in chosen]
+    part.candidate_mass = [out.candidate_mass[i] for i in chosen]
+    part.gold = [out.gold[i] for i in chosen]
+    part.hidden = [out.hidden[i] for i in chosen] if len(out.hidden) == len(out.texts) else []
+    # the baseline's picks are kept for the first examples read only: they do not follow a subset
+    return part
+
+
+def threshold_split(answers: Answers, share: float = THRESHOLD_SHARE) -> ThresholdSplit:
+    """The train answers parted by example: the last ``share`` of the examples, in the (seeded,
+    shuffled) order they were read, fit the thresholds; the first the calibration. An example with the
+    same text twice falls in one part, so no threshold sees an answer the calibration was fitted on.
+    """
+    if not 0 < share < 1:
+        raise PcdError(f"the thresholds' share of the train split must lie in (0, 1), not {share!r}")
+    order = list(dict.fromkeys(text for out in answers.fields.values() for text in out.texts))
+    cut = len(order) - round(len(order) * share)
+    if cut < 1 or cut >= len(order):
+        raise PcdError(
+            f"{len(order)} train examples cannot be parted into a calibration fit and a threshold fit; "
+            "give at least 2 (--train-limit)"
+        )
+    first, last = set(order[:cut]), set(order[cut:])
+
+    def part(keep: set[str]) -> Answers:
+        return replace(answers, fields={name: _subset(out, keep) for name, out in answers.fields.items()})
+
+    return ThresholdSplit(part(first), part(last))
 
 
 def choose_calibration(answers: Answers, model: str, fitted_on: Mapping[str, Any], seed: int = 0) -> Calibration:
@@ -60,7 +119,7 @@ def fitted_thresholds(
     gold: np.ndarray,
     abstain_risk: float | None,
     coverage: float | None,
-    level: float = CONFIDENCE,
+    level: float = DEFAULT_CONFIDENCE,
 ) -> tuple[float | None, float | None]:
     """The abstention threshold for ``abstain_risk`` (bounded at confidence ``level``) and the
     answer-set threshold for ``coverage`` (each None when its target is) fitted on probability rows and
@@ -77,9 +136,12 @@ def with_decisions(
     answers: Answers,
     abstain_risk: float | None,
     coverage: float | None,
-    level: float = CONFIDENCE,
+    level: float = DEFAULT_CONFIDENCE,
 ) -> Calibration:
-    """``calibration`` with each field's abstention and answer-set thresholds fitted on ``answers``."""
+    """``calibration`` with each field's abstention and answer-set thresholds fitted on ``answers``,
+    which must be answers the calibration was not fitted on (``threshold_split``) for the targets to
+    hold on new ones.
+    """
     fields = dict(calibration.fields)
     for name, found in calibration.fields.items():
         out = answers.fields.get(name)
@@ -178,7 +240,36 @@ def decision_report(answers: Answers, calibration: Calibration) -> dict[str, Any
     return report
 
 
-def too_few(n: int, risk: float | None, level: float = CONFIDENCE) -> str | None:
+def unsupported(
+    calibration: Calibration, answers: Answers, risk: float | None, level: float = DEFAULT_CONFIDENCE
+) -> list[str]:
+    """One sentence per field whose threshold labels cannot support ``risk`` (it always abstains),
+    naming the lowest risk they do support at ``level`` (``selective.supported_risk``).
+    """
+    if risk is None:
+        return []
+    found = []
+    for name, fitted in calibration.fields.items():
+        out = answers.fields.get(name)
+        if out is None or not out.gold or fitted.abstain_below is None or fitted.abstain_below <= 1.0:
+            continue
+        rows = _calibrated(answers, name, calibration)
+        correct = metrics.predictions(rows) == np.asarray(out.gold)
+        lowest = supported_risk(rows.max(axis=1), correct, level)
+        can = (
+            f"the lowest they support is {lowest:.2f}"
+            if lowest is not None
+            else "they support no risk below 1, too many of the most confident answers are wrong"
+        )
+        found.append(
+            f"{name}: the {len(out.gold)} threshold labels cannot support risk {risk} at confidence {level:.2f}, "
+            f"so it always abstains; {can} (ask --abstain-risk {lowest if lowest is not None else 'higher'}, or "
+            "give more labels)"
+        )
+    return found
+
+
+def too_few(n: int, risk: float | None, level: float = DEFAULT_CONFIDENCE) -> str | None:
     """A sentence when ``n`` train examples per field cannot promise the target risk, whatever the model does."""
     if risk is None or n >= first_tested(risk, level):
         return None

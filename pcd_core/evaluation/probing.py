@@ -26,7 +26,7 @@ from pcd_core.evaluation.runner import Answers, FieldAnswers, variants
 from pcd_core.trust.calibration import Calibration
 from pcd_core.trust.heads import Head, fit_head, out_of_fold
 from pcd_core.trust.near_duplicates import near_duplicate_groups
-from pcd_core.trust.selective import CONFIDENCE
+from pcd_core.trust.selective import DEFAULT_CONFIDENCE
 
 #: the train sizes of the learning curve; sizes over the train split are left out
 CURVE_SIZES = (16, 64, 256, 1000)
@@ -61,7 +61,7 @@ def fit_heads(
     seed: int = 0,
     abstain_risk: float | None = None,
     coverage: float | None = None,
-    level: float = CONFIDENCE,
+    level: float = DEFAULT_CONFIDENCE,
     parts: tuple[str, ...] = FINAL_STATE,
 ) -> dict[str, Head]:
     """One head per field with gold labels, fitted on every train answer's state; with ``abstain_risk``

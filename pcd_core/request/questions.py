@@ -188,6 +188,17 @@ ORDER_SPREAD = (
 )
 
 
+ENGINE = "In a cascade: the engine that gave this answer."
+ESCALATION = (
+    "In a cascade, where the answer went on to a later engine: why (reasons), to which (to), whether that "
+    "engine's answer replaced the earlier one (escalated; error says why not) and both readings."
+)
+
+
+def _is_none(value: Any) -> bool:
+    return value is None
+
+
 class _Answer(BaseModel):
     """Answers are the System One wire: engine extras serialise as ``x_`` fields, every number a float."""
 
@@ -205,6 +216,9 @@ class _Answer(BaseModel):
     order_spread: float | None = _extension("order_spread", ORDER_SPREAD, default=None)
     method: Literal["trie", "head"] = _extension("method", METHOD, default="trie")
     zero_shot: dict[str, float] | None = _extension("zero_shot", ZERO_SHOT, default=None)
+    # in a cascade only (pcd_core/cascade.py), and left off the wire outside one
+    engine: str | None = _extension("engine", ENGINE, default=None, exclude_if=_is_none)
+    escalation: dict[str, Any] | None = _extension("escalation", ESCALATION, default=None, exclude_if=_is_none)
 
 
 class NoulAnswer(_Answer):

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -169,7 +170,19 @@ class Calibration:
         }
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict(), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        """Write the file whole or not at all: beside the target, then renamed over it (as the model
+        caches do, pcd_core/loading/model_files.py), so a crash mid-write leaves the previous calibration readable.
+        """
+        target = Path(path)
+        partial = target.with_name(f"{target.name}.partial-{os.getpid()}")
+        try:
+            with open(partial, "w", encoding="utf-8") as out:
+                out.write(json.dumps(self.to_dict(), indent=2, ensure_ascii=False) + "\n")
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(partial, target)  # atomic on one file system, over an existing file too
+        finally:
+            partial.unlink(missing_ok=True)
 
     @classmethod
     def from_dict(cls, data: Any) -> Calibration:

@@ -27,7 +27,16 @@ from typing import Any
 from pcd_core import Calibration, PcdError, parse_schema
 from pcd_core.evaluation import datasets
 from pcd_core.evaluation.cache import AnswerCache
-from pcd_core.evaluation.decisions import choose_calibration, decision_report, too_few, with_decisions, write_risk_plot
+from pcd_core.evaluation.decisions import (
+    THRESHOLD_SHARE,
+    choose_calibration,
+    decision_report,
+    threshold_split,
+    too_few,
+    unsupported,
+    with_decisions,
+    write_risk_plot,
+)
 from pcd_core.evaluation.probing import CURVE_SIZES, fit_heads, learning_curve, write_curve_plot
 from pcd_core.evaluation.runner import (
     Answers,
@@ -38,7 +47,7 @@ from pcd_core.evaluation.runner import (
 )
 from pcd_core.request.limits import MAX_ORDER_SAMPLES
 from pcd_core.trust.calibration import BIAS_SD
-from pcd_core.trust.selective import CONFIDENCE
+from pcd_core.trust.selective import CONFIDENCE, DEFAULT_CONFIDENCE
 from pcd_integrations.commands import common
 from pcd_integrations.commands.eval_output import held_out_summary, write_decisions, write_plot, write_table
 
@@ -140,16 +149,26 @@ def add_eval_parsers(subparsers: Any) -> None:
         "--abstain-risk",
         type=float,
         metavar="R",
-        help="per field, fit the probability below which an answer is abstained from, so that the answered "
-        "train examples' error stays at or below R (a Clopper-Pearson bound, at --abstain-confidence)",
+        help="per field, fit the probability below which an answer is abstained from, so that the error among "
+        "answered examples is at most R (a Clopper-Pearson bound at --abstain-confidence, fitted on the "
+        "--threshold-share of the train split the calibration is not fitted on)",
     )
     calibrate.add_argument(
         "--abstain-confidence",
         type=float,
-        default=CONFIDENCE,
+        default=DEFAULT_CONFIDENCE,
         metavar="L",
-        help=f"the bound's confidence level (default {CONFIDENCE}: held-out risk lands about R); 0.9 keeps the "
-        "risk at or below R in 9 of 10 train draws, at the cost of coverage",
+        help=f"the bound's confidence level (default {DEFAULT_CONFIDENCE}: the risk is at most R in 9 of 10 draws "
+        f"of the labels); {CONFIDENCE} aims at R without promising it, and answers more",
+    )
+    calibrate.add_argument(
+        "--threshold-share",
+        type=float,
+        default=THRESHOLD_SHARE,
+        metavar="S",
+        help=f"with --abstain-risk or --coverage: the share of the train split that fits the thresholds, the rest "
+        f"fitting the calibration (default {THRESHOLD_SHARE}); thresholds fitted on the calibration's own examples "
+        "answer new ones less well than they promise",
     )
     calibrate.add_argument(
         "--coverage",
@@ -305,6 +324,8 @@ def run_eval(args: argparse.Namespace) -> int:
         print(datasets.fetch(args.data))
         return 0
     calibration = Calibration.load(args.calibration) if args.calibration else None
+    if calibration is not None:
+        print(fitted_on_line(calibration), file=sys.stderr)
     schema, records = _load_data(args)
     chosen = _selected(args, records, args.split, args.limit)
     cache = AnswerCache(args.answers) if args.answers else None
@@ -323,7 +344,8 @@ def run_calibrate(args: argparse.Namespace) -> int:
         raise PcdError(f"--bias-sd {args.bias_sd} must be > 0")
     if not CONFIDENCE <= args.abstain_confidence < 1:
         raise PcdError(f"--abstain-confidence {args.abstain_confidence} must lie in [{CONFIDENCE}, 1)")
-    for flag, value in (("--abstain-risk", args.abstain_risk), ("--coverage", args.coverage)):
+    targets = (("--abstain-risk", args.abstain_risk), ("--coverage", args.coverage))
+    for flag, value in (*targets, ("--threshold-share", args.threshold_share)):
         if value is not None and not 0 < value < 1:
             raise PcdError(f"{flag} {value} must lie strictly between 0 and 1")
     if args.head is not None and args.questions is not None:
@@ -338,10 +360,24 @@ def run_calibrate(args: argparse.Namespace) -> int:
     fitted_on = {"data": args.data, "split": "train", "seed": args.seed, "n": len(train), "top_label": args.top_label}
     hidden = args.head is not None
     train_answers = _read(args, engine, schema, train, 0, cache, hidden)
+    thresholds = args.abstain_risk is not None or args.coverage is not None
+    # the calibration is fitted on one part of the train split and the thresholds on the other, so
+    # that the thresholds see answers as new to the calibration as held-out ones (pcd_core/trust/selective.py)
+    parted = threshold_split(train_answers, args.threshold_share) if thresholds else None
+    fit_answers = parted.fit if parted is not None else train_answers
+    if parted is not None:
+        n_fit, n_thresholds = parted.sizes()
+        fitted_on = {**fitted_on, "n_fit": n_fit, "n_thresholds": n_thresholds}
+        print(
+            f"train split: {n_fit} examples fit the calibration, the other {n_thresholds} the thresholds "
+            f"(--threshold-share {args.threshold_share}: risk {args.abstain_risk} at confidence "
+            f"{args.abstain_confidence}, coverage {args.coverage})",
+            file=sys.stderr,
+        )
 
     def fitted(debias: bool, bias: bool) -> Calibration:
         return fit_calibration(
-            train_answers,
+            fit_answers,
             debias=debias,
             bias=bias,
             bias_sd=args.bias_sd,
@@ -355,9 +391,10 @@ def run_calibrate(args: argparse.Namespace) -> int:
     if fixed:
         calibration = fitted(args.debias, args.bias)
     else:
-        calibration = choose_calibration(train_answers, engine.model_name, fitted_on, args.seed)
+        calibration = choose_calibration(fit_answers, engine.model_name, fitted_on, args.seed)
     level = args.abstain_confidence
-    calibration = with_decisions(calibration, train_answers, args.abstain_risk, args.coverage, level)
+    if parted is not None:
+        calibration = with_decisions(calibration, parted.thresholds, args.abstain_risk, args.coverage, level)
     if hidden:
         heads = fit_heads(
             train_answers,
@@ -374,17 +411,22 @@ def run_calibrate(args: argparse.Namespace) -> int:
     for name, found in calibration.fields.items():
         biases = f", biases {', '.join(f'{b:+.2f}' for b in found.bias)}" if any(found.bias) else ""
         how = found.fit or ("debiased" if calibration.debias else "raw")
-        print(
-            f"{name}: {how}: temperature {found.temperature:.3f}{biases} (fitted on {len(train)} examples)",
-            file=sys.stderr,
-        )
+        n_fit = len(fit_answers.fields[name].gold) if name in fit_answers.fields else 0
+        print(f"{name}: {how}: temperature {found.temperature:.3f}{biases} (fitted on {n_fit} labels)", file=sys.stderr)
+        if found.abstain_below is not None or found.set_threshold is not None:
+            assert parted is not None  # thresholds are only fitted on the part the calibration did not see
+            n_thresholds = len(parted.thresholds.fields[name].gold)
+            print(f"{name}: thresholds fitted on the other {n_thresholds} labels", file=sys.stderr)
     print(
         f"fitted in {fit_seconds:.1f} s (the model's reading of the train split: {train_answers.seconds:.1f} s)",
         file=sys.stderr,
     )
-    warning = too_few(len(train), args.abstain_risk, level)
+    warning = too_few(parted.sizes()[1] if parted else len(train), args.abstain_risk, level)
     if warning:
         print(warning, file=sys.stderr)
+    short = unsupported(calibration, parted.thresholds, args.abstain_risk, level) if parted is not None else []
+    for line in short:
+        print(line, file=sys.stderr)
     answers = _read(args, engine, schema, test, args.constrained_limit, cache, hidden)
     report = {"meta": _meta(args, engine, "test", len(test)), **build_report(answers, calibration)}
     report["meta"]["calibration"] = {**calibration.to_dict(), "heads": _head_summary(calibration)}
@@ -416,9 +458,26 @@ def run_calibrate(args: argparse.Namespace) -> int:
     report["meta"]["train_refused"] = train_answers.refused
     if warning:
         report["meta"]["warning"] = warning
+    if short:
+        report["meta"]["unsupported"] = short
     _finish(args, report, answers, calibration)
     print(held_out_summary(report["overall"]), file=sys.stderr)
     return 0
+
+
+def fitted_on_line(calibration: Calibration) -> str:
+    """What a calibration file says it was fitted on: the labels of each part and the targets."""
+    fitted = calibration.fitted_on
+    if "n_thresholds" in fitted:
+        split = f"{fitted.get('n_fit')} train examples fit it, {fitted['n_thresholds']} others its thresholds"
+    else:
+        split = f"{fitted.get('n', '?')} train examples fit it"
+    targets = []
+    if calibration.abstain_risk is not None:
+        targets.append(f"risk {calibration.abstain_risk} at confidence {calibration.abstain_confidence}")
+    if calibration.coverage is not None:
+        targets.append(f"coverage {calibration.coverage}")
+    return f"calibration: {split}" + (f" ({', '.join(targets)})" if targets else "")
 
 
 def _head_summary(calibration: Calibration) -> dict[str, Any]:

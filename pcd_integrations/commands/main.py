@@ -21,7 +21,7 @@ from typing import Any
 
 from pcd_core import DEFAULT_MODEL, PcdError, __version__
 from pcd_core.loading.model_files import cache_dir
-from pcd_integrations.commands import common
+from pcd_integrations.commands import cascading, common
 from pcd_integrations.commands.output import decide_record, decide_table, fill_record, fill_table
 
 logger = logging.getLogger(__name__)
@@ -47,12 +47,15 @@ def cmd_fill(args: argparse.Namespace) -> int:
         text = case_input
     else:
         raise PcdError("give --input FILE or --jsonl FILE (the schema file carries no input)")
-    engine = common.load_engine(args)
+    cascading.check_cascade_args(args)
+    engine = cascading.cascaded(common.load_engine(args), args)
     result = engine.fill(schema, text, strategy=args.strategy, debias=args.debias)
     if args.json:
         common.print_json(fill_record(result, engine.model_name))
     else:
         print(fill_table(result))
+        if (line := cascading.summary(result.fields)) is not None:
+            print(line)
     return 0
 
 
@@ -60,7 +63,8 @@ def _fill_jsonl(args: argparse.Namespace, schema: Any, items: list[tuple[dict[st
     """One JSON line per input, in input order, each with its ``line`` number (and ``id`` if given)."""
     from tqdm.auto import tqdm
 
-    engine = common.load_engine(args)
+    cascading.check_cascade_args(args)
+    engine = cascading.cascaded(common.load_engine(args), args)
     with tqdm(total=len(items), desc="fill", unit="input", disable=None) as progress:
         for start in range(0, len(items), JSONL_CHUNK):
             chunk = items[start : start + JSONL_CHUNK]
@@ -88,6 +92,7 @@ def add_fill(commands: Any) -> None:
     from pcd_integrations.commands.evaluate import add_trust_options  # light: no model, no matplotlib
 
     add_trust_options(fill)
+    cascading.add_cascade_options(fill)
     fill.set_defaults(run=cmd_fill)
 
 
@@ -100,12 +105,15 @@ def cmd_decide(args: argparse.Namespace) -> int:
     if state is None:
         raise PcdError("give --state FILE (the question file carries no state)")
     common.check_questions(args.questions, state, data["questions"])
-    engine = common.load_engine(args)
+    cascading.check_cascade_args(args)
+    engine = cascading.cascaded(common.load_engine(args), args)
     response = engine.decide(state, data["questions"], debias=args.debias)
     if args.json:
         common.print_json(decide_record(response))
     else:
         print(decide_table(response))
+        if (line := cascading.summary(response.answers)) is not None:
+            print(line)
     return 0
 
 
@@ -118,6 +126,7 @@ def add_decide(commands: Any) -> None:
     from pcd_integrations.commands.evaluate import add_trust_options
 
     add_trust_options(decide)
+    cascading.add_cascade_options(decide)
     decide.set_defaults(run=cmd_decide)
 
 
@@ -180,11 +189,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     # read now, so that a bad file is an error here and not a failed load behind a listening server
     args.calibration = Calibration.load(args.calibration) if args.calibration else None
+    cascading.check_cascade_args(args)
     advice = recommendation(args.model)
     if advice is not None:
         logger.warning(advice)
     serve(
-        lambda: common.load_engine(args, debias=args.debias),
+        lambda: cascading.cascaded(common.load_engine(args, debias=args.debias), args),
         host=options.host,
         port=options.port,
         api_key=api_key,
@@ -215,6 +225,7 @@ def add_serve(commands: Any) -> None:
     from pcd_integrations.commands.evaluate import add_trust_options  # light: no model, no matplotlib
 
     add_trust_options(serve, "every answer")
+    cascading.add_cascade_options(serve)
     serve.set_defaults(run=cmd_serve)
 
 
