@@ -113,6 +113,18 @@ class LoadOptions:
         opt_in=True,
         metavar="K",
     )
+    max_sessions: int = _option(
+        64,
+        "sessions that keep their KV at once (pcd_core/session.py); the least recently used beyond that "
+        "drop it and read their text again on their next append",
+        flag=False,
+    )
+    max_session_tokens: int | None = _option(
+        None,
+        "the most tokens one session's prompt may hold (default: the model's context); with max_sessions "
+        "it bounds the KV every session holds together",
+        flag=False,
+    )
     dummy_weights: str | None = _option(
         None,
         "instead of --model, that architecture with random weights, for timing only: a shipped shape "
@@ -168,7 +180,7 @@ def _check_values(options: LoadOptions) -> None:
             raise OptionError(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
     if not isinstance(options.model, str) or not options.model:
         raise OptionError(f"model must be a model name or path, got {options.model!r}")
-    for name in ("max_tokens_per_pass", "max_pass_bytes", "threads"):
+    for name in ("max_tokens_per_pass", "max_pass_bytes", "threads", "max_sessions", "max_session_tokens"):
         _positive(name, getattr(options, name))
     check_order_samples(options.order_samples)
     if isinstance(options.head_cache_size, bool) or not isinstance(options.head_cache_size, int):

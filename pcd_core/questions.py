@@ -38,6 +38,7 @@ from pydantic import (
 from .cost import Stats
 from .readout import Readout
 from .schema import check_distinct, normalise_option
+from .triggers import Fired
 
 Text = str | dict[str, Any] | list[Any]
 
@@ -277,6 +278,8 @@ class DecideResponse(BaseModel):
     answers: dict[str, Answer]
     stats: Stats = Field(default_factory=Stats, exclude=True)  # what it cost; every wire renders its usage from it
     warnings: list[str] = Field(default_factory=list)  # a bypassed head cache, low candidate mass
+    # a session's append (pcd_core/session.py): the triggers that fired; not part of the System One wire
+    triggers: list[Fired] = Field(default_factory=list, exclude=True)
 
     @computed_field  # type: ignore[prop-decorator]
     @property

@@ -14,6 +14,7 @@ from .cost import Stats
 from .readout import Readout
 from .schema import Field, JsonValue, Schema
 from .trie import Strategy
+from .triggers import Fired
 
 #: how a decision was answered: a decode strategy's zero-shot reading, or a trained head (pcd_core/heads.py)
 Method = Literal[Strategy, "head"]
@@ -94,18 +95,22 @@ class Extraction:
     fields: dict[str, Any]  # FieldResult for decided fields, GeneratedField for generated ones
     stats: Stats
     warnings: list[str] = field(default_factory=list)
+    triggers: list[Fired] = field(default_factory=list)  # a session's append: the triggers that fired
 
     @property
     def values(self) -> dict[str, JsonValue]:
         return {name: result.value for name, result in self.fields.items()}
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        shown: dict[str, Any] = {
             "value": self.values,
             "fields": {name: result.to_dict() for name, result in self.fields.items()},
             "stats": self.stats.to_dict(),
             "warnings": list(self.warnings),
         }
+        if self.triggers:
+            shown["triggers"] = [fired.to_dict() for fired in self.triggers]
+        return shown
 
 
 def low_mass_warnings(masses: dict[str, float], kind: str, threshold: float = LOW_MASS) -> list[str]:
