@@ -30,27 +30,21 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Any
 
-from .asking import as_data_line
-from .backends.base import Backend, Prefix
+from .backends.base import Prefix
 from .batching import Prepared
-from .deciding import DecideKeywords, DecidePlan
-from .decoding import RoundStats
+from .deciding import DecideKeywords
 from .errors import OptionError, PromptError, SessionClosedError, SessionOverflowError
-from .fairness import ModelLock, in_thread
-from .filling import FillKeywords, FillPlan, read_waves
-from .grammar import GrammarTokenizer
-from .planning import Planner
-from .prompt import fence_open, new_fence_nonce, normalise_input
-from .questions import ChoiceAnswer, ChoiceQuestion, DecideResponse, NoulAnswer, NoulQuestion, ScoreQuestion
-from .reading import count_request, ms_since, read_request
-from .result import Extraction, FieldResult
-from .session_memory import SessionMemory
-from .tokenizer import TextTokenizer
-from .triggers import Fired, Observation, Trigger, TriggerState, observe
+from .fairness import in_thread
+from .filling import FillKeywords
+from .prompt import new_fence_nonce, normalise_input
+from .questions import ChoiceQuestion, NoulQuestion, ScoreQuestion
+from .reading import count_request, ms_since
+from .session_reading import DecideReader, FillReader, Result, SessionHost
+from .triggers import Fired, Trigger, TriggerState
 
 logger = logging.getLogger(__name__)
 
@@ -58,32 +52,6 @@ _ROLE = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,31}")
 #: what a turn's line breaks are shown as, so that every line of the conversation starts with a role
 TURN_LINE_BREAK = " \u00b6 "
 QUESTION_TYPES = ("noul", "choice", "score")
-
-Result = Extraction | DecideResponse
-
-
-class SessionHost(Protocol):
-    """What a session needs of its engine (``Engine`` is one): the model side and the planner."""
-
-    backend: Backend
-    tokenizer: TextTokenizer
-    planner: Planner
-    model_name: str
-    sessions: SessionMemory
-
-    @property
-    def model_lock(self) -> ModelLock: ...
-
-    @property
-    def grammar_tokenizer(self) -> GrammarTokenizer: ...
-
-    def head_prefix(self, head_ids: tuple[int, ...], use_cache: bool) -> tuple[Prefix, bool, bool]: ...
-
-    def content_free_priors(self, schema: Any, task: str = "") -> dict[str, tuple[float, ...]]: ...
-
-    def question_priors(
-        self, questions: dict[str, Any], order_samples: int | None = None
-    ) -> dict[str, tuple[float, ...]]: ...
 
 
 @dataclass(frozen=True)
@@ -127,121 +95,6 @@ def is_question_set(value: Any) -> bool:
 def common_start(a: tuple[int, ...], b: tuple[int, ...]) -> int:
     n = min(len(a), len(b))
     return next((i for i in range(n) if a[i] != b[i]), n)
-
-
-class _Reader(Protocol):
-    """What differs between a fill session and a decide session: the plan and how it is read."""
-
-    def prepare(self, host: SessionHost, text: str, nonce: str) -> Prepared[Any]: ...
-
-    def kept_text(self, host: SessionHost, text: str, nonce: str) -> str: ...
-
-    def head_ids(self, plan: Any) -> tuple[int, ...]: ...
-
-    def read(
-        self, host: SessionHost, prepared: Prepared[Any], lookup_ids: tuple[int, ...], base: Prefix, pause: Any
-    ) -> tuple[RoundStats, Callable[[Any], Result]]: ...
-
-    def observe(self, result: Any, trigger: Trigger) -> Observation: ...
-
-
-@dataclass(frozen=True)
-class FillReader:
-    """A schema's session: each append is ``fill(schema, conversation, **keywords)``."""
-
-    schema: Any
-    keywords: FillKeywords
-
-    def prepare(self, host: SessionHost, text: str, nonce: str) -> Prepared[FillPlan]:
-        keywords: FillKeywords = {**self.keywords, "fence_nonce": nonce}
-        return host.planner.fill(self.schema, text, keywords, host.content_free_priors)
-
-    def kept_text(self, host: SessionHost, text: str, nonce: str) -> str:
-        compiled = host.planner.compile(self.schema, self.keywords.get("task", ""))
-        return compiled.prompt.head + fence_open("INPUT", nonce) + normalise_input(text)
-
-    def head_ids(self, plan: FillPlan) -> tuple[int, ...]:
-        return plan.compiled.head_ids
-
-    def read(
-        self, host: SessionHost, prepared: Prepared[FillPlan], lookup_ids: tuple[int, ...], base: Prefix, pause: Any
-    ) -> tuple[RoundStats, Callable[[Any], Result]]:
-        plan, adjust, meter = prepared
-        rounds = RoundStats()
-        decoded, warnings = read_request(
-            host.backend,
-            lambda ids, use: (base, True, False),
-            lookup_ids,
-            plan.whole,
-            plan.tasks(0),
-            meter,
-            rounds,
-            True,
-            pause,
-            plan.reads_hidden(adjust),
-        )
-        filled = read_waves(host.backend, lambda: host.grammar_tokenizer, plan, decoded, adjust, meter, rounds, pause)
-        filled.warnings[:0] = warnings
-        return rounds, lambda stats: plan.assemble(filled, stats)
-
-    def observe(self, result: Any, trigger: Trigger) -> Observation:
-        if trigger.field not in result.fields:
-            raise OptionError(f"the schema has no key {trigger.field!r}; its keys are {', '.join(result.fields)}")
-        field = result.fields[trigger.field]
-        if isinstance(field, FieldResult):
-            return observe(field.value, field.probabilities, trigger.label, field.abstained)
-        return observe(field.value, None, None)
-
-
-@dataclass(frozen=True)
-class DecideReader:
-    """A question set's session: each append is ``decide(conversation, questions, **keywords)``."""
-
-    questions: dict[str, Any]
-    keywords: DecideKeywords
-
-    def prepare(self, host: SessionHost, text: str, nonce: str) -> Prepared[DecidePlan]:
-        keywords: DecideKeywords = {**self.keywords, "fence_nonce": nonce}
-        return host.planner.decide(text, self.questions, keywords, host.question_priors)
-
-    def kept_text(self, host: SessionHost, text: str, nonce: str) -> str:
-        prompt = host.planner.decide_prompt(self.keywords.get("context"))
-        return prompt.head + fence_open("STATE", nonce) + as_data_line(normalise_input(text))
-
-    def head_ids(self, plan: DecidePlan) -> tuple[int, ...]:
-        return plan.head_ids
-
-    def read(
-        self, host: SessionHost, prepared: Prepared[DecidePlan], lookup_ids: tuple[int, ...], base: Prefix, pause: Any
-    ) -> tuple[RoundStats, Callable[[Any], Result]]:
-        plan, adjust, meter = prepared
-        rounds = RoundStats()
-        hidden = adjust is not None and adjust.reads_hidden
-        decoded, warnings = read_request(
-            host.backend,
-            lambda ids, use: (base, True, False),
-            lookup_ids,
-            plan.whole,
-            plan.tasks(),
-            meter,
-            rounds,
-            True,
-            pause,
-            hidden,
-        )
-        readouts, spreads = plan.merged(list(decoded.readouts))
-        return rounds, lambda stats: plan.respond(host.model_name, readouts, stats, warnings, adjust, spreads)
-
-    def observe(self, result: Any, trigger: Trigger) -> Observation:
-        if trigger.field not in result.answers:
-            raise OptionError(f"no question {trigger.field!r}; the questions are {', '.join(result.answers)}")
-        answer = result.answers[trigger.field]
-        if isinstance(answer, NoulAnswer):
-            probabilities = {"true": answer.noul, "false": 1.0 - answer.noul}
-            return observe(answer.noul >= 0.5, probabilities, trigger.label, answer.abstained)
-        ranked = sorted(answer.probabilities.items(), key=lambda item: -item[1])
-        value = answer.choice if isinstance(answer, ChoiceAnswer) else ranked[0][0]
-        return observe(value, answer.probabilities, trigger.label, answer.abstained)
 
 
 class Session:
@@ -332,6 +185,9 @@ class Session:
         ``triggers`` the ones that fired (``triggers.py`` says each condition).
         """
         self._check_open()
+        names = self._reader.names(self._host)
+        if field not in names:
+            raise OptionError(f"no key or question {field!r} to watch; there are {', '.join(names)}")
         trigger = Trigger(field, changed, above, below, abstained, label, hysteresis, name)
         state = TriggerState(trigger)
         if self._last is not None:  # start from the reading so far, so a later change is a change
@@ -355,11 +211,11 @@ class Session:
             n_line = len(self._host.tokenizer.encode_head(turn.line))
             turns, counts, dropped = self._kept(self._turns + (turn,), self._turn_tokens + (n_line,))
             result = self._read(turns, dropped)
+            states, result.triggers = self._fire(result, self._n_appends + 1)  # a bad label raises here
             self._turns, self._turn_tokens = turns, counts
             self._dropped += dropped
             self._n_appends += 1
-            result = self._fire(result)
-            self._last = result
+            self._triggers, self._last = states, result
             return result
 
     async def aappend(self, text: str, role: str = "user") -> Result:
@@ -516,18 +372,16 @@ class Session:
             return head, len(head_ids) if hit else 0, note
         return None, 0, note
 
-    def _fire(self, result: Result) -> Result:
-        """Step every trigger with this append's reading; the fired ones go on the result."""
+    def _fire(self, result: Result, turn: int) -> tuple[list[TriggerState], list[Fired]]:
+        """Every trigger stepped with this append's reading, and the ones that fired."""
         fired: list[Fired] = []
         states = []
         for state in self._triggers:
-            state, one = state.step(self._reader.observe(result, state.trigger), self._n_appends)
+            state, one = state.step(self._reader.observe(result, state.trigger), turn)
             states.append(state)
             if one is not None:
                 fired.append(one)
-        self._triggers = states
-        result.triggers = fired
-        return result
+        return states, fired
 
 
 def open_session(
