@@ -62,6 +62,7 @@ from .http_errors import (
     openai_param,
     wire_safe,
 )
+from .http_sessions import add_session_routes
 from .operations import (
     Backpressure,
     Operations,
@@ -288,6 +289,8 @@ def create_app(
         include_usage = request.stream_options is not None and request.stream_options.include_usage
         events = observed_chunks(chunks(itertools.chain([first], steps), engine.model_name, include_usage))
         return StreamingResponse(server_sent(events), media_type="text/event-stream")
+
+    add_session_routes(app, loader, checked, guarded, errors)
 
     @app.get("/v1/models", dependencies=guarded, responses=errors)
     async def models() -> ModelList:
