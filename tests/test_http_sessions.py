@@ -8,9 +8,9 @@ import threading
 
 import httpx
 import pytest
+from loopback import serving
 
 from pcd_integrations.http import create_app
-from loopback import serving
 
 QUESTIONS = {
     "refund": {"type": "noul", "instructions": "Does the customer ask for a refund?"},
