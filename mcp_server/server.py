@@ -71,6 +71,7 @@ from .results import (
     Usage,
     verdict_of,
 )
+from .sessions import add_session_tools
 
 if TYPE_CHECKING:
     pass
@@ -376,6 +377,13 @@ def build_server(
             usage=Usage.of(ex.stats),
         )
 
+    async def run_checked(call: Callable[[], Any]) -> Any:
+        try:
+            return await _in_worker(call)
+        except _CALLER_ERRORS as exc:
+            raise _caller_error(exc) from exc
+
+    served.sessions = add_session_tools(server, lambda ctx: engine_for(loader, ctx), run_checked, _checked)
     return server
 
 
