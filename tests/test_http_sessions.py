@@ -70,7 +70,7 @@ def test_eight_concurrent_appends_all_land_once_each(served):
     _, url = served
 
     async def run() -> list[str]:
-        async with httpx.AsyncClient(base_url=url, timeout=300) as client:
+        async with httpx.AsyncClient(base_url=url, timeout=1200) as client:  # 8 appends in turn, 2 busy cores
             sid = (await client.post("/v1/sessions", json={"questions": QUESTIONS})).json()["id"]
             texts = [f"Message number {k}: where is my parcel?" for k in range(8)]
             replies = await asyncio.gather(*(client.post(f"/v1/sessions/{sid}/turns", json={"text": t}) for t in texts))
