@@ -12,16 +12,15 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
+from mcp.server.mcpserver import Context, MCPServer  # at run time: the SDK reads the tools' signatures
+from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import BaseModel, Field
 
 from pcd_core import Engine, Question
 from pcd_core.questions import Answer, DecideResponse, Usage
 from pcd_core.session import Session
-
-if TYPE_CHECKING:
-    from mcp.server.mcpserver import Context, MCPServer
 
 #: the session tools' names, which are not read-only (they change the session they name)
 SESSION_TOOLS = frozenset({"session_open", "session_append", "session_close"})
@@ -55,8 +54,6 @@ def add_session_tools(
     """The three tools on ``server``; ``engine_of`` waits for the engine, ``run`` runs a blocking call
     in a worker thread turning a caller's mistake into a tool error, ``checked`` does so for a quick one.
     """
-    from mcp.server.mcpserver.exceptions import ToolError
-
     sessions: dict[str, Session] = {}
 
     def named(session_id: str) -> Session:
