@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,8 +45,17 @@ def load_conversation(path: str | Path) -> tuple[Any, list[tuple[str, str]]]:
     return schema, turns
 
 
-def bench_session(engine: Any, schema: Any, turns: list[tuple[str, str]], name: str = "") -> dict[str, Any]:
-    """One pass over the conversation: per turn, the append and the re-read, timed and counted."""
+def bench_session(
+    engine: Any,
+    schema: Any,
+    turns: list[tuple[str, str]],
+    name: str = "",
+    on_turn: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """One pass over the conversation: per turn, the append and the re-read, timed and counted;
+    ``on_turn`` gets the summary so far after each turn (``partial``: True), so a long run that is
+    stopped still leaves its turns.
+    """
     backend = engine.backend
     engine.warmup(schema)  # both methods start from the cached head
     session = engine.session(schema, generate=False)
@@ -83,6 +93,8 @@ def bench_session(engine: Any, schema: Any, turns: list[tuple[str, str]], name: 
                 "same_values": mine.values == fresh.values,
             }
         )
+        if on_turn is not None:
+            on_turn({**_summary(engine, name, rows), "partial": True})
     session.close()
     return _summary(engine, name, rows)
 

@@ -324,7 +324,13 @@ def run_bench(args: argparse.Namespace) -> int:
                 continue
             if conversation is not None:
                 progress.set_postfix_str(f"{backend} {len(conversation[1])} turns")
-                records.append(bench_session(engine, *conversation, name=Path(args.session).name))
+                schema, turns = conversation
+
+                def save(partial: dict[str, Any]) -> None:
+                    if args.json:
+                        write_json([*records, partial], args.json, meta)
+
+                records.append(bench_session(engine, schema, turns, name=Path(args.session).name, on_turn=save))
                 progress.update(1)
                 if args.json:
                     write_json(records, args.json, meta)
