@@ -11,7 +11,7 @@ client; ``tests/test_hardening_servers.py`` checks its key and body bounds.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from weakref import WeakKeyDictionary
 
@@ -42,6 +42,7 @@ class Served:
 
     loader: EngineLoader
     metrics: Metrics | None = None
+    sessions: dict[str, Any] = field(default_factory=dict)  # the session tools' open sessions, by id
 
 
 SERVED: WeakKeyDictionary[MCPServer, Served] = WeakKeyDictionary()

@@ -50,6 +50,7 @@ from mcp_server.results import (
     Usage,
     verdict_of,
 )
+from mcp_server.sessions import add_session_tools
 from pcd_core import (
     DEFAULT_LIMITS,
     Cancellation,
@@ -382,6 +383,13 @@ def build_server(
             usage=Usage.of(ex.stats),
         )
 
+    async def run_checked(call: Callable[[], Any]) -> Any:
+        try:
+            return await _in_worker(call)
+        except _CALLER_ERRORS as exc:
+            raise _caller_error(exc) from exc
+
+    served.sessions = add_session_tools(server, lambda ctx: engine_for(loader, ctx), run_checked, _checked)
     return server
 
 

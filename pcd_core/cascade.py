@@ -314,7 +314,7 @@ class Cascade:
                 answered_by[name] = index
         value = _rebuilt(schema, result, fields_now)
         stats = summed(all_stats, (time.perf_counter() - started) * 1000)
-        return CascadeExtraction(value, fields_now, stats, warnings, costs)
+        return CascadeExtraction(value, fields_now, stats, warnings, stages=costs)
 
     # -- decide -------------------------------------------------------------------------------
     def decide(self, state: Any, questions: dict[str, Any], **keywords: Any) -> CascadeDecideResponse:

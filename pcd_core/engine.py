@@ -23,6 +23,7 @@ from typing import Any, Unpack
 from pcd_core.backends.base import Backend, Prefix
 from pcd_core.concurrency.model_lock import ModelLock, in_thread
 from pcd_core.concurrency.pass_join import PassJoin, joined_grow, step_join
+from pcd_core.concurrency.session_memory import SessionMemory
 from pcd_core.cost import Meter
 from pcd_core.loading.load import load_backend
 from pcd_core.loading.options import LoadOptions, load_options
@@ -40,6 +41,7 @@ from pcd_core.reading.rounds import DecodeOptions
 from pcd_core.request.conversation import Conversation
 from pcd_core.request.questions import DecideResponse, distribution
 from pcd_core.result import Extraction, FieldResult, Generation
+from pcd_core.sessions.session import Session, open_session
 from pcd_core.tokenizer import TextTokenizer
 
 
@@ -53,6 +55,8 @@ class Engine:
         model_name: str,
         *,
         head_cache_size: int = 8,
+        max_sessions: int = 64,
+        max_session_tokens: int | None = None,
         **settings: Unpack[PlannerSettings],
     ) -> None:
         if (calibration := settings.get("calibration")) is not None:  # another model's heads, or no states
@@ -63,6 +67,8 @@ class Engine:
         # (vLLM) needs no lock
         self._lock = ModelLock(serialise=backend.serialises)
         self._heads = Lru(head_cache_size)
+        # which sessions keep their KV (session_memory.py); each session's prompt is at most this long
+        self.sessions = SessionMemory(max_sessions, max_session_tokens)
         self._steps = step_join(backend)  # concurrent replies' steps, read in shared passes
         # concurrent decides over one head, read in shared passes (stepping.py)
         self._decides: PassJoin[tuple[DecidePlan, Meter], tuple[list[Readout], list[str]]] = PassJoin(
@@ -90,6 +96,8 @@ class Engine:
             tokenizer,
             name,
             head_cache_size=chosen.head_cache_size,
+            max_sessions=chosen.max_sessions,
+            max_session_tokens=chosen.max_session_tokens,
             calibration=fitted,
             debias=chosen.debias,
             order_samples=chosen.order_samples,
@@ -99,6 +107,15 @@ class Engine:
     def waiting(self) -> int:
         """Requests queued for the model now, behind the one that holds it (``pcd_core/concurrency/model_lock.py``)."""
         return self._lock.waiting
+
+    @property
+    def model_lock(self) -> ModelLock:
+        """The FIFO lock every read of the model takes (``fairness.py``); sessions take it too."""
+        return self._lock
+
+    def head_prefix(self, head_ids: tuple[int, ...], use_cache: bool) -> tuple[Prefix, bool, bool]:
+        """The head cache's lookup (``reading.HeadLookup``); the caller holds the model lock."""
+        return self._head(head_ids, use_cache)
 
     @property
     def context_length(self) -> int:
@@ -152,6 +169,7 @@ class Engine:
         calibrate: bool = True,
         generate: bool = True,
         hidden: bool = False,
+        fence_nonce: str | None = None,
     ) -> Extraction:
         """Decide every closed field of ``schema`` for ``text`` and generate every open one: the
         module docstring says the cost, ``filling.py`` the plan, ``FillKeywords`` each keyword.
@@ -166,6 +184,7 @@ class Engine:
             calibrate=calibrate,
             generate=generate,
             hidden=hidden,
+            fence_nonce=fence_nonce,
         )
         prepared = self.planner.fill(schema, text, keywords, self.content_free_priors)
         return self._read_fill(prepared, use_head_cache, started)
@@ -220,6 +239,16 @@ class Engine:
     async def afill_many(self, schema: Any, texts: list[str], **keywords: Unpack[FillKeywords]) -> list[Extraction]:
         return await in_thread(self.fill_many, schema, texts, **keywords)
 
+    # -- sessions -----------------------------------------------------------------------------
+    def session(self, schema_or_questions: Any, *, keep_last_tokens: int | None = None, **keywords: Any) -> Session:
+        """A conversation whose ``append(text, role=...)`` returns the result of ``fill`` (a schema) or
+        ``decide`` (a question set) for the whole conversation so far, reading only the new turn, the
+        tail and the rows (``session.py``). ``keywords`` are that call's (``FillKeywords`` or
+        ``DecideKeywords``); ``keep_last_tokens=N`` drops whole early turns to keep N tokens of
+        conversation, where by default a conversation over the context is a ``SessionOverflowError``.
+        """
+        return open_session(self, schema_or_questions, keywords, keep_last_tokens)
+
     # -- plain generation ---------------------------------------------------------------------
     def generate(
         self, messages: str | Sequence[Message], *, max_new_tokens: int = 256, stop: Sequence[str] = ()
@@ -256,6 +285,7 @@ class Engine:
         debias: bool | None = None,
         calibrate: bool = True,
         order_samples: int | None = None,
+        fence_nonce: str | None = None,
     ) -> DecideResponse:
         """Jev-style questions over one state (``deciding.py``): the state is the trunk of every
         question's row, one pass warm; ``usage.input_tokens`` counts every token read (head, state,
@@ -263,7 +293,12 @@ class Engine:
         """
         started = time.perf_counter()
         keywords = DecideKeywords(
-            context=context, cache_key=cache_key, order_samples=order_samples, debias=debias, calibrate=calibrate
+            context=context,
+            cache_key=cache_key,
+            order_samples=order_samples,
+            debias=debias,
+            calibrate=calibrate,
+            fence_nonce=fence_nonce,
         )
         return self._read_decide(self.planner.decide(state, questions, keywords, self.question_priors), started)
 

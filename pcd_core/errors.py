@@ -143,3 +143,21 @@ class LimitError(RequestError):
     def __init__(self, setting: str, value: int, limit: int, what: str, hint: str = "") -> None:
         self.setting, self.value, self.limit = setting, value, limit
         super().__init__(f"{what}: {value} is over the limit of {limit} ({setting}){'; ' + hint if hint else ''}")
+
+
+class SessionError(PcdError):
+    """A session (``pcd_core/sessions/session.py``) that cannot take the call: closed, or over a bound."""
+
+
+class SessionClosedError(SessionError, ValueError):
+    """``append``, ``fork`` or ``when`` on a session after its ``close()``."""
+
+
+class SessionOverflowError(SessionError, PromptError):
+    """A conversation over a bound (the model's context or ``max_session_tokens``): the message names
+    the bound and its value, and ``keep_last_tokens`` as the way to drop early turns on purpose.
+    """
+
+    def __init__(self, message: str, *, setting: str, limit: int, needed: int) -> None:
+        self.setting, self.limit, self.needed = setting, limit, needed
+        super().__init__(message)

@@ -13,6 +13,7 @@ import numpy as np
 from pcd_core.cost import Stats
 from pcd_core.prompting.trie import Strategy
 from pcd_core.request.schema import Field, JsonValue, Schema
+from pcd_core.request.triggers import Fired
 
 #: how a decision was answered: a decode strategy's zero-shot reading, or a trained head (pcd_core/trust/heads.py)
 Method = Literal[Strategy, "head"]
@@ -64,18 +65,22 @@ class Extraction:
     fields: dict[str, Any]  # FieldResult for decided fields, GeneratedField for generated ones
     stats: Stats
     warnings: list[str] = field(default_factory=list)
+    triggers: list[Fired] = field(default_factory=list)  # a session's append: the triggers that fired
 
     @property
     def values(self) -> dict[str, JsonValue]:
         return {name: result.value for name, result in self.fields.items()}
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        shown: dict[str, Any] = {
             "value": self.values,
             "fields": {name: result.to_dict() for name, result in self.fields.items()},
             "stats": self.stats.to_dict(),
             "warnings": list(self.warnings),
         }
+        if self.triggers:
+            shown["triggers"] = [fired.to_dict() for fired in self.triggers]
+        return shown
 
 
 def low_mass_warnings(masses: dict[str, float], kind: str, threshold: float = LOW_MASS) -> list[str]:

@@ -56,6 +56,7 @@ from pcd_integrations.http_errors import (
     openai_param,
     wire_safe,
 )
+from pcd_integrations.http_sessions import add_session_routes
 from pcd_integrations.loading import EngineLoader
 from pcd_integrations.operations import (
     Backpressure,
@@ -290,6 +291,8 @@ def create_app(
         include_usage = request.stream_options is not None and request.stream_options.include_usage
         events = observed_chunks(chunks(itertools.chain([first], steps), engine.model_name, include_usage))
         return StreamingResponse(server_sent(events), media_type="text/event-stream")
+
+    add_session_routes(app, loader, checked, guarded, errors)
 
     @app.get("/v1/models", dependencies=guarded, responses=errors)
     async def models() -> ModelList:

@@ -88,6 +88,25 @@ _WIDTHS = (  # pcd bench --widths
 )
 
 
+_SESSION = (  # pcd bench --session
+    ("backend", "backend", "{}"),
+    ("dtype", "dtype", "{}"),
+    ("turns", "turns", "{}"),
+    ("median_turn_tokens", "turn tokens (median)", "{:.0f}"),
+    ("median_append_tokens", "tokens an append read (median)", "{:.0f}"),
+    ("median_row_tokens", "of which rows", "{:.0f}"),
+    ("session_tokens", "session tokens", "{}"),
+    ("reread_tokens", "re-read tokens", "{}"),
+    ("session_ms", "session ms", "{:.0f}"),
+    ("reread_ms", "re-read ms", "{:.0f}"),
+    ("speedup", "speedup", "{:.1f}x"),
+    ("turn5_ms", "turn 5 ms", "{:.0f}"),
+    ("turn40_ms", "turn 40 ms", "{:.0f}"),
+    ("late_over_early", "turns 38-42 / 3-7", "{:.2f}x"),
+    ("max_probability_gap", "max probability gap", "{:.1e}"),
+)
+
+
 def _cell(record: dict[str, Any], key: str, fmt: str) -> str:
     value = record.get(key)
     if value is None:
@@ -105,6 +124,7 @@ def write_table(records: list[dict[str, Any]], out: TextIO) -> None:
         ("clients", _CLIENTS),
         ("choices", _CHOICES),
         ("widths", _WIDTHS),
+        ("session", _SESSION),
     )
     for mode, columns in modes:
         picked = [r for r in records if r.get("mode") == mode]

@@ -138,6 +138,18 @@ class LoadOptions:
         opt_in=True,
         metavar="K",
     )
+    max_sessions: int = _option(
+        64,
+        "sessions that keep their KV at once (pcd_core/sessions/session.py); the least recently used beyond that "
+        "drop it and read their text again on their next append",
+        flag=False,
+    )
+    max_session_tokens: int | None = _option(
+        None,
+        "the most tokens one session's prompt may hold (default: the model's context); with max_sessions "
+        "it bounds the KV every session holds together",
+        flag=False,
+    )
     dummy_weights: str | None = _option(
         None,
         "instead of --model, that architecture with random weights, for timing only: a shipped shape "
@@ -205,7 +217,7 @@ def _check_values(options: LoadOptions) -> None:
         value = getattr(options, name)
         if value is not None and (not isinstance(value, str) or not value):
             raise OptionError(f"{name} must be a non-empty string, got {value!r}")
-    for name in ("max_tokens_per_pass", "max_pass_bytes", "threads"):
+    for name in ("max_tokens_per_pass", "max_pass_bytes", "threads", "max_sessions", "max_session_tokens"):
         _positive(name, getattr(options, name))
     check_order_samples(options.order_samples)
     if isinstance(options.head_cache_size, bool) or not isinstance(options.head_cache_size, int):

@@ -60,6 +60,8 @@ class DecideKeywords(TypedDict, total=False):
     # K > 1 also reads K - 1 rotations of each choice's and score's options as more rows of the same
     # pass and averages them (DecidePlan.merged); None: the engine's default (LoadOptions.order_samples)
     order_samples: int | None
+    # the state fence's nonce (prompt.fence): a session's secret (session.py); None hashes the text
+    fence_nonce: str | None
 
 
 @dataclass(frozen=True)
@@ -197,6 +199,7 @@ def plan_decide(
     limits: Limits = DEFAULT_LIMITS,
     cache_turns: bool = True,
     order_samples: int = 1,
+    nonce: str | None = None,
 ) -> DecidePlan:
     """Render a validated request (``limits.check_decide``); a state too long or rows over
     ``limits.max_row_tokens`` raise here, before any pass.
@@ -207,7 +210,7 @@ def plan_decide(
     """
     head_ids = tokenizer.encode_head(prompt.head if cache_turns else prompt.shared_head or prompt.head)
     # the reminder that the state has ended belongs to the trunk, which every question's row shares
-    state_text = prompt.head + normalise_input(as_text(request.state)) + STATE_CLOSE
+    state_text = prompt.head + normalise_input(as_text(request.state, nonce)) + STATE_CLOSE
     whole = tokenizer.encode_head(state_text)
     asked = tuple(ask(tokenizer, prompt, state_text, q, qid) for qid, q in request.questions.items())
     siblings = tuple(

@@ -49,6 +49,7 @@ class FillKeywords(TypedDict, total=False):
     calibrate: bool  # apply the engine's fitted calibration (and heads) where it covers a field
     generate: bool  # False decides the closed fields only, on the same prompt (the value is a dict)
     hidden: bool  # keep each field's hidden state at its first decision point (FieldResult.hidden)
+    fence_nonce: str | None  # the input fence's nonce (prompt.fence): a session's secret; None hashes the text
 
 
 def fill_options(options: DecodeOptions | None, strategy: str | None) -> DecodeOptions:
@@ -65,11 +66,13 @@ def fill_options(options: DecodeOptions | None, strategy: str | None) -> DecodeO
     return DecodeOptions() if strategy is None else DecodeOptions(strategy=strategy)  # type: ignore[arg-type]
 
 
-def request_ids(tokenizer: TextTokenizer, compiled: CompiledSchema, text: str, context_length: int) -> tuple[int, ...]:
+def request_ids(
+    tokenizer: TextTokenizer, compiled: CompiledSchema, text: str, context_length: int, nonce: str | None = None
+) -> tuple[int, ...]:
     """The whole prompt's ids, tokenized in one piece, after checking that the prompt, the longest
-    answer lines and the open rows fit the context.
+    answer lines and the open rows fit the context; ``nonce`` is a session's fence nonce (``prompt.fence``).
     """
-    whole = tokenizer.encode_head(compiled.prompt.head + compiled.prompt.request_text(text))
+    whole = tokenizer.encode_head(compiled.prompt.head + compiled.prompt.request_text(text, nonce))
     answers = sum(max(map(len, f.answer_ids)) for f in compiled.fields)
     budget = len(whole) + answers + max(compiled.max_variant_tokens, open_row_budget(compiled))
     if budget > context_length:

@@ -26,7 +26,7 @@ from pcd_core.prompting.prompt import PromptParts
 from pcd_core.prompting.question_rows import render_decide_prompt
 from pcd_core.reading.generation import check_caps
 from pcd_core.reading.read_path import ms_since
-from pcd_core.request.conversation import check_conversation
+from pcd_core.request.conversation import Conversation, check_conversation
 from pcd_core.request.limits import DEFAULT_LIMITS, Limits, check_decide, check_fill, check_order_samples
 from pcd_core.request.schema import parse_schema
 from pcd_core.tokenizer import TextTokenizer
@@ -76,9 +76,9 @@ class Planner:
         compiled, _ = self._compiled.get_or(key, lambda: compile_schema(parse_schema(schema), self.tokenizer, task))
         return compiled
 
-    def request_ids(self, compiled: CompiledSchema, text: str) -> tuple[int, ...]:
+    def request_ids(self, compiled: CompiledSchema, text: str, nonce: str | None = None) -> tuple[int, ...]:
         """The whole prompt's ids, after checking that it fits the context (``filling.request_ids``)."""
-        return request_ids(self.tokenizer, compiled, text, self.context_length)
+        return request_ids(self.tokenizer, compiled, text, self.context_length, nonce)
 
     def priors(self, key: Any, read: PriorRead) -> dict[str, tuple[float, ...]]:
         """The content-free priors under ``key``, measured with ``read`` on a miss
@@ -100,7 +100,8 @@ class Planner:
         started = time.perf_counter()
         compiled = self.compile(schema, task)
         generate, hidden = keywords.get("generate", True), keywords.get("hidden", False)
-        plan = FillPlan(compiled, self.request_ids(compiled, text), read_options, generate, caps, hidden)
+        whole = self.request_ids(compiled, text, keywords.get("fence_nonce"))
+        plan = FillPlan(compiled, whole, read_options, generate, caps, hidden)
         names = {f.name: [label.text for label in f.labels] for f in compiled.schema.fields}
         adjust = self._adjuster(names, keywords, lambda: priors(schema, task))
         return plan, adjust, Meter(Stats(compile_ms=ms_since(started)))
@@ -124,11 +125,7 @@ class Planner:
         request = check_decide(self.limits, state, questions)  # bounds and readable text first
         if context:
             check_conversation(self.limits, context, request.state)
-            prompt = render_decide_prompt(self.tokenizer, context)
-        else:
-            if self._decide_prompt is None:
-                self._decide_prompt = render_decide_prompt(self.tokenizer)
-            prompt = self._decide_prompt
+        prompt = self.decide_prompt(context)
         samples = self.order_samples if order_samples is None else check_order_samples(order_samples)
         plan = plan_decide(
             self.tokenizer,
@@ -138,10 +135,19 @@ class Planner:
             self.limits,
             cache_turns=cache_key is not None,
             order_samples=samples,
+            nonce=keywords.get("fence_nonce"),
         )
         names = {qid: asked.names for qid, asked in zip(request.questions, plan.asked)}
         adjust = self._adjuster(names, keywords, lambda: priors(request.questions, samples))
         return plan, adjust, Meter(Stats(compile_ms=ms_since(started)))
+
+    def decide_prompt(self, context: Conversation | None = None) -> PromptParts:
+        """The decide prompt around a state: rendered with ``context``, or the one without (kept)."""
+        if context:
+            return render_decide_prompt(self.tokenizer, context)
+        if self._decide_prompt is None:
+            self._decide_prompt = render_decide_prompt(self.tokenizer)
+        return self._decide_prompt
 
     def _adjuster(
         self, names: Mapping[str, Sequence[str]], keywords: FillKeywords | DecideKeywords, priors: Callable[[], Priors]

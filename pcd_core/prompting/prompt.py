@@ -11,7 +11,9 @@ The template is rendered around placeholders for the system text and the input, 
 text, and only that rendering is handed to ``TextTokenizer.mark_control_tokens``: the template's own
 control tokens stay control tokens, while the catalog (field names, descriptions, labels) and the
 input are read as plain characters, whatever they contain (``tests/test_tokenizer.py``). The input is
-fenced by ``fence``, whose nonce hashes the text, so the text cannot close its own fence.
+fenced by ``fence``, whose nonce hashes the text, so the text cannot close its own fence; a session
+(``session.py``) passes a secret nonce instead, drawn once by ``new_fence_nonce``, so that its prompt
+can grow turn by turn without the fence changing.
 ``tests/test_prompt.py`` renders all three layouts.
 """
 
@@ -19,11 +21,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
+import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from pcd_core.errors import PromptError
+from pcd_core.errors import OptionError, PromptError
 from pcd_core.request.schema import Field, OpenField, Schema
 
 MARKER = "\u27e6pcd:input\u27e7"
@@ -40,6 +44,7 @@ MIXED_INSTRUCTIONS = (
     "the value the key describes, taken from the input."
 )
 FENCE_NONCE_CHARS = 16  # 64 bits: finding a text that contains its own closing line takes ~2**64 hashes
+_NONCE = re.compile(f"[0-9a-f]{{{FENCE_NONCE_CHARS}}}")
 
 
 class ChatTemplater(Protocol):
@@ -62,8 +67,8 @@ class PromptParts:
     layout: str  # "chat", "chat-merged-system" or "plain"
     shared_head: str = ""  # the head up to the first earlier turn's text (``render``); the head without turns
 
-    def request_text(self, text: str) -> str:
-        return fence("INPUT", normalise_input(text)) + self.tail
+    def request_text(self, text: str, nonce: str | None = None) -> str:
+        return fence("INPUT", normalise_input(text), nonce) + self.tail
 
 
 def normalise_input(text: str) -> str:
@@ -76,15 +81,43 @@ def normalise_input(text: str) -> str:
     return stripped
 
 
-def fence(kind: str, text: str) -> str:
-    """``text`` between an opening and a closing line that carry a nonce hashed from ``text`` itself.
+def fence(kind: str, text: str, nonce: str | None = None) -> str:
+    """``text`` between an opening and a closing line that carry a nonce hashed from ``text`` itself,
+    or the caller's secret ``nonce`` (a session's, ``new_fence_nonce``).
 
     Text that writes a closing line of its own cannot know the nonce its own hash gives, so the data
     cannot end its block and speak as the prompt; the same text always gets the same fence, so results
-    stay deterministic and the head, which holds no nonce, stays cached.
+    stay deterministic and the head, which holds no nonce, stays cached. A hashed nonce changes with
+    every character of the text, so a text that grows would be read again from its first token; a
+    secret one does not depend on the text, and the text's writer, who never sees it, cannot close
+    the fence with it either.
     """
-    nonce = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:FENCE_NONCE_CHARS]
-    return f"<<<{kind} {nonce}>>>\n{text}\n<<<END {nonce}>>>"
+    if nonce is None:
+        nonce = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:FENCE_NONCE_CHARS]
+    return fence_open(kind, check_nonce(nonce)) + text + fence_close(nonce)
+
+
+def fence_open(kind: str, nonce: str) -> str:
+    """The fence's opening line and the line break after it: what a session's text is read after."""
+    return f"<<<{kind} {nonce}>>>\n"
+
+
+def fence_close(nonce: str) -> str:
+    return f"\n<<<END {nonce}>>>"
+
+
+def new_fence_nonce() -> str:
+    """A secret nonce from the operating system's random source, never derived from any text."""
+    return secrets.token_hex(FENCE_NONCE_CHARS // 2)
+
+
+def check_nonce(nonce: str) -> str:
+    """``nonce`` if it is ``FENCE_NONCE_CHARS`` lowercase hex digits (what ``new_fence_nonce`` draws):
+    anything else could hold a line break or the fence's own syntax.
+    """
+    if not isinstance(nonce, str) or not _NONCE.fullmatch(nonce):
+        raise OptionError(f"a fence nonce is {FENCE_NONCE_CHARS} lowercase hex digits, not {nonce!r}")
+    return nonce
 
 
 def catalog_line(field: Field) -> str:

@@ -80,17 +80,18 @@ def render_decide_prompt(tokenizer: TextTokenizer, context: Conversation | None 
     return render(tokenizer, system, "State:\n", "", turns)
 
 
-def as_text(state: Any) -> str:
+def as_text(state: Any, nonce: str | None = None) -> str:
     """The state as the model reads it: one line between the two lines of its fence (``prompt.fence``).
 
     A string state is written by ``as_data_line``, so that it cannot spell this prompt's own syntax;
     any other state is compact JSON, already one line. JSON is written on one line because indenting
     grows with depth times size: an 800-byte nested state took nearly the whole context with
-    ``indent=1`` (``tests/test_hardening.py`` measures both).
+    ``indent=1`` (``tests/test_hardening.py`` measures both). ``nonce``: a session's secret fence
+    nonce (``prompt.fence``); None hashes the text.
     """
     if isinstance(state, str):
-        return fence("STATE", as_data_line(normalise_input(state)))
-    return fence("STATE", normalise_input(inline_text(state)))
+        return fence("STATE", as_data_line(normalise_input(state)), nonce)
+    return fence("STATE", normalise_input(inline_text(state)), nonce)
 
 
 def as_data_line(text: str) -> str:

@@ -35,6 +35,7 @@ from pydantic import (
 
 from pcd_core.cost import Stats
 from pcd_core.request.schema import check_distinct, normalise_option
+from pcd_core.request.triggers import Fired
 
 Text = str | dict[str, Any] | list[Any]
 
@@ -288,6 +289,8 @@ class DecideResponse(BaseModel):
     answers: dict[str, Answer]
     stats: Stats = Field(default_factory=Stats, exclude=True)  # what it cost; every wire renders its usage from it
     warnings: list[str] = Field(default_factory=list)  # a bypassed head cache, low candidate mass
+    # a session's append (pcd_core/sessions/session.py): the triggers that fired; not part of the System One wire
+    triggers: list[Fired] = Field(default_factory=list, exclude=True)
 
     @computed_field  # type: ignore[prop-decorator]
     @property

@@ -19,6 +19,7 @@ from pcd_core import BACKENDS, DEFAULT_LIMITS, LoadOptions, PcdError, parse_sche
 from pcd_core.bench.choices import bench_choices
 from pcd_core.bench.report import write_json, write_plot, write_table
 from pcd_core.bench.runner import BASELINES, BenchCase, bench_case, bench_throughput
+from pcd_core.bench.sessions import bench_session, load_conversation
 from pcd_core.bench.widths import bench_widths
 from pcd_core.loading.dummy_weights import check_architecture
 from pcd_integrations.commands import common
@@ -109,6 +110,13 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     bench.add_argument(
         "--auto-bfloat16", action="store_true", help="--auto: time torch in bfloat16 too, where auto would not pick it"
+    )
+    bench.add_argument(
+        "--session",
+        metavar="CONVERSATION.json",
+        help="instead, follow a conversation turn by turn (a JSON file with 'schema' and 'turns', e.g. "
+        "examples/support_conversation.json): a session's appends against re-reading the whole "
+        "conversation at each turn, same engine, same run",
     )
     bench.add_argument("--json", metavar="OUT.json", help="write the records here")
     bench.add_argument("--plot", metavar="OUT.png", help="plot ms per request against fields here")
@@ -235,6 +243,10 @@ def _check(args: argparse.Namespace) -> tuple[list[BenchCase], tuple[str, ...]]:
         raise PcdError(
             "--widths runs alone, on local backends (not with --throughput, --choices, --clients or --versus)"
         )
+    if args.session and (args.throughput or args.choices or args.clients or args.widths or args.versus):
+        raise PcdError("--session runs alone (not with --throughput, --choices, --clients, --widths or --versus)")
+    if args.session and args.backend == "vllm":
+        raise PcdError("--session runs on a local backend; vLLM re-reads the text and caches prefixes itself")
     if args.ar_cap is not None and args.ar_cap < 1:
         raise PcdError(f"--ar-cap {args.ar_cap}: at least 1")
     baselines = tuple(b.strip() for b in args.baselines.split(",") if b.strip())
@@ -304,6 +316,7 @@ def run_bench(args: argparse.Namespace) -> int:
     inputs = throughput_inputs(args.throughput_inputs)  # read twice: _check only needed its first text
     choices = choice_counts(args)
     widths = _field_counts(args.widths, "--widths", "1,2,4,8,16") or []
+    conversation = load_conversation(args.session) if args.session else None
     chosen = _options(args)
     if args.backend == "vllm":
         return run_vllm_bench(args, chosen[0], cases)
@@ -313,7 +326,13 @@ def run_bench(args: argparse.Namespace) -> int:
             raise PcdError(f"--versus {args.versus}: name a backend other than --backend {args.backend}")
         rival = Engine.load(args.model, backend=args.versus, max_tokens_per_pass=args.max_tokens_per_pass)
     steps = 2 + args.repeat * (2 + len(baselines))  # warm-up, repeats, the memory runs
-    per_backend = 1 if args.throughput or args.clients or widths else len(choices) if choices else len(cases) * steps
+    per_backend = (
+        1
+        if args.throughput or args.clients or widths or conversation
+        else len(choices)
+        if choices
+        else len(cases) * steps
+    )
     total = len(chosen) * per_backend
     records: list[dict[str, Any]] = []
     meta = {
@@ -351,6 +370,19 @@ def run_bench(args: argparse.Namespace) -> int:
             if widths:
                 records.extend(bench_widths(engine, widths, args.repeat))
                 progress.update(1)
+                continue
+            if conversation is not None:
+                progress.set_postfix_str(f"{backend} {len(conversation[1])} turns")
+                schema, turns = conversation
+
+                def save(partial: dict[str, Any]) -> None:
+                    if args.json:
+                        write_json([*records, partial], args.json, meta)
+
+                records.append(bench_session(engine, schema, turns, name=Path(args.session).name, on_turn=save))
+                progress.update(1)
+                if args.json:
+                    write_json(records, args.json, meta)
                 continue
             for n_options in choices:
                 progress.set_postfix_str(f"{backend} a choice of {n_options} options")

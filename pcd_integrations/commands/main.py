@@ -236,7 +236,21 @@ def add_eval(commands: Any) -> None:
     add_eval_parsers(commands)
 
 
-COMMANDS: tuple[Callable[[Any], None], ...] = (add_fill, add_decide, add_models, add_bench, add_eval, add_serve)
+def add_watch(commands: Any) -> None:
+    from pcd_integrations.commands.watch import add_watch as add  # light: the model loads when it runs
+
+    add(commands)
+
+
+COMMANDS: tuple[Callable[[Any], None], ...] = (
+    add_fill,
+    add_decide,
+    add_models,
+    add_bench,
+    add_eval,
+    add_serve,
+    add_watch,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,46 @@
+"""``pcd bench --session``: the bundled conversation, the file checks, and the docs' table is the run."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from pcd_core.bench.report import write_table
+from pcd_core.bench.sessions import load_conversation
+from pcd_core.errors import PcdError
+from pcd_core.request.schema import parse_schema
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "support_conversation.json"
+
+
+def test_the_bundled_conversation_has_forty_turns_and_a_support_leads_questions():
+    schema, turns = load_conversation(EXAMPLE)
+    assert len(turns) >= 40 and {role for role, _ in turns} == {"customer", "agent"}
+    keys = set(parse_schema(schema).keys)
+    assert keys == {"escalate", "refund", "churn_risk", "mood", "topic", "summary"}
+
+
+def test_a_bad_conversation_file_is_refused_before_any_load(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"schema": {}, "turns": [{"role": "two words", "text": "hi"}]}))
+    with pytest.raises(PcdError, match="role"):
+        load_conversation(bad)
+    with pytest.raises(PcdError, match="'schema' and 'turns'"):
+        load_conversation(tmp_path / "missing.json")
+
+
+@pytest.mark.parametrize("name", ["session_torch.json", "session_llamacpp.json"])
+def test_the_sessions_page_table_is_the_recorded_run(name):
+    path = ROOT / "docs" / "bench" / name
+    if not path.exists():
+        pytest.skip(f"{name} was not recorded")
+    page = (ROOT / "docs" / "sessions.md").read_text()
+    assert f"--json docs/bench/{name}" in page
+    rendered = io.StringIO()
+    write_table(json.loads(path.read_text())["records"], rendered)
+    rows = [line for line in rendered.getvalue().splitlines() if line.startswith(("| torch", "| llamacpp"))]
+    assert rows and all(row in page for row in rows), rows
