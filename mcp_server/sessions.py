@@ -18,8 +18,7 @@ from mcp.server.mcpserver import Context, MCPServer  # at run time: the SDK read
 from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import BaseModel, Field
 
-from pcd_core import Answer, DecideResponse, Engine, Question, Usage
-from pcd_core.sessions.session import Session
+from pcd_core import Answer, DecideResponse, Engine, Question, Session, Usage
 
 #: the session tools' names, which are not read-only (they change the session they name)
 SESSION_TOOLS = frozenset({"session_open", "session_append", "session_close"})

@@ -6,6 +6,7 @@ passes, instead of letting the model write JSON token by token.
 
 import logging
 
+from pcd_core.cascade import Cascade, EscalationRule, Stage
 from pcd_core.concurrency.model_lock import Cancellation
 from pcd_core.cost import Stats
 from pcd_core.engine import Engine
@@ -51,6 +52,7 @@ from pcd_core.request.questions import (
 )
 from pcd_core.request.schema import Field, Label, Schema, parse_schema
 from pcd_core.result import Extraction, FieldResult, Generation, MembershipResult
+from pcd_core.sessions.session import Session, SessionTurn
 from pcd_core.tools import (
     NO_TOOL,
     ToolChoice,
@@ -69,6 +71,11 @@ __version__ = "0.1.0"
 logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 __all__ = [
+    "Cascade",
+    "EscalationRule",
+    "Session",
+    "SessionTurn",
+    "Stage",
     "__version__",
     "Answer",
     "BackendError",

@@ -26,9 +26,8 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from pcd_core import DecideResponse, Extraction
+from pcd_core import DecideResponse, Extraction, Session
 from pcd_core.request.triggers import Fired
-from pcd_core.sessions.session import Session
 from pcd_integrations.http_calls import in_engine, served_engine
 from pcd_integrations.http_errors import ApiError
 from pcd_integrations.loading import EngineLoader

@@ -25,8 +25,7 @@ from typing import Any, NotRequired
 from langchain.agents.middleware import AgentMiddleware, AgentState
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
 
-from pcd_core import DecideResponse, Engine
-from pcd_core.sessions.session import Session, SessionTurn
+from pcd_core import DecideResponse, Engine, Session, SessionTurn
 
 
 class SessionState(AgentState):

@@ -17,8 +17,7 @@ from typing import cast
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
-from pcd_core import DEFAULT_MODEL, Calibration, Engine, LoadOptions
-from pcd_core.cascade import Cascade
+from pcd_core import DEFAULT_MODEL, Calibration, Cascade, Engine, LoadOptions
 from pcd_core.loading.options import BackendChoice
 
 __all__ = ["LazyEngine"]

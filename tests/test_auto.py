@@ -13,7 +13,8 @@ import os
 
 import pytest
 
-from pcd_core import Engine, LoadOptions, OptionError, PcdError, auto
+from pcd_core import Engine, LoadOptions, OptionError, PcdError
+from pcd_core.loading import auto
 from pcd_core.loading.auto import LLAMACPP_MIN_BYTES, Machine, choose
 from pcd_core.loading.load import chosen_options
 from pcd_core.loading.model_files import EMBEDDED

@@ -16,8 +16,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from pcd_core import Calibration, PcdError
-from pcd_core.cascade import Cascade, EscalationRule, Stage
+from pcd_core import Calibration, Cascade, EscalationRule, PcdError, Stage
 from pcd_integrations.commands import common
 
 

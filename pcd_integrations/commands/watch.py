@@ -19,8 +19,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from pcd_core import Extraction, PcdError, parse_schema
-from pcd_core.sessions.session import SessionTurn
+from pcd_core import Extraction, PcdError, SessionTurn, parse_schema
 from pcd_integrations.commands import common
 
 _ROLE_LINE = re.compile(r"^(?P<role>[A-Za-z][A-Za-z0-9_-]{0,31}):\s+(?P<text>\S.*)$")
