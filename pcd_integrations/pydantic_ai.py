@@ -244,14 +244,13 @@ class PCDModel(Model):
         return "pcd"
 
     # -- one reply ----------------------------------------------------------------------------
-    def _plan(
-        self, messages: list[ModelMessage], settings: ModelSettings, parameters: ModelRequestParameters
-    ) -> tuple[str, str, list[tuple[str, str]]]:
+    def _plan(self, messages: list[ModelMessage], parameters: ModelRequestParameters) -> tuple[str, str]:
+        """The engine's input text and ``task`` for this request."""
         output_names = frozenset(tool.name for tool in parameters.output_tools)
         system, turns = _turns(messages, output_names)
         if not turns:
             raise UserError("PCDModel needs a user prompt to answer")
-        return render_conversation(turns), _instructions(messages, parameters, system), turns
+        return render_conversation(turns), _instructions(messages, parameters, system)
 
     def _tool_call(self, text: str, decision: ToolDecision) -> ModelResponse:
         tool = decision.tool
@@ -310,7 +309,7 @@ class PCDModel(Model):
         self, messages: list[ModelMessage], settings: ModelSettings, parameters: ModelRequestParameters
     ) -> ModelResponse | None:
         """A tool call or a filled output; None when the reply is generated text."""
-        text, task, _ = self._plan(messages, settings, parameters)
+        text, task = self._plan(messages, parameters)
         functions = parameters.declared_function_tools
         output_names = [tool.name for tool in parameters.output_tools]
         choice, offered = _tool_choice(settings.get("tool_choice"), [t.name for t in functions], output_names)

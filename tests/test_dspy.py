@@ -154,6 +154,27 @@ def test_a_signature_mixing_decisions_and_text_gets_dspys_own_error(lm: Any) -> 
         dspy.Predict(Mixed)(ticket=TICKET)
 
 
+def test_dspys_own_typesafe_client_works_unchanged_against_pcd_serve(engine: Engine) -> None:
+    """DSPy's System One client sends its default model, ``jev-latest``, which ``pcd serve`` answers."""
+    pytest.importorskip("typesafe_sdk", reason="DSPy's TypeSafe client needs 'typesafe-sdk' (dev extra)")
+    pytest.importorskip("uvicorn", reason="the HTTP server needs the 'http' extra")
+    from dspy.experimental import TypeSafe
+    from loopback import serving
+
+    from pcd_integrations.http import create_app
+
+    with serving(create_app(engine)) as url:
+        client = TypeSafe(base_url=url, api_key="unused", cache=False, timeout=300)
+        assert client.model == "jev-latest"
+        with dspy.context(lm=client), record_evidence() as evidence:
+            prediction = dspy.Predict(Triage)(ticket=TICKET)
+    sent = client.history[-1]["request"]
+    decided = engine.decide(sent["state"], sent["questions"]).answers
+    recorded = {name: answer for _, name, answer in evidence}
+    assert math.isclose(recorded["refund"]["noul"], decided["refund"].noul, abs_tol=1e-6)
+    assert prediction.team.value in {"billing", "shipping"}
+
+
 def test_pcdlm_takes_an_engine() -> None:
     with pytest.raises(TypeError, match="PCDLM needs a pcd_core.Engine"):
         PCDLM("smollm2-135m")
