@@ -73,7 +73,7 @@ def bench_auto(
     records: list[dict[str, Any]] = []
     report = {
         "meta": {
-            "machine": f"{platform.machine()} {platform.processor() or ''} {os.cpu_count()} CPUs".strip(),
+            "machine": " ".join(filter(None, (platform.machine(), platform.processor(), f"{os.cpu_count()} CPUs"))),
             "described": machine.describe(),
             "load_average_before": list(os.getloadavg()),
             "repeat": repeat,

@@ -12,8 +12,8 @@ The rule, measured by ``pcd bench --auto`` (``pcd_core/bench/auto_pick.py``, doc
    folder go to torch. Apple silicon follows the CPU rule (not measured here: no such machine).
 4. torch on a CPU computes in bfloat16 only where the CPU has AMX (``amx_bf16``), and only if the
    load-time self-check passes in it (``models._torch_backend`` falls back to float32); elsewhere
-   float32. AVX-512-BF16 alone is not enough: on this project's 2-core AMD machine, which has it
-   and no AMX, torch in bfloat16 filled slower than in float32 (docs/bench/auto.json).
+   float32, today's default. AVX-512-BF16 without AMX (this project's 2-core AMD machine) keeps
+   float32: bfloat16 there was not measured to be faster.
 
 The choice is recorded: every result's ``stats.backend`` and ``stats.dtype`` say what ran, and
 ``pcd models`` shows what ``auto`` would pick for each model it finds. ``tests/test_auto.py`` checks
@@ -31,9 +31,10 @@ from typing import Literal
 
 from pcd_core.loading.options import BackendName, LoadOptions
 
-#: GGUF files at least this large run on llama.cpp on a CPU; measured with ``pcd bench --auto``
-#: (docs/bench/auto.json): the 98 MB SmolLM2 and the 253 MB Gemma 3 fill faster on torch, the 491 MB
-#: Qwen2.5-Coder-0.5B faster on llama.cpp
+#: GGUF files at least this large run on llama.cpp on a CPU. Measured with ``pcd bench --auto``
+#: (docs/bench/auto.json, auto_smollm2.json): the 491 MB Qwen2.5-Coder-0.5B filled 2.9x faster on
+#: llama.cpp, the 98 MB SmolLM2 faster on torch; the 253 MB Gemma 3 was not measured (too slow on the
+#: shared machine) and falls under it, on torch as before
 LLAMACPP_MIN_BYTES = 400_000_000
 
 ModelFormat = Literal["gguf", "safetensors", "remote"]
@@ -127,7 +128,7 @@ def choose(options: LoadOptions, model_format: ModelFormat, size_bytes: int, mac
     elif model_format != "gguf":
         backend, why = "torch", "llama.cpp reads GGUF files only"
     elif size_bytes < LLAMACPP_MIN_BYTES:
-        backend, why = "torch", f"a GGUF under {LLAMACPP_MIN_BYTES / 1e6:.0f} MB fills faster on torch on a CPU"
+        backend, why = "torch", f"a GGUF under {LLAMACPP_MIN_BYTES / 1e6:.0f} MB runs on torch on a CPU"
     elif not machine.llamacpp:
         backend, why = (
             "torch",
@@ -136,7 +137,7 @@ def choose(options: LoadOptions, model_format: ModelFormat, size_bytes: int, mac
     else:
         backend, why = (
             "llamacpp",
-            f"a GGUF of {LLAMACPP_MIN_BYTES / 1e6:.0f} MB or more fills faster on llama.cpp on a CPU",
+            f"a GGUF of {LLAMACPP_MIN_BYTES / 1e6:.0f} MB or more runs on llama.cpp on a CPU",
         )
     dtype = (options.dtype or torch_dtype(machine)) if backend == "torch" else None
     return Choice(backend, dtype, why)
