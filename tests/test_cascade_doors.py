@@ -41,6 +41,7 @@ ABSTAINING = Calibration(
     {
         "team": FieldCalibration(("billing", "shipping", "sales"), 1.0, (0.0, 0.0, 0.0), abstain_below=NEVER),
         "refund": FieldCalibration(("true", "false"), 1.0, (0.0, 0.0), abstain_below=NEVER),
+        "questions[0]": FieldCalibration(("true", "false"), 1.0, (0.0, 0.0), abstain_below=NEVER),  # /v1/decisions
     },
     abstain_risk=0.1,
     abstain_confidence=0.9,
@@ -104,12 +105,20 @@ def test_pcd_serve_answers_through_a_cascade(cascade, direct):
 
     from pcd_integrations.http import create_app
 
+    openai = pytest.importorskip("openai")
     with serving(create_app(cascade)) as url:
         body = httpx.post(f"{url}/v1/systemone", json={"state": TEXT, "questions": QUESTIONS}, timeout=120).json()
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+        predicate = {"type": "predicate", "instructions": QUESTIONS["refund"]["instructions"]}
+        decision = client.decisions.create(model="smollm2-135m", input=TEXT, questions=[predicate])
     assert body["answers"]["refund"]["x_engine"] == "smollm2-raw"
     assert body["answers"]["refund"]["noul"] == pytest.approx(direct[1].answers["refund"].noul, abs=1e-6)
     assert body["answers"]["team"]["x_engine"] == "smollm2-abstaining"
     assert [c["engine"] for c in body["x_cascade"]] == ["smollm2-abstaining", "smollm2-raw"]
+    # /v1/decisions: the first engine abstains from questions[0] (its id there), the second answers it
+    (answer,) = decision.answers
+    assert answer.type == "predicate" and answer.x_engine == "smollm2-raw" and answer.x_escalation["escalated"]
+    assert answer.probability == pytest.approx(body["answers"]["refund"]["noul"], abs=1e-6)
 
 
 def test_pcd_mcp_serves_a_cascade_and_takes_then(cascade, direct):

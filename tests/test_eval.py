@@ -422,3 +422,22 @@ def test_an_example_refused_for_its_input_is_named_and_left_out_and_the_rest_rea
         report = build_report(read)
         assert report["refused"] == read.refused
         assert all(entry["raw"]["n"] == 4 for entry in report["fields"].values())
+
+
+def test_eval_cascade_reports_the_curve_from_the_first_engine_to_the_second(tmp_path, monkeypatch, capsys):
+    engines = {"first": oracle_engine(window=6), "second": oracle_engine(window=4)}
+    monkeypatch.setattr("pcd_integrations.commands.common.load_engine", lambda args: engines[args.model])
+    data, schema, out = tmp_path / "d.jsonl", tmp_path / "s.json", tmp_path / "r.json"
+    data.write_text("".join(json.dumps({**r, "split": "test"}) + "\n" for r in RECORDS))
+    schema.write_text(json.dumps(SCHEMA))
+    argv = ["eval", "--data", str(data), "--schema", str(schema), "--model", "first", "--cascade", "second"]
+    assert main([*argv, "--constrained-limit", "0", "--json", str(out)]) == 0
+    cascade = json.loads(out.read_text())["cascade"]
+    assert cascade["model"] == "second" and set(cascade["fields"]) == set(SCHEMA)
+    second = read_answers(engines["second"], SCHEMA, RECORDS, progress=False, constrained=0)
+    for name, field in cascade["fields"].items():
+        never, always = field["curve"][0], field["curve"][-1]
+        assert never["escalated"] == 0 and always["escalated"] == 1
+        right = second.fields[name].array().argmax(axis=1) == np.asarray(second.fields[name].gold)
+        assert always["accuracy"] == pytest.approx(right.mean())
+    assert "cascade to second" in capsys.readouterr().err

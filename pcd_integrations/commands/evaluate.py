@@ -24,6 +24,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from pcd_core import Calibration, PcdError, parse_schema
 from pcd_core.evaluation import datasets
 from pcd_core.evaluation.cache import AnswerCache
@@ -125,6 +127,12 @@ def add_eval_parsers(subparsers: Any) -> None:
     evaluate.add_argument("--calibration", metavar="FILE", help="also report with this calibration applied")
     evaluate.add_argument("--risk-plot", metavar="PNG", help="write the risk-coverage curve")
     evaluate.add_argument("--fetch", action="store_true", help="only build the bundled --data set and exit")
+    evaluate.add_argument(
+        "--cascade",
+        metavar="MODEL",
+        help="also read the examples with MODEL (same flags) and report the cascade's curve: accuracy, share "
+        "escalated and time per example when the fields below each top probability go to MODEL",
+    )
     evaluate.set_defaults(run=run_eval)
 
     calibrate = subparsers.add_parser(
@@ -335,8 +343,52 @@ def run_eval(args: argparse.Namespace) -> int:
     engine = common.load_engine(args)
     answers = _read(args, engine, schema, chosen, args.constrained_limit, cache, hidden=heads)
     report = {"meta": _meta(args, engine, args.split, len(chosen)), **build_report(answers, calibration)}
+    if args.cascade:
+        report["cascade"] = _cascade_report(args, schema, chosen, answers, calibration, cache)
     _finish(args, report, answers, calibration)
     return 0
+
+
+def _cascade_report(
+    args: argparse.Namespace,
+    schema: Any,
+    chosen: list[dict[str, Any]],
+    answers: Answers,
+    calibration: Calibration | None,
+    cache: AnswerCache | None,
+) -> dict[str, Any]:
+    """Per field, the cascade's curve from these answers (calibrated where the file covers the field)
+    to ``--cascade MODEL``'s, read now on the same examples; printed as a table on stderr.
+    """
+    from pcd_core.evaluation.cascade_curve import cascade_curve
+    from pcd_core.evaluation.runner import variants
+
+    second = common.load_engine(argparse.Namespace(**{**vars(args), "model": args.cascade, "calibration": None}))
+    later = _read(args, second, schema, chosen, 0, cache)
+    report: dict[str, Any] = {"model": args.cascade, "fields": {}}
+    first_s, second_s = answers.seconds / max(len(chosen), 1), later.seconds / max(len(chosen), 1)
+    for name, out in answers.fields.items():
+        if not out.gold or name not in later.fields:
+            continue
+        rows = variants(answers, name, calibration)
+        first = rows.get("head", rows.get("calibrated", rows["raw"]))
+        curve = cascade_curve(first, later.fields[name].array(), np.asarray(out.gold), first_s, second_s)
+        report["fields"][name] = {
+            "first_seconds": first_s,
+            "second_seconds": second_s,
+            "curve": [p.to_dict() for p in curve],
+        }
+        print(
+            f"{name}: cascade to {args.cascade} (time per example: {first_s:.2f} s, then {second_s:.2f} s)",
+            file=sys.stderr,
+        )
+        for p in curve:
+            print(
+                f"  below {p.threshold:.2f}: escalated {p.escalated:.3f}, accuracy {p.accuracy:.3f}, "
+                f"{p.seconds_per_example:.2f} s/example ({p.seconds_per_example / second_s:.2f}x the second alone)",
+                file=sys.stderr,
+            )
+    return report
 
 
 def run_calibrate(args: argparse.Namespace) -> int:

@@ -208,6 +208,11 @@ class _HowRead(WireModel):
 
     x_method: Literal["trie", "head"] = Field(default="trie", description=systemone.METHOD)
     x_zero_shot: dict[str, float] | None = Field(default=None, description=systemone.ZERO_SHOT)
+    # in a cascade only (pcd_core/cascade.py), as on /v1/systemone; left off outside one
+    x_engine: str | None = Field(default=None, description=systemone.ENGINE, exclude_if=lambda v: v is None)
+    x_escalation: dict[str, Any] | None = Field(
+        default=None, description=systemone.ESCALATION, exclude_if=lambda v: v is None
+    )
 
 
 class PredicateAnswer(_HowRead):
@@ -316,6 +321,8 @@ def _answer(question: PredicateQuestion | DecisionChoiceQuestion | DecisionScore
         "x_calibrated": answer.calibrated,
         "x_method": answer.method,
         "x_zero_shot": answer.zero_shot,
+        "x_engine": answer.engine,
+        "x_escalation": answer.escalation,
     }
     if isinstance(question, PredicateQuestion) and isinstance(answer, systemone.NoulAnswer):
         return PredicateAnswer(name=question.name, probability=answer.noul, **flags)
