@@ -158,7 +158,7 @@ def test_the_many_and_async_twins_answer_as_the_single_call(pair):
     assert cascade.model_name == "smollm2-135m"  # every other attribute is the first engine's
 
 
-def test_a_multi_label_list_and_an_open_field_stay_with_the_first_engine(pair):
+def test_a_multi_label_list_stays_with_the_first_engine(pair):
     first, second = pair
     schema = {
         "type": "object",
