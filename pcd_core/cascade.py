@@ -37,7 +37,7 @@ from pcd_core.cost import Stats
 from pcd_core.errors import OptionError, PcdError
 from pcd_core.request.questions import Answer, DecideResponse, NoulAnswer
 from pcd_core.request.schema import Schema, parse_schema
-from pcd_core.result import Extraction, FieldResult, gather_memberships
+from pcd_core.result import Extraction, FieldResult
 
 logger = logging.getLogger(__name__)
 
@@ -413,10 +413,10 @@ def _chain(earlier: Any, record: dict[str, Any]) -> dict[str, Any]:
 
 
 def _rebuilt(schema: Schema, first: Extraction, fields_now: dict[str, Any]) -> Any:
-    """The value again, with the escalated fields' new answers, as the first engine built it."""
-    decided = {f.name: fields_now[f.name] for f in schema.fields if f.name in fields_now}
-    lists = gather_memberships(schema, decided)
-    values = {name: (lists[name] if name in lists else found).value for name, found in fields_now.items()}
+    """The value again, with the escalated fields' new answers, as the first engine built it (a
+    multi-label list is never escalated, so its value stands).
+    """
+    values = {name: found.value for name, found in fields_now.items()}
     if isinstance(first.value, dict) or schema.model_class is None:
         return dict(values)
     return schema.rebuild(values)

@@ -156,3 +156,17 @@ def test_the_many_and_async_twins_answer_as_the_single_call(pair):
     ]
     assert asyncio.run(cascade.adecide(TEXT, QUESTIONS)).answers["team"].engine == "first"
     assert cascade.model_name == "smollm2-135m"  # every other attribute is the first engine's
+
+
+def test_a_multi_label_list_stays_with_the_first_engine(pair):
+    first, second = pair
+    schema = {
+        "type": "object",
+        "properties": {
+            "sentiment": {"enum": ["angry", "calm", "happy"]},
+            "tags": {"type": "array", "items": {"enum": ["refund", "shipping"]}, "uniqueItems": True},
+        },
+    }
+    result = Cascade(first, [Stage(second, name="raw")], name="first").fill(schema, TEXT)
+    assert result.fields["sentiment"].engine == "raw"
+    assert result.value["tags"] == first.fill(schema, TEXT).value["tags"]
