@@ -33,7 +33,7 @@ def test_a_bad_conversation_file_is_refused_before_any_load(tmp_path):
         load_conversation(tmp_path / "missing.json")
 
 
-@pytest.mark.parametrize("name", ["session_torch.json", "session_llamacpp.json"])
+@pytest.mark.parametrize("name", ["session_torch.json", "session_torch_again.json"])
 def test_the_sessions_page_table_is_the_recorded_run(name):
     path = ROOT / "docs" / "bench" / name
     if not path.exists():
@@ -44,3 +44,34 @@ def test_the_sessions_page_table_is_the_recorded_run(name):
     write_table(json.loads(path.read_text())["records"], rendered)
     rows = [line for line in rendered.getvalue().splitlines() if line.startswith(("| torch", "| llamacpp"))]
     assert rows and all(row in page for row in rows), rows
+
+
+def test_bench_session_counts_each_appends_tokens_and_matches_the_re_read(engine, tmp_path, monkeypatch, capsys):
+    from pcd_core.engine import Engine
+    from pcd_integrations.commands.main import main
+
+    schema, turns = load_conversation(EXAMPLE)
+    short = tmp_path / "short.json"
+    closed = {**schema, "properties": {k: v for k, v in schema["properties"].items() if k != "summary"}}
+    closed["required"] = list(closed["properties"])
+    short.write_text(json.dumps({"schema": closed, "turns": [{"role": r, "text": t} for r, t in turns[:3]]}))
+    monkeypatch.setattr(Engine, "load", classmethod(lambda cls, *args, **kwargs: engine))
+    out = tmp_path / "session.json"
+    assert main(["bench", "--session", str(short), "--json", str(out)]) == 0
+    (record,) = json.loads(out.read_text())["records"]
+    assert record["mode"] == "session" and record["turns"] == 3 and record["same_values"]
+    assert record["max_probability_gap"] < 1e-5
+    for turn in record["per_turn"]:
+        # the pass counter's tokens: the turn, its rows, and the closing line, tail and answer lines
+        assert turn["append_tokens"] > turn["turn_tokens"] + turn["append_row_tokens"]
+        if turn["turn"] > 1:
+            assert turn["append_tokens"] < turn["reread_tokens"]
+    assert "| torch | float32 | 3 |" in capsys.readouterr().out
+
+
+def test_session_runs_alone_and_its_file_is_checked_before_a_model_loads(tmp_path, capsys):
+    from pcd_integrations.commands.main import main
+
+    assert main(["bench", "--session", str(EXAMPLE), "--widths", "1,2"]) == 2
+    assert main(["bench", "--session", str(tmp_path / "none.json")]) == 2
+    assert capsys.readouterr().err.count("--session") == 2
