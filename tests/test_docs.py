@@ -109,7 +109,7 @@ CHECKS: dict[tuple[str, str], Callable[[dict[str, Any]], bool]] = {
     ("docs/python-api.md", "engine.generate("): lambda ns: (
         ns["reply"].output_tokens > 0 and ns["reply"].finish_reason in {"stop", "length"}
     ),
-    ("docs/models.md", 'backend="torch"'): lambda ns: ns["engine"].model_name == "smollm2-135m",
+    ("docs/models.md", 'backend="auto"'): lambda ns: ns["engine"].model_name == "smollm2-135m",
     ("docs/http.md", "client.decisions.create"): lambda ns: (
         _probability(ns["refund"].probability)
         and ns["team"].choice in {"billing", "shipping"}
