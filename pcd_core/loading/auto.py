@@ -32,9 +32,9 @@ from typing import Literal
 from pcd_core.loading.options import BackendName, LoadOptions
 
 #: GGUF files at least this large run on llama.cpp on a CPU. Measured with ``pcd bench --auto``
-#: (docs/bench/auto.json, auto_smollm2.json): the 491 MB Qwen2.5-Coder-0.5B filled 2.9x faster on
-#: llama.cpp, the 98 MB SmolLM2 faster on torch; the 253 MB Gemma 3 was not measured (too slow on the
-#: shared machine) and falls under it, on torch as before
+#: (docs/bench/auto.json, auto_smollm2.json, docs/models.md): the 491 MB Qwen2.5-Coder-0.5B filled
+#: 2.9x faster on llama.cpp; the 98 MB SmolLM2 came out even on a busy machine and faster on torch on a
+#: quiet one (docs/llamacpp.md), so it stays there; the 253 MB Gemma 3 was not measured and stays too
 LLAMACPP_MIN_BYTES = 400_000_000
 
 ModelFormat = Literal["gguf", "safetensors", "remote"]
