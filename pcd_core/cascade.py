@@ -180,13 +180,14 @@ class CascadeDecideResponse(DecideResponse):
 
 
 def summed(costs: Sequence[Stats], total_ms: float) -> Stats:
-    """The stats of several engines' calls as one record: counts and times added, ``total_ms`` the wall time."""
+    """The stats of several engines' calls as one record: counts and times added, ``total_ms`` the wall time;
+    the words (row layout, head cache, backend, dtype) are the first engine's."""
+    first = costs[0] if costs else Stats()
     numbers = {
         f.name: sum(getattr(s, f.name) for s in costs)
         for f in fields(Stats)
-        if f.name not in ("row_layout", "head_cache", "total_ms")
+        if f.name != "total_ms" and isinstance(getattr(first, f.name), int | float)
     }
-    first = costs[0] if costs else Stats()
     return replace(first, **numbers, total_ms=total_ms)
 
 
