@@ -137,3 +137,27 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.clients)
         if path.stem in SLOW_MODULES:
             item.add_marker(pytest.mark.slow)
+
+
+# -- the end of a run ---------------------------------------------------------------------------------
+# One run of `-m "not model and not slow"` on 2026-12-07 passed every test and then aborted in the
+# interpreter's final garbage collection ("terminate called without an active exception", printed through
+# llama.cpp's terminate handler, exit status 134): a native thread outlived the objects it used. Until its
+# owner is found, the suite leaves through os._exit once pytest has reported, with pytest's own status.
+_EXIT_STATUS = pytest.StashKey[int]()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    session.config.stash[_EXIT_STATUS] = int(exitstatus)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    status = config.stash.get(_EXIT_STATUS, None)
+    if status is None or os.environ.get("PCD_TESTS_FINALIZE"):  # PCD_TESTS_FINALIZE=1: finalize as usual
+        return
+    import sys
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
