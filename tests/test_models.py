@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from pcd_core import Engine, OptionError, PcdError
-from pcd_core.loading import load as model_load
+from pcd_core.loading import model_files
 from pcd_core.loading.model_files import EMBEDDED, converted_dir, resolve
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -121,7 +121,7 @@ def test_a_cached_hf_id_loads_offline_without_touching_the_environment(engine, t
     ],
 )
 def test_a_dtype_that_would_not_be_used_is_refused_before_anything_loads(backend, dtype, says, monkeypatch):
-    monkeypatch.setattr(model_load, "resolve", lambda name: pytest.fail("resolved a model after a bad dtype"))
+    monkeypatch.setattr(model_files, "resolve", lambda name: pytest.fail("resolved a model after a bad dtype"))
     with pytest.raises(OptionError, match=says):
         Engine.load("smollm2-135m", backend=backend, dtype=dtype, base_url="http://127.0.0.1:9")
 

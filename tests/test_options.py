@@ -16,6 +16,7 @@ import pytest
 from mcp_server.__main__ import parse_args as mcp_parse_args
 from pcd_core import Engine, LoadOptions, OptionError
 from pcd_core.loading import load as model_load
+from pcd_core.loading import model_files
 from pcd_core.loading.options import BACKENDS, load_options
 from pcd_integrations.commands import common
 from pcd_integrations.commands.main import build_parser, main
@@ -63,7 +64,7 @@ def _with_url(backend: str, options: dict) -> dict:
 @pytest.fixture
 def no_load(monkeypatch):
     """Fail the test if a refused option got as far as finding or loading a model."""
-    monkeypatch.setattr(model_load, "resolve", lambda name: pytest.fail(f"resolved {name!r} after a bad option"))
+    monkeypatch.setattr(model_files, "resolve", lambda name: pytest.fail(f"resolved {name!r} after a bad option"))
     monkeypatch.setattr(model_load, "_load", lambda options: pytest.fail(f"loaded {options}"))
 
 
