@@ -46,6 +46,8 @@ def chosen_options(options: LoadOptions) -> tuple[LoadOptions, auto.Choice]:
     model on this machine (resolving the model to see its format and size, unless an option names the
     backend), and the choice with its reason. A named backend is kept.
     """
+    if options.backend in ("mlx", "llamacpp", "vllm"):  # named, and not torch: no need to look for CUDA
+        return options, auto.Choice(options.backend, None, "named")
     machine = auto.this_machine()
     if options.backend != "auto":
         return options, auto.choose(options, "remote", 0, machine)
