@@ -181,7 +181,8 @@ class CascadeDecideResponse(DecideResponse):
 
 def summed(costs: Sequence[Stats], total_ms: float) -> Stats:
     """The stats of several engines' calls as one record: counts and times added, ``total_ms`` the wall time;
-    the words (row layout, head cache, backend, dtype) are the first engine's."""
+    the words (row layout, head cache, backend, dtype) are the first engine's.
+    """
     first = costs[0] if costs else Stats()
     numbers = {
         f.name: sum(getattr(s, f.name) for s in costs)
