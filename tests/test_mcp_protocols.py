@@ -32,6 +32,7 @@ from test_mcp_server import CALLS, NOUL_ARGS, TOOLS, check_properties, check_res
 from mcp_server.__main__ import parse_args  # noqa: E402
 from mcp_server.http_transport import http_app  # noqa: E402
 from mcp_server.server import build_server  # noqa: E402
+from mcp_server.sessions import SESSION_TOOLS  # noqa: E402
 from pcd_core import Engine  # noqa: E402
 from pcd_integrations.operations import Backpressure  # noqa: E402
 
@@ -94,7 +95,7 @@ def test_the_required_headers_must_match_the_request(url: str, version: str, hea
 def test_a_stateless_tool_call_needs_no_handshake_and_matches_its_output_schema(url: str, engine: Engine) -> None:
     listed = post(url, envelope("tools/list"), modern_headers("tools/list")).json()["result"]["tools"]
     schemas = {tool["name"]: tool["outputSchema"] for tool in listed}
-    assert set(schemas) == TOOLS
+    assert set(schemas) == TOOLS | SESSION_TOOLS
     for request_id, name in enumerate(sorted(TOOLS), start=2):
         body = envelope("tools/call", {"name": name, "arguments": CALLS[name]}, request_id)
         result = post(url, body, modern_headers("tools/call", name)).json()["result"]
@@ -146,7 +147,9 @@ def test_a_burst_past_max_queue_gets_503_with_retry_after(engine: Engine) -> Non
         first.join(timeout=120)
     assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
     assert "--max-queue" in refused.text and ready.status_code == 503
-    assert listed.status_code == discovered.status_code == 200 and len(listed.json()["result"]["tools"]) == len(TOOLS)
+    assert listed.status_code == discovered.status_code == 200 and len(listed.json()["result"]["tools"]) == len(
+        TOOLS | SESSION_TOOLS
+    )
     assert answered[0].status_code == 200 and "structuredContent" in answered[0].json()["result"]
 
 
