@@ -192,6 +192,17 @@ def summed(costs: Sequence[Stats], total_ms: float) -> Stats:
     return replace(first, **numbers, total_ms=total_ms)
 
 
+def _stage_failed(
+    label: str, error: PcdError, started: float, asked: int, warnings: list[str], costs: list[StageCost]
+) -> str:
+    """A stage that raised: logged, named in the warnings, its time recorded as its cost; the reason."""
+    failure = f"{type(error).__name__}: {error}"
+    logger.warning("cascade stage %s failed; keeping earlier answers: %s", label, failure)
+    warnings.append(f"stage {label!r} was not used: {failure}")
+    costs.append(_cost(label, asked, Stats(total_ms=(time.perf_counter() - started) * 1000), failure))
+    return failure
+
+
 def _cost(name: str, asked: int, stats: Stats, error: str | None = None) -> StageCost:
     return StageCost(
         engine=name,
@@ -287,11 +298,7 @@ class Cascade:
             try:
                 later = stage.engine.fill(sub, text, **task)
             except PcdError as error:
-                failure = f"{type(error).__name__}: {error}"
-                logger.warning("cascade stage %s failed; keeping earlier answers: %s", stage.label, failure)
-                warnings.append(f"stage {stage.label!r} was not used: {failure}")
-                stats = Stats(total_ms=(time.perf_counter() - clock) * 1000)
-                costs.append(_cost(stage.label, len(asked), stats, failure))
+                failure = _stage_failed(stage.label, error, clock, len(asked), warnings, costs)
                 for name in asked:
                     earlier = fields_now[name]
                     record = _record(reasons[name], stage.label, False, Reading.of_field(earlier), None, failure)
@@ -355,11 +362,7 @@ class Cascade:
             try:
                 later = stage.engine.decide(state, sub)
             except PcdError as error:
-                failure = f"{type(error).__name__}: {error}"
-                logger.warning("cascade stage %s failed; keeping earlier answers: %s", stage.label, failure)
-                warnings.append(f"stage {stage.label!r} was not used: {failure}")
-                spent = Stats(total_ms=(time.perf_counter() - clock) * 1000)
-                costs.append(_cost(stage.label, len(sub), spent, failure))
+                failure = _stage_failed(stage.label, error, clock, len(sub), warnings, costs)
                 for qid in sub:
                     earlier = answers[qid]
                     record = _record(reasons[qid], stage.label, False, Reading.of_answer(earlier), None, failure)
