@@ -1,15 +1,17 @@
-"""``Engine``: one backend behind ``fill``, ``decide`` and plain generation; wiring only, no math.
+"""``Engine``: one loaded model behind ``fill``, ``decide``, sessions and plain generation; wiring only.
 
-A request is checked and planned before it holds the model (``planning.py``); the engine holds the
-model side: backend, head KV cache, model lock, timings. A warm fill is two forward passes whatever
-the number of fields, plus one per further ``depends_on`` wave (``filling.py``); a warm decide is one
-(``deciding.py``); ``fill_many`` / ``decide_many`` read a batch in those passes (``batching.py``).
-Every prompt, a chat reply's included, is read through ``reading.py`` into one ``Stats`` (``cost.py``).
-One FIFO lock serialises model access, handed to a waiting request at each pass boundary
-(``fairness.py``), so threads and async callers may share an engine; concurrent replies' steps, and
-concurrent decides over one head and concurrent closed fills of one schema, are read together in
-shared passes (``stepping.py``).
-``tests/test_engine.py`` checks the pass counts and every ``Stats`` field on the real model.
+A request is checked and planned before it holds the model (``planning/planner.py``); the engine
+holds the model side as one record (``reading/loaded_model.py``: backend, tokenizer, head KV cache,
+model lock, step join). A warm fill is two forward passes whatever the number of fields, plus one
+per further ``depends_on`` wave (``planning/filling.py``); a warm decide is one
+(``planning/deciding.py``); ``fill_many`` / ``decide_many`` read a batch in those passes
+(``planning/batching.py``). Every prompt, a chat reply's included, is read through
+``reading/read_path.py`` into one ``Stats`` (``cost.py``). One FIFO lock serialises model access,
+handed to a waiting request at each pass boundary (``concurrency/model_lock.py``), so threads and
+async callers may share an engine; concurrent replies' steps, concurrent decides over one head and
+concurrent closed fills of one schema are read together in shared passes
+(``concurrency/pass_join.py``). ``tests/test_engine.py`` checks the pass counts and every ``Stats``
+field on the real model.
 """
 
 from __future__ import annotations
@@ -17,24 +19,22 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
-from functools import cached_property
 from typing import Any, Unpack
 
 from pcd_core.backends.base import Backend, Prefix
-from pcd_core.concurrency.model_lock import ModelLock, in_thread
-from pcd_core.concurrency.pass_join import PassJoin, joined_grow, step_join
+from pcd_core.concurrency.model_lock import in_thread
+from pcd_core.concurrency.pass_join import PassJoin
 from pcd_core.concurrency.session_memory import SessionMemory
 from pcd_core.cost import Meter
 from pcd_core.loading.load import load_backend
 from pcd_core.loading.options import LoadOptions, load_options
 from pcd_core.planning.batching import BATCH_STEM_TOKENS, BatchRead, Prepared, decide_joins, fill_joins
-from pcd_core.planning.caches import Lru, schema_key
 from pcd_core.planning.deciding import DecideKeywords, DecidePlan
 from pcd_core.planning.filling import Filled, FillKeywords, FillPlan, fill_passes
-from pcd_core.planning.planner import Planner, PlannerSettings, PriorRead, questions_key
+from pcd_core.planning.planner import Planner, PlannerSettings, PriorRead, questions_key, schema_key
 from pcd_core.prompting.compiler import CompiledSchema
-from pcd_core.prompting.grammar import GrammarTokenizer
 from pcd_core.reading.chatting import Message, stream_reply
+from pcd_core.reading.loaded_model import LoadedModel
 from pcd_core.reading.read_path import ms_since
 from pcd_core.reading.readout import Readout
 from pcd_core.reading.rounds import DecodeOptions
@@ -61,24 +61,20 @@ class Engine:
     ) -> None:
         if (calibration := settings.get("calibration")) is not None:  # another model's heads, or no states
             calibration.check_heads(model_name, backend.name, backend.reads_hidden, backend.hidden_parts)
-        self.backend, self.tokenizer, self.model_name = backend, tokenizer, model_name
+        self.model = LoadedModel.build(backend, tokenizer, head_cache_size)
+        self.model_name = model_name
         self.planner = Planner(tokenizer, backend.context_length, **settings)
-        # model access, first come first served; a backend that batches concurrent calls itself
-        # (vLLM) needs no lock
-        self._lock = ModelLock(serialise=backend.serialises)
-        self._heads = Lru(head_cache_size)
         # which sessions keep their KV (session_memory.py); each session's prompt is at most this long
         self.sessions = SessionMemory(max_sessions, max_session_tokens)
-        self._steps = step_join(backend)  # concurrent replies' steps, read in shared passes
-        # concurrent decides over one head, read in shared passes (stepping.py)
+        # concurrent decides over one head, read in shared passes (pass_join.py)
         self._decides: PassJoin[tuple[DecidePlan, Meter], tuple[list[Readout], list[str]]] = PassJoin(
-            run_many=lambda works: BatchRead(self.backend, self._head, self._lock).decide_joined(works),
+            run_many=lambda works: BatchRead(self.model).decide_joined(works),
             run_alone=self._decide_alone,
             budget=lambda: (self._joined_tokens, None),
         )
         # concurrent fills of one compiled schema that generate nothing, read in shared passes
         self._fills: PassJoin[Prepared[FillPlan], Filled] = PassJoin(
-            run_many=lambda works: BatchRead(self.backend, self._head, self._lock).fill_joined(works),
+            run_many=lambda works: BatchRead(self.model).fill_joined(works),
             run_alone=self._fill_alone,
             budget=lambda: (self._joined_tokens, None),
         )
@@ -104,31 +100,21 @@ class Engine:
         )
 
     @property
-    def waiting(self) -> int:
-        """Requests queued for the model now, behind the one that holds it (``pcd_core/concurrency/model_lock.py``)."""
-        return self._lock.waiting
+    def backend(self) -> Backend:
+        return self.model.backend
 
     @property
-    def model_lock(self) -> ModelLock:
-        """The FIFO lock every read of the model takes (``fairness.py``); sessions take it too."""
-        return self._lock
+    def tokenizer(self) -> TextTokenizer:
+        return self.model.tokenizer
 
-    def head_prefix(self, head_ids: tuple[int, ...], use_cache: bool) -> tuple[Prefix, bool, bool]:
-        """The head cache's lookup (``reading.HeadLookup``); the caller holds the model lock."""
-        return self._head(head_ids, use_cache)
+    @property
+    def waiting(self) -> int:
+        """Requests queued for the model now, behind the one that holds it (``concurrency/model_lock.py``)."""
+        return self.model.lock.waiting
 
     @property
     def context_length(self) -> int:
         return self.backend.context_length
-
-    @cached_property
-    def grammar_tokenizer(self) -> GrammarTokenizer:
-        """The grammar engine's view of the tokenizer, built on first use (it reads the vocabulary)."""
-        return GrammarTokenizer(self.tokenizer.hf, self.tokenizer.eos_ids)
-
-    def _grammar(self) -> GrammarTokenizer:
-        """``grammar_tokenizer`` as the fill's passes ask for it: only when a field generates."""
-        return self.grammar_tokenizer
 
     # -- compile and cache --------------------------------------------------------------------
     def compile(self, schema: Any, task: str = "") -> CompiledSchema:
@@ -139,19 +125,12 @@ class Engine:
         """The whole prompt's ids, checked against the context; ``pcd bench``'s baselines read them too."""
         return self.planner.request_ids(compiled, text)
 
-    def _head(self, head_ids: tuple[int, ...], use_cache: bool) -> tuple[Prefix, bool, bool]:
-        """The head's prefix, whether it came from the cache, and whether the cache holds it now."""
-        if not use_cache:
-            return self.backend.prefill(head_ids), False, False
-        head, hit = self._heads.get_or(head_ids, lambda: self.backend.prefill(head_ids))
-        return head, hit, self._heads.size > 0
-
     def warmup(self, schema: Any, task: str = "") -> Prefix:
         """Compile the schema and prefill its head, so that the first request is already warm.
         Returns the cached head, which token-by-token baselines continue from.
         """
-        with self._lock:
-            head, _, _ = self._head(self.compile(schema, task).head_ids, use_cache=True)
+        with self.model.lock:
+            head, _, _ = self.model.head(self.compile(schema, task).head_ids, use_cache=True)
             return head
 
     # -- fill ---------------------------------------------------------------------------------
@@ -193,7 +172,7 @@ class Engine:
         """A prepared fill's passes, under the lock; ``started`` is when its call began. One that can
         share its passes (``batching.fill_joins``, the head cache in use, a request within the joined
         read's tokens, a backend under the model lock) is read with the fills of the same compiled
-        schema that wait when a pass starts (``stepping.py``), each with its own fill's answers.
+        schema that wait when a pass starts (``pass_join.py``), each with its own fill's answers.
         """
         plan, adjust, meter = prepared
         size = len(plan.whole) - len(plan.compiled.head_ids)  # request tokens, as a batch group counts them
@@ -202,16 +181,14 @@ class Engine:
         if joins and size <= self._joined_tokens:
             ticket = self._fills.submit(prepared, id(plan.compiled), size)
             try:
-                with self._lock.turn(served=ticket.served) as turn:
+                with self.model.lock.turn(served=ticket.served) as turn:
                     filled = self._fills.run(ticket, turn.pause)
             finally:
                 self._fills.withdraw(ticket)
         else:
-            with self._lock.turn() as turn:  # the grammar tokenizer is built on first use, under the lock
-                later = joined_grow(self.backend, self._steps, turn.pause)  # open rows' steps join others'
-                filled = fill_passes(
-                    self.backend, self._head, self._grammar, plan, adjust, meter, use_head_cache, turn.pause, later
-                )
+            with self.model.lock.turn() as turn:  # the grammar tokenizer is built on first use, under the lock
+                later = self.model.joined_steps(turn.pause)  # open rows' steps join others'
+                filled = fill_passes(self.model, plan, adjust, meter, use_head_cache, turn.pause, later)
         return plan.assemble(filled, replace(meter.stats, queue_ms=turn.queue_ms, total_ms=ms_since(started)))
 
     def _fill_alone(self, work: Prepared[FillPlan], pause: Callable[[], None]) -> Filled:
@@ -219,7 +196,7 @@ class Engine:
         so no step is handed to the step join).
         """
         plan, adjust, meter = work
-        return fill_passes(self.backend, self._head, self._grammar, plan, adjust, meter, True, pause)
+        return fill_passes(self.model, plan, adjust, meter, True, pause)
 
     def fill_many(self, schema: Any, texts: list[str], **keywords: Unpack[FillKeywords]) -> list[Extraction]:
         """Many inputs against one schema, read together (``batching.py``): one pass per wave for all
@@ -228,7 +205,7 @@ class Engine:
         """
         prepared = [self.planner.fill(schema, text, keywords, self.content_free_priors) for text in texts]
         use_cache = keywords.get("use_head_cache", True)
-        batch = BatchRead(self.backend, self._head, self._lock, use_cache)
+        batch = BatchRead(self.model, use_cache)
         # an input the batch cannot take is read alone from the plan made for it above
         return batch.fill_many(prepared, lambda k: self._read_fill(prepared[k], use_cache, time.perf_counter()))
 
@@ -271,8 +248,7 @@ class Engine:
         the cost (``result.stats``, filled on the read path of ``fill`` and ``decide``: ``chatting.py``).
         """
         result = result if result is not None else Generation()
-        model = (self.backend, self.tokenizer, self._head, self._lock, self._steps)
-        yield from stream_reply(*model, messages, max_new_tokens=max_new_tokens, stop=stop, result=result)
+        yield from stream_reply(self.model, messages, max_new_tokens=max_new_tokens, stop=stop, result=result)
 
     # -- questions ----------------------------------------------------------------------------
     def decide(
@@ -305,19 +281,19 @@ class Engine:
     def _read_decide(self, prepared: Prepared[DecidePlan], started: float) -> DecideResponse:
         """A prepared decide's pass, under the lock; ``started`` is when its call began. One that can
         share a pass (``batching.decide_joins``) is read with the decides over the same head that
-        wait when a pass starts (``stepping.py``), each with its own decide's answers.
+        wait when a pass starts (``pass_join.py``), each with its own decide's answers.
         """
         plan, adjust, meter = prepared
         size = len(plan.whole) - len(plan.head_ids) + plan.row_tokens()  # request and row tokens
         if not decide_joins(plan, adjust) or size > self._joined_tokens:
             reads_hidden = adjust is not None and adjust.reads_hidden
-            with self._lock.turn() as turn:
-                decoded, warnings = plan.read(self.backend, self._head, meter, turn.pause, reads_hidden)
+            with self.model.lock.turn() as turn:
+                decoded, warnings = plan.read(self.model, meter, turn.pause, reads_hidden)
             read = list(decoded.readouts)
         else:
             ticket = self._decides.submit((plan, meter), plan.head_ids, size)
             try:
-                with self._lock.turn(served=ticket.served) as turn:
+                with self.model.lock.turn(served=ticket.served) as turn:
                     read, warnings = self._decides.run(ticket, turn.pause)
             finally:
                 self._decides.withdraw(ticket)
@@ -339,7 +315,7 @@ class Engine:
     ) -> tuple[list[Readout], list[str]]:
         """One decide that shares its pass with none: read as ``decide`` reads it, on its own."""
         plan, meter = work
-        decoded, warnings = plan.read(self.backend, self._head, meter, pause)
+        decoded, warnings = plan.read(self.model, meter, pause)
         return list(decoded.readouts), warnings
 
     def decide_many(
@@ -356,7 +332,7 @@ class Engine:
         """
         keywords = DecideKeywords(debias=debias, calibrate=calibrate, order_samples=order_samples)
         prepared = [self.planner.decide(state, questions, keywords, self.question_priors) for state in states]
-        batch = BatchRead(self.backend, self._head, self._lock)
+        batch = BatchRead(self.model)
         # a state the batch cannot take is read alone from the plan made for it above
         return batch.decide_many(
             prepared, self.model_name, lambda k: self._read_decide(prepared[k], time.perf_counter())
@@ -404,5 +380,5 @@ class Engine:
         return self._priors(("decide", questions_key(questions), samples), read)
 
     def _priors(self, key: Any, read: PriorRead) -> dict[str, tuple[float, ...]]:
-        with self._lock:  # one measurement per key, however many callers ask at once
+        with self.model.lock:  # one measurement per key, however many callers ask at once
             return self.planner.priors(key, read)

@@ -151,11 +151,11 @@ def test_sdk_parse_with_a_pydantic_model_returns_the_instance(client: Any) -> No
 def test_a_reply_behind_a_busy_model_says_how_long_it_waited(client: Any, engine: Engine) -> None:
     assert chat(client, HELLO, max_tokens=2).x_pcd["queue_ms"] == 0.0  # the model was free
     replies: list[Any] = []
-    with engine._lock:  # the test thread holds the model, so the server's worker queues behind it
+    with engine.model.lock:  # the test thread holds the model, so the server's worker queues behind it
         caller = threading.Thread(target=lambda: replies.append(chat(client, HELLO, max_tokens=2)))
         caller.start()
         deadline = time.monotonic() + 120
-        while engine._lock.waiting < 1:
+        while engine.model.lock.waiting < 1:
             assert time.monotonic() < deadline, "the request never queued for the model"
             time.sleep(0.005)
         time.sleep(0.2)

@@ -187,7 +187,7 @@ def test_a_short_decide_behind_a_long_one_finishes_first_with_the_sequential_ans
     assert long_alone.stats.queue_ms == short_alone.stats.queue_ms == 0.0  # nobody was in the way
 
     finished, results = run_queued(
-        engine._lock,
+        engine.model.lock,
         {
             "long": lambda: engine.decide(STATE, LONG_QUESTIONS),
             "short": lambda: engine.decide(SHORT_STATE, SHORT_QUESTIONS),
@@ -216,7 +216,7 @@ def test_a_decide_behind_a_fill_with_an_open_field_runs_between_its_generation_s
     assert fill_alone.stats.open_steps > 2
 
     finished, results = run_queued(
-        engine._lock,
+        engine.model.lock,
         {"fill": lambda: engine.fill(Note, STATE), "short": lambda: engine.decide(SHORT_STATE, SHORT_QUESTIONS)},
     )
     assert finished == ["short", "fill"]
@@ -264,7 +264,7 @@ def test_chat_replies_behind_a_busy_model_report_their_wait_on_the_wire(engine):
     generation_alone = engine.generate(HELLO, max_new_tokens=4)
     calls: dict[str, Any] = {name: (lambda body=body: _last_reply(engine, body)) for name, body in bodies.items()}
     calls["generate"] = lambda: engine.generate(HELLO, max_new_tokens=4)
-    _, results = run_queued(engine._lock, calls)
+    _, results = run_queued(engine.model.lock, calls)
 
     assert generation_alone.queue_ms == 0.0
     assert results["generate"].text == generation_alone.text
@@ -317,6 +317,6 @@ def test_a_cancelled_request_stops_at_its_next_pass_and_the_model_is_free(engine
     outcome, passes = run_until_cancelled(engine, calls[kind], after_passes=3)
     assert isinstance(outcome, Cancelled), outcome
     assert 3 <= passes <= 6, passes  # stopped at the boundary after the cancel, of up to 200 steps
-    assert not engine._lock.holds() and engine._lock.waiting == 0
+    assert not engine.model.lock.holds() and engine.model.lock.waiting == 0
     after = engine.decide(SHORT_STATE, SHORT_QUESTIONS)
     assert after.stats.queue_ms == 0.0 and after.answers == short_alone.answers

@@ -133,7 +133,7 @@ def test_a_burst_past_max_queue_gets_503_with_retry_after(engine: Engine) -> Non
     app = http_app(build_server(engine), "127.0.0.1", None, backpressure=Backpressure(max_queue=0))
     with serving(app, lifespan="on") as base:
         answered: list[httpx.Response] = []
-        with engine._lock:  # the model is busy: the first call waits for it and fills the queue
+        with engine.model.lock:  # the model is busy: the first call waits for it and fills the queue
             first = threading.Thread(target=lambda: answered.append(call_noul(f"{base}/mcp")))
             first.start()
             _wait_for(lambda: engine.waiting == 1, "the first call waits for the model", 60.0)
@@ -159,7 +159,7 @@ def test_a_call_past_its_timeout_gets_504_and_leaves_the_queue(engine: Engine) -
     )
     unbounded = http_app(build_server(engine), "127.0.0.1", None, json_response=True)
     with serving(bounded, lifespan="on") as base, serving(unbounded, lifespan="on") as other:
-        with engine._lock:
+        with engine.model.lock:
             started = time.monotonic()
             late = call_noul(f"{base}/mcp")
             waited_s = time.monotonic() - started

@@ -184,7 +184,7 @@ async def test_calls_behind_a_busy_model_report_their_wait(server, engine: Engin
     held, let_go = threading.Event(), threading.Event()
 
     def hold() -> None:
-        with engine._lock:
+        with engine.model.lock:
             held.set()
             let_go.wait(60)
 
@@ -202,7 +202,7 @@ async def test_calls_behind_a_busy_model_report_their_wait(server, engine: Engin
                 for name in ("fill", "noul"):
                     tg.start_soon(call, name)
                 with anyio.fail_after(60):
-                    while engine._lock.waiting < 2:
+                    while engine.model.lock.waiting < 2:
                         await anyio.sleep(0.005)
                 await anyio.sleep(0.2)
                 let_go.set()

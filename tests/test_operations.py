@@ -183,7 +183,7 @@ def test_a_burst_past_max_queue_gets_503_with_retry_after(engine: Engine) -> Non
     body = {"state": STATE, "questions": {"angry": QUESTIONS["angry"]}}
     with serving(app) as url, httpx.Client(base_url=url, timeout=120) as client:
         results: list[httpx.Response] = []
-        with engine._lock:  # the model is busy: the first two requests wait for it
+        with engine.model.lock:  # the model is busy: the first two requests wait for it
             threads = [
                 threading.Thread(target=lambda: results.append(client.post("/v1/systemone", json=body)))
                 for _ in range(2)
@@ -216,7 +216,7 @@ def test_a_request_past_its_timeout_gets_504_and_runs_no_pass(engine: Engine) ->
     body = {"state": STATE, "questions": {"angry": QUESTIONS["angry"]}}
     bounded, unbounded = create_app(engine, backpressure=Backpressure(timeout_s=0.5)), create_app(engine)
     with serving(bounded) as url, serving(unbounded) as other_url, httpx.Client(timeout=120) as client:
-        with engine._lock:
+        with engine.model.lock:
             started = time.monotonic()
             late = client.post(f"{url}/v1/systemone", json=body)
             waited_s = time.monotonic() - started

@@ -280,7 +280,7 @@ def test_a_fill_cancelled_while_waiting_leaves_the_joined_fills_as_alone(engine)
             outcome.append(error)
 
     threads = [threading.Thread(target=fill, args=(k,)) for k in range(3)] + [threading.Thread(target=cancelled)]
-    with engine._lock:  # every fill queues behind this hold, its work submitted
+    with engine.model.lock:  # every fill queues behind this hold, its work submitted
         for thread in threads:
             thread.start()
         while engine.waiting < len(threads):

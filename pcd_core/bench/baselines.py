@@ -123,7 +123,7 @@ def fill_sequential(engine: Any, compiled: CompiledSchema, head: Prefix, text: s
     else:
         run, prefix = BaselineRun(text=""), read_request(engine, compiled, head, text)
     assert prefix is not None
-    grammar = engine.grammar_tokenizer
+    grammar = engine.model.grammar
     for spec in compiled.open_rows:
         done, _ = generate_open_fields(engine.backend, grammar, prefix, (spec,), compiled.schema, Meter())
         generated = done[spec.field.name]
@@ -139,7 +139,7 @@ def generate_grammar(
     """Greedy token-by-token generation of the whole object under llguidance's JSON Schema mask."""
     from pcd_core.prompting.grammar import object_matcher
 
-    backend, grammar = engine.backend, engine.grammar_tokenizer
+    backend, grammar = engine.backend, engine.model.grammar
     matcher = object_matcher(grammar, compiled.schema)
     opener = compiled.layout.opener
     matcher.consume(grammar.encode(opener))  # the prompt already ends with it

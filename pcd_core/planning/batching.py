@@ -36,11 +36,12 @@ from typing import TypeVar
 
 from pcd_core.backends.base import Backend, Prefix, Query
 from pcd_core.backends.packing import pack_tree
-from pcd_core.concurrency.model_lock import ModelLock, no_pause
+from pcd_core.concurrency.model_lock import no_pause
 from pcd_core.cost import Meter
 from pcd_core.planning.deciding import DecidePlan
 from pcd_core.planning.filling import Filled, FillPlan
-from pcd_core.reading.read_path import HeadLookup, after_head, count_request, ms_since, read_head
+from pcd_core.reading.loaded_model import LoadedModel
+from pcd_core.reading.read_path import after_head, count_request, ms_since, read_head
 from pcd_core.reading.readout import Readout
 from pcd_core.reading.rounds import DecisionTask, Decoded, RoundStats, plan_rows
 from pcd_core.request.questions import DecideResponse
@@ -116,15 +117,17 @@ Prepared = tuple[_P, Adjust | None, Meter]
 
 @dataclass(frozen=True)
 class BatchRead:
-    """A batch's model access: the backend, the head cache's lookup, the engine's model lock. Each
-    ``*_many`` takes the model once for its whole batch, handing it over at every pass boundary
-    as a solo request does (``fairness.py``).
+    """A batch's reads of the engine's model (``LoadedModel``). Each ``*_many`` takes the model once
+    for its whole batch, handing it over at every pass boundary as a solo request does
+    (``model_lock.py``).
     """
 
-    backend: Backend
-    lookup: HeadLookup
-    lock: ModelLock
+    model: LoadedModel
     use_cache: bool = True
+
+    @property
+    def backend(self) -> Backend:
+        return self.model.backend
 
     def fill_many(self, prepared: Sequence[Prepared[FillPlan]], solo: Callable[[int], Extraction]) -> list[Extraction]:
         """Every batchable fill read together, the others through ``solo(index)`` after them; results
@@ -136,7 +139,7 @@ class BatchRead:
         for group in _groups(joined, [len(plan.whole) - len(plan.compiled.head_ids) for plan, _, _ in prepared]):
             plans = [prepared[k][0] for k in group]
             meters = [prepared[k][2] for k in group]
-            with self.lock.turn() as turn:
+            with self.model.lock.turn() as turn:
                 filled = self._fill(plans, [prepared[k][1] for k in group], meters, turn.pause)
             for k, plan, done, m in zip(group, plans, filled, meters):
                 results[k] = plan.assemble(done, replace(m.stats, queue_ms=turn.queue_ms, total_ms=ms_since(started)))
@@ -154,7 +157,7 @@ class BatchRead:
         for group in _groups(joined, [len(plan.whole) - len(plan.head_ids) for plan, _, _ in prepared]):
             plans = [prepared[k][0] for k in group]
             meters = [prepared[k][2] for k in group]
-            with self.lock.turn() as turn:
+            with self.model.lock.turn() as turn:
                 readouts = self._decide(plans, meters, turn.pause)
             for k, plan, read, m in zip(group, plans, readouts, meters):
                 stats = replace(m.stats, queue_ms=turn.queue_ms, total_ms=ms_since(started))
@@ -187,11 +190,11 @@ class BatchRead:
 
         def once(ids: tuple[int, ...], use_cache: bool) -> tuple[Prefix, bool, bool]:
             if not found:
-                found.append(self.lookup(ids, use_cache))
+                found.append(self.model.head(ids, use_cache))
                 return found[0]
             return found[0][0], True, found[0][2]
 
-        heads = [read_head(self.backend, once, head_ids, ids, m, self.use_cache).head for ids, m in zip(whole, meters)]
+        heads = [read_head(self.model, head_ids, ids, m, self.use_cache, once).head for ids, m in zip(whole, meters)]
         head = heads[0]
         assert head is not None and all(h is head for h in heads)  # inputs that ``_joins`` let in only
         return head

@@ -16,13 +16,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
-from pcd_core.backends.base import Backend
 from pcd_core.backends.packing import pack_tree
 from pcd_core.cost import Meter, Stats
 from pcd_core.errors import PromptError
 from pcd_core.prompting.prompt import PromptParts, normalise_input
 from pcd_core.prompting.question_rows import STATE_CLOSE, AskedQuestion, as_text, ask
-from pcd_core.reading.read_path import HeadLookup, count_request, read_request
+from pcd_core.reading.loaded_model import LoadedModel
+from pcd_core.reading.read_path import count_request, read_request
 from pcd_core.reading.readout import Readout
 from pcd_core.reading.rounds import DecisionTask, Decoded, RoundStats, plan_rows
 from pcd_core.request.conversation import Conversation
@@ -100,18 +100,18 @@ class DecidePlan:
         return out, spreads
 
     def read(
-        self, backend: Backend, lookup: HeadLookup, meter: Meter, pause: Callable[[], None], hidden: bool = False
+        self, model: LoadedModel, meter: Meter, pause: Callable[[], None], hidden: bool = False
     ) -> tuple[Decoded, list[str]]:
         """The one pass (two cold): the state as the trunk of every question's row, counted into
         ``meter``. The caller holds the lock, whose ``pause`` it passes on. ``hidden`` (a head answers
         some question) keeps each question's hidden state at its first decision point, same pass.
         """
-        passes_before = backend.counter.mine().forward_passes
+        passes_before = model.backend.counter.mine().forward_passes
         rounds = RoundStats()
         decoded, warnings = read_request(
-            backend, lookup, self.head_ids, self.whole, self.tasks(), meter, rounds, pause=pause, hidden=hidden
+            model, self.head_ids, self.whole, self.tasks(), meter, rounds, pause=pause, hidden=hidden
         )
-        count_request(backend, meter, rounds, passes_before, len(self.head_ids))
+        count_request(model.backend, meter, rounds, passes_before, len(self.head_ids))
         return decoded, warnings
 
     def row_tokens(self) -> int:

@@ -19,13 +19,13 @@ from typing import Any, TypedDict
 
 import numpy as np
 
-from pcd_core.backends.base import Backend, Prefix
+from pcd_core.backends.base import Prefix
 from pcd_core.cost import Meter, Stats
 from pcd_core.errors import OptionError, PromptError
 from pcd_core.prompting.compiler import CompiledSchema
-from pcd_core.prompting.grammar import GrammarTokenizer
-from pcd_core.reading.generation import GeneratedField, LaterStep, generate_open_fields
-from pcd_core.reading.read_path import HeadLookup, count_request, ms_since, read_request
+from pcd_core.reading.generation import GeneratedField, generate_open_fields
+from pcd_core.reading.loaded_model import LaterStep, LoadedModel
+from pcd_core.reading.read_path import count_request, ms_since, read_request
 from pcd_core.reading.readout import Readout
 from pcd_core.reading.rounds import DecisionTask, Decoded, DecodeOptions, RoundStats, decode
 from pcd_core.request.schema import Field, open_waves
@@ -172,9 +172,7 @@ class Filled:
 
 
 def fill_passes(
-    backend: Backend,
-    lookup: HeadLookup,
-    grammar: Callable[[], GrammarTokenizer],
+    model: LoadedModel,
     plan: FillPlan,
     adjust: Adjust | None,
     meter: Meter,
@@ -187,11 +185,10 @@ def fill_passes(
     caller holds the lock, whose ``pause`` hands the model over at each pass boundary; ``later``
     runs the open rows' steps after each wave's first (``generation.generate_open_fields``).
     """
-    passes_before = backend.counter.mine().forward_passes
+    passes_before = model.backend.counter.mine().forward_passes
     rounds = RoundStats()
     decoded, warnings = read_request(
-        backend,
-        lookup,
+        model,
         plan.compiled.head_ids,
         plan.whole,
         plan.tasks(0),
@@ -201,15 +198,14 @@ def fill_passes(
         pause,
         plan.reads_hidden(adjust),
     )
-    filled = read_waves(backend, grammar, plan, decoded, adjust, meter, rounds, pause, later)
+    filled = read_waves(model, plan, decoded, adjust, meter, rounds, pause, later)
     filled.warnings[:0] = warnings  # the request's warnings come before the open rows'
-    count_request(backend, meter, rounds, passes_before, len(plan.compiled.head_ids))
+    count_request(model.backend, meter, rounds, passes_before, len(plan.compiled.head_ids))
     return filled
 
 
 def read_waves(
-    backend: Backend,
-    grammar: Callable[[], GrammarTokenizer],
+    model: LoadedModel,
     plan: FillPlan,
     first: Decoded,
     adjust: Adjust | None,
@@ -232,7 +228,7 @@ def read_waves(
         lines = plan.answer_lines(set(compiled.waves[wave_index - 1]), filled.chosen)
         tasks = plan.tasks(wave_index)
         decoded = decode(
-            backend, decoded.prefix, tasks, rounds, trunk=lines, pause=pause, hidden=plan.reads_hidden(adjust)
+            model.backend, decoded.prefix, tasks, rounds, trunk=lines, pause=pause, hidden=plan.reads_hidden(adjust)
         )
         meter.stats = replace(meter.stats, prompt_tokens=meter.stats.prompt_tokens + len(lines))
         filled.record(plan, wave_index, decoded, adjust)
@@ -240,14 +236,13 @@ def read_waves(
     if plan.generates:
         clock = time.perf_counter()
         pause()
-        _generate_open(backend, grammar(), plan, decoded.prefix, filled, meter, pause, later)
+        _generate_open(model, plan, decoded.prefix, filled, meter, pause, later)
         meter.stats = replace(meter.stats, generate_ms=ms_since(clock))
     return filled
 
 
 def _generate_open(
-    backend: Backend,
-    grammar: GrammarTokenizer,
+    model: LoadedModel,
     plan: FillPlan,
     prefix: Prefix,
     filled: Filled,
@@ -262,8 +257,8 @@ def _generate_open(
     meter.stats = replace(meter.stats, prompt_tokens=meter.stats.prompt_tokens + len(lines))
     max_new_tokens = dict(plan.max_new_tokens) if plan.max_new_tokens is not None else None
     filled.generated, filled.warnings = generate_open_fields(
-        backend,
-        grammar,
+        model.backend,
+        model.grammar,  # built on first use, under the lock
         prefix,
         compiled.open_rows,
         compiled.schema,

@@ -16,9 +16,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypedDict
 
+from pcd_core.concurrency.lru import Lru
 from pcd_core.cost import Meter, Stats
 from pcd_core.planning.batching import Prepared
-from pcd_core.planning.caches import Lru, schema_key
 from pcd_core.planning.deciding import DecideKeywords, DecidePlan, plan_decide
 from pcd_core.planning.filling import FillKeywords, FillPlan, fill_options, request_ids
 from pcd_core.prompting.compiler import CompiledSchema, compile_schema
@@ -36,6 +36,15 @@ from pcd_core.trust.debias import content_free_priors
 #: what a prior's read returns for one content-free input: per field or question, its distribution
 PriorRead = Callable[[str], dict[str, list[float]]]
 Priors = Mapping[str, Sequence[float]]
+
+
+def schema_key(schema: Any) -> Any:
+    """The cache key of a schema as a caller passed it: the class itself, or its canonical JSON, so
+    that the same schema written twice finds one compiled entry.
+    """
+    if isinstance(schema, type):
+        return schema
+    return json.dumps(schema, sort_keys=True, default=repr)
 
 
 class PlannerSettings(TypedDict, total=False):

@@ -22,13 +22,13 @@ from typing import Any
 
 import numpy as np
 
-from pcd_core.backends.base import Backend, GrowStep, Prefix, Rows
-from pcd_core.concurrency.model_lock import ModelLock
-from pcd_core.concurrency.pass_join import StepJoin, Ticket, run_step, submit_step
+from pcd_core.backends.base import GrowStep, Prefix, Rows
+from pcd_core.concurrency.pass_join import Ticket, run_step, submit_step
 from pcd_core.cost import Meter
 from pcd_core.errors import PromptError, ReplyTooLongError
 from pcd_core.reading.generation import MAX_ROOM
-from pcd_core.reading.read_path import HeadLookup, ms_since, read_prompt, read_step
+from pcd_core.reading.loaded_model import LoadedModel
+from pcd_core.reading.read_path import ms_since, read_prompt, read_step
 from pcd_core.request.limits import check_text
 from pcd_core.result import Generation
 from pcd_core.tokenizer import TextTokenizer
@@ -119,11 +119,7 @@ def render_chat(tokenizer: TextTokenizer, messages: list[Message]) -> tuple[str,
 
 
 def stream_reply(
-    backend: Backend,
-    tokenizer: TextTokenizer,
-    lookup: HeadLookup,
-    lock: ModelLock,
-    steps: StepJoin,
+    model: LoadedModel,
     messages: str | Sequence[Message],
     *,
     max_new_tokens: int,
@@ -132,41 +128,28 @@ def stream_reply(
 ) -> Iterator[str]:
     """A reply's text deltas (``Engine.stream``): the prompt read like any request
     (``reading.read_prompt``: the head cache, then the rest, with room for the reply), then the steps
-    (``stream_tokens``), each joined with other replies' steps waiting then (``steps``,
-    ``stepping.py``). ``result.stats`` holds the reply's cost so far at every step, and its
+    (``stream_tokens``), each joined with other replies' steps waiting then (``model.steps``,
+    ``pass_join.py``). ``result.stats`` holds the reply's cost so far at every step, and its
     ``total_ms`` once the reply ends or its consumer stops pulling.
     """
     started = time.perf_counter()
-    head_ids, whole = chat_ids(tokenizer, messages, max_new_tokens, backend.context_length)
+    head_ids, whole = chat_ids(model.tokenizer, messages, max_new_tokens, model.backend.context_length)
     meter = Meter()
-    with lock.turn() as turn:
-        prefix = read_prompt(backend, lookup, head_ids, whole, meter, room=min(max_new_tokens, MAX_ROOM))
+    with model.lock.turn() as turn:
+        prefix = read_prompt(model, head_ids, whole, meter, room=min(max_new_tokens, MAX_ROOM))
     meter.stats = replace(meter.stats, queue_ms=turn.queue_ms)
     try:
-        yield from stream_tokens(
-            backend,
-            tokenizer,
-            prefix,
-            max_new_tokens=max_new_tokens,
-            stop=stop,
-            lock=lock,
-            steps=steps,
-            result=result,
-            meter=meter,
-        )
+        yield from stream_tokens(model, prefix, max_new_tokens=max_new_tokens, stop=stop, result=result, meter=meter)
     finally:
         result.stats = replace(meter.stats, total_ms=ms_since(started))
 
 
 def stream_tokens(
-    backend: Backend,
-    tokenizer: TextTokenizer,
+    model: LoadedModel,
     prefix: Prefix,
     *,
     max_new_tokens: int,
     stop: Sequence[str],
-    lock: ModelLock,
-    steps: StepJoin,
     result: Generation,
     meter: Meter,
 ) -> Iterator[str]:
@@ -175,11 +158,12 @@ def stream_tokens(
 
     The model lock is taken per step, not for the whole reply, so a long stream does not starve other
     requests on the same engine. Each step is handed to ``steps`` before the lock is asked for, so
-    that a pass starting meanwhile reads it with other replies' steps (``stepping.py``); it is counted
+    that a pass starting meanwhile reads it with other replies' steps (``pass_join.py``); it is counted
     by ``reading.read_step``: the time it waited for the lock, the pass it ran or shared, one step.
     """
     if max_new_tokens < 1:
         raise PromptError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+    backend, tokenizer, lock, steps = model.backend, model.tokenizer, model.lock, model.steps
     end_ids = set(tokenizer.eos_ids)
     rows: Rows | None = None
     new: tuple[int, ...] = ()

@@ -34,6 +34,7 @@ from pcd_core.cost import Meter
 from pcd_core.errors import GenerationError, OptionError
 from pcd_core.prompting.compiler import OpenRowSpec
 from pcd_core.prompting.grammar import GrammarTokenizer, RowMatcher
+from pcd_core.reading.loaded_model import LaterStep
 from pcd_core.request.open_schema import bound_warnings
 from pcd_core.request.schema import Schema, open_waves
 
@@ -41,10 +42,6 @@ from pcd_core.request.schema import Schema, open_waves
 #: rows that outgrow it still work (the backend's buffers grow), and many uncapped strings do not
 #: reserve them all
 MAX_ROOM = 1024
-
-#: a later step of a wave's rows: ``Backend.grow`` of their new tokens at a pass boundary; the
-#: engine's steps join other callers' waiting steps in one pass (``stepping.joined_grow``)
-LaterStep = Callable[[Prefix, Rows, Sequence[Sequence[int]]], Rows]
 
 
 def solo_steps(backend: Backend, pause: Callable[[], None]) -> LaterStep:
@@ -143,7 +140,7 @@ def generate_open_fields(
     ``written_in`` (the closed answer lines not yet in ``prefix``) is the trunk of the first wave's
     first step, as the previous wave's lines are of each later wave's: read in the same pass as the
     rows' openings, with room for the rows behind it (``Backend.grow``), so the steps never copy it.
-    ``pause`` is called between two passes, where the engine may hand the model over (``fairness.py``);
+    ``pause`` is called between two passes, where the engine may hand the model over (``model_lock.py``);
     a wave's steps after its first go through ``later`` (default: ``solo_steps``).
     Adds to ``meter`` the steps (``open_steps``), the row tokens they read and the tokens written
     (``output_tokens``); the caller counts the passes.

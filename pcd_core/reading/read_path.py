@@ -22,13 +22,14 @@ from typing import TypeVar
 from pcd_core.backends.base import Backend, Prefix
 from pcd_core.concurrency.model_lock import no_pause
 from pcd_core.cost import HeadCache, Meter
+from pcd_core.reading.loaded_model import LoadedModel
 from pcd_core.reading.rounds import DecisionTask, Decoded, RoundStats, decode
 
 #: the warning of a request whose input merged with the head's last token
 BYPASSED = "the input merged with the cached head's last token; the whole prompt was read anew"
 
-#: the head cache's lookup: (head ids, use the cache) -> (the head's prefix, whether it was cached,
-#: whether it is kept in the cache now: a miss that is kept was written for later requests)
+#: a head lookup as ``LoadedModel.head`` makes one: (head ids, use the cache) -> (the head's prefix,
+#: whether it was cached, whether it is kept in the cache now)
 HeadLookup = Callable[[tuple[int, ...], bool], tuple[Prefix, bool, bool]]
 
 
@@ -57,18 +58,20 @@ class HeadRead:
 
 
 def read_head(
-    backend: Backend,
-    lookup: HeadLookup,
+    model: LoadedModel,
     head_ids: tuple[int, ...],
     whole: tuple[int, ...],
     meter: Meter,
     use_cache: bool = True,
+    lookup: HeadLookup | None = None,
 ) -> HeadRead:
     """The head of ``whole`` from the cache (or prefilled), or none of it when the request merged
     with it. Fills ``row_layout``, ``head_cache``, ``cached_tokens``, ``cache_write_tokens``,
     ``head_ms`` and ``prompt_tokens`` (the trunk's length) of ``meter``; the caller holds the lock.
+    ``lookup`` replaces ``model.head`` where a batch looks its shared head up once for every input.
     """
     clock = time.perf_counter()
+    backend = model.backend
     rest = after_head(whole, head_ids)
     written = 0
     cache: HeadCache
@@ -76,7 +79,7 @@ def read_head(
         cache, cached = "bypassed", 0
         read = HeadRead(None, whole, (BYPASSED,))
     else:
-        head, hit, kept = lookup(head_ids, use_cache)
+        head, hit, kept = (lookup or model.head)(head_ids, use_cache)
         cache, cached = ("hit", len(head_ids)) if hit else ("miss", 0)
         if not hit and kept:  # prefilled now and kept for the next request
             written = len(head_ids)
@@ -96,8 +99,7 @@ def read_head(
 
 
 def read_request(
-    backend: Backend,
-    lookup: HeadLookup,
+    model: LoadedModel,
     head_ids: tuple[int, ...],
     whole: tuple[int, ...],
     tasks: list[DecisionTask],
@@ -106,28 +108,31 @@ def read_request(
     use_cache: bool = True,
     pause: Callable[[], None] = no_pause,
     hidden: bool = False,
+    lookup: HeadLookup | None = None,
 ) -> tuple[Decoded, list[str]]:
     """Read a head and a request, with the first ``tasks``' rows in the request's pass: the trunk
     is read in the same ``score`` call as the rows (``fill`` and ``decide``). The caller holds the
     lock, whose ``pause`` it passes on, and calls ``count_request`` when its passes are done.
-    ``hidden`` keeps each task's hidden state at its first decision point (``decoding.decode``).
+    ``hidden`` keeps each task's hidden state at its first decision point (``rounds.decode``);
+    ``lookup`` replaces ``model.head`` where a session reads after the KV it keeps.
     """
-    read = read_head(backend, lookup, head_ids, whole, meter, use_cache)
+    read = read_head(model, head_ids, whole, meter, use_cache, lookup)
     clock = time.perf_counter()
-    decoded = decode(backend, read.head, tasks, rounds, trunk=read.trunk, pause=pause, hidden=hidden)
+    decoded = decode(model.backend, read.head, tasks, rounds, trunk=read.trunk, pause=pause, hidden=hidden)
     meter.stats = replace(meter.stats, prefill_ms=ms_since(clock))
     return decoded, list(read.warnings)
 
 
 def read_prompt(
-    backend: Backend, lookup: HeadLookup, head_ids: tuple[int, ...], whole: tuple[int, ...], meter: Meter, room: int
+    model: LoadedModel, head_ids: tuple[int, ...], whole: tuple[int, ...], meter: Meter, room: int
 ) -> Prefix:
     """Read a chat prompt for a reply, with ``room`` for the reply behind its KV so that the steps
     write there instead of copying it (a longer reply outgrows it and the backend's buffers grow).
     Fills and counts ``meter`` as a request with no rows; the caller holds the lock.
     """
+    backend = model.backend
     passes_before = backend.counter.mine().forward_passes
-    read = read_head(backend, lookup, head_ids, whole, meter)
+    read = read_head(model, head_ids, whole, meter)
     clock = time.perf_counter()
     prefix = backend.prefill(read.trunk, parent=read.head, room=room)
     meter.stats = replace(meter.stats, prefill_ms=ms_since(clock))

@@ -13,23 +13,21 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from pcd_core.backends.base import Backend, Prefix
-from pcd_core.concurrency.model_lock import ModelLock
+from pcd_core.backends.base import Prefix
 from pcd_core.concurrency.session_memory import SessionMemory
 from pcd_core.errors import OptionError
 from pcd_core.planning.batching import Prepared
 from pcd_core.planning.deciding import DecideKeywords, DecidePlan
 from pcd_core.planning.filling import FillKeywords, FillPlan, read_waves
 from pcd_core.planning.planner import Planner
-from pcd_core.prompting.grammar import GrammarTokenizer
 from pcd_core.prompting.prompt import fence_open, normalise_input
 from pcd_core.prompting.question_rows import as_data_line
+from pcd_core.reading.loaded_model import LoadedModel
 from pcd_core.reading.read_path import read_request
 from pcd_core.reading.rounds import RoundStats
 from pcd_core.request.questions import ChoiceAnswer, DecideResponse, NoulAnswer
 from pcd_core.request.triggers import Observation, Trigger, observe
 from pcd_core.result import Extraction, FieldResult
-from pcd_core.tokenizer import TextTokenizer
 
 Result = Extraction | DecideResponse
 
@@ -37,19 +35,10 @@ Result = Extraction | DecideResponse
 class SessionHost(Protocol):
     """What a session needs of its engine (``Engine`` is one): the model side and the planner."""
 
-    backend: Backend
-    tokenizer: TextTokenizer
+    model: LoadedModel
     planner: Planner
     model_name: str
     sessions: SessionMemory
-
-    @property
-    def model_lock(self) -> ModelLock: ...
-
-    @property
-    def grammar_tokenizer(self) -> GrammarTokenizer: ...
-
-    def head_prefix(self, head_ids: tuple[int, ...], use_cache: bool) -> tuple[Prefix, bool, bool]: ...
 
     def content_free_priors(self, schema: Any, task: str = "") -> dict[str, tuple[float, ...]]: ...
 
@@ -103,8 +92,7 @@ class FillReader:
         plan, adjust, meter = prepared
         rounds = RoundStats()
         decoded, warnings = read_request(
-            host.backend,
-            lambda ids, use: (base, True, False),
+            host.model,
             lookup_ids,
             plan.whole,
             plan.tasks(0),
@@ -113,8 +101,9 @@ class FillReader:
             True,
             pause,
             plan.reads_hidden(adjust),
+            lookup=lambda ids, use: (base, True, False),  # the session's kept KV is the head
         )
-        filled = read_waves(host.backend, lambda: host.grammar_tokenizer, plan, decoded, adjust, meter, rounds, pause)
+        filled = read_waves(host.model, plan, decoded, adjust, meter, rounds, pause)
         filled.warnings[:0] = warnings
         return rounds, lambda stats: plan.assemble(filled, stats)
 
@@ -155,8 +144,7 @@ class DecideReader:
         rounds = RoundStats()
         hidden = adjust is not None and adjust.reads_hidden
         decoded, warnings = read_request(
-            host.backend,
-            lambda ids, use: (base, True, False),
+            host.model,
             lookup_ids,
             plan.whole,
             plan.tasks(),
@@ -165,6 +153,7 @@ class DecideReader:
             True,
             pause,
             hidden,
+            lookup=lambda ids, use: (base, True, False),  # the session's kept KV is the head
         )
         readouts, spreads = plan.merged(list(decoded.readouts))
         return rounds, lambda stats: plan.respond(host.model_name, readouts, stats, warnings, adjust, spreads)

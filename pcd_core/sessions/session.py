@@ -208,7 +208,7 @@ class Session:
         turn = SessionTurn(role, text)
         with self._lock:
             self._check_open()
-            n_line = len(self._host.tokenizer.encode_head(turn.line))
+            n_line = len(self._host.model.tokenizer.encode_head(turn.line))
             turns, counts, dropped = self._kept(self._turns + (turn,), self._turn_tokens + (n_line,))
             result = self._read(turns, dropped)
             states, result.triggers = self._fire(result, self._n_appends + 1)  # a bad label raises here
@@ -287,7 +287,7 @@ class Session:
         whole: tuple[int, ...] = plan.whole
         # the conversation's KV is kept up to the last token it shares with the whole prompt, so that
         # a closing line that merges with the last turn's end is read with the tail, never kept
-        kept_ids = host.tokenizer.encode_head(self._reader.kept_text(host, text, self._nonce))
+        kept_ids = host.model.tokenizer.encode_head(self._reader.kept_text(host, text, self._nonce))
         n_keep = common_start(kept_ids, whole)
         notes: list[str] = []
         if dropped:
@@ -295,8 +295,8 @@ class Session:
                 f"{dropped} early turn(s) dropped to keep the conversation within keep_last_tokens="
                 f"{self.keep_last_tokens} ({len(turns)} turns kept); the conversation was read again"
             )
-        with host.model_lock.turn() as turn:
-            passes_before = host.backend.counter.mine().forward_passes
+        with host.model.lock.turn() as turn:
+            passes_before = host.model.backend.counter.mine().forward_passes
             clock = time.perf_counter()
             base, reused, note = self._base(whole[:n_keep], self._reader.head_ids(plan))
             if note and not dropped:
@@ -304,7 +304,7 @@ class Session:
             kept = base
             if base is None or base.n_tokens < n_keep:
                 start = 0 if base is None else base.n_tokens
-                kept = host.backend.prefill(whole[start:n_keep], parent=base)
+                kept = host.model.backend.prefill(whole[start:n_keep], parent=base)
                 turn.pause()
             assert kept is not None
             extend_ms = ms_since(clock)
@@ -317,7 +317,7 @@ class Session:
                 head_cache="hit" if reused else "miss",
                 head_ms=meter.stats.head_ms + extend_ms,
             )
-            count_request(host.backend, meter, rounds, passes_before, reused)
+            count_request(host.model.backend, meter, rounds, passes_before, reused)
         self._prefix = kept
         host.sessions.hold(self)
         stats = replace(meter.stats, queue_ms=turn.queue_ms, total_ms=ms_since(started))
@@ -336,10 +336,10 @@ class Session:
             if "context" not in str(error) or isinstance(error, SessionOverflowError):
                 raise
             raise SessionOverflowError(
-                f"the conversation is over the model's context of {host.backend.context_length} tokens "
+                f"the conversation is over the model's context of {host.model.backend.context_length} tokens "
                 f"({error}); open the session with keep_last_tokens=N to drop early turns",
                 setting="context_length",
-                limit=host.backend.context_length,
+                limit=host.model.backend.context_length,
                 needed=0,
             ) from error
         limit = host.sessions.max_session_tokens
@@ -368,7 +368,7 @@ class Session:
         elif self._n_appends:
             note = "the session's KV had been evicted (max_sessions); its conversation was read again"
         if kept_ids[: len(head_ids)] == head_ids:
-            head, hit, _ = self._host.head_prefix(head_ids, True)
+            head, hit, _ = self._host.model.head(head_ids, True)
             return head, len(head_ids) if hit else 0, note
         return None, 0, note
 

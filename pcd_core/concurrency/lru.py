@@ -1,15 +1,12 @@
-"""The engine's small caches: compiled schemas, head KV, content-free priors.
+"""A small LRU with its own lock: the engine's caches (compiled schemas, head KV, priors).
 
-Each is an LRU with its own lock, so that it stays consistent when the model lock is off (compiling
-needs no model, and a backend that batches concurrent calls itself, vLLM, runs with no model lock).
-A key is made once per call from what the caller passed (``schema_key``): a pydantic class is its own
-key, anything else its canonical JSON. ``tests/test_engine.py`` checks hits, misses and eviction
-through the engine's ``Stats.head_cache``.
+Each cache keeps its own lock so that it stays consistent when the model lock is off: compiling needs
+no model, and a backend that batches concurrent calls itself (vLLM) runs with no model lock.
+``tests/test_engine.py`` checks hits, misses and eviction through ``Stats.head_cache``.
 """
 
 from __future__ import annotations
 
-import json
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -36,10 +33,3 @@ class Lru(OrderedDict):
                 while len(self) > self.size:
                     self.popitem(last=False)
             return value, False
-
-
-def schema_key(schema: Any) -> Any:
-    """The cache key of a schema as a caller passed it: the class itself, or its canonical JSON."""
-    if isinstance(schema, type):
-        return schema
-    return json.dumps(schema, sort_keys=True, default=repr)
