@@ -1,7 +1,7 @@
 """What a request cost: ``Stats``, the one frozen record that ``fill``, ``decide``, ``generate`` and
 ``stream`` return, and that every protocol renders its usage from.
 
-The read path (``reading.py``, ``filling.py``, ``deciding.py``, ``generation.py``, ``chatting.py``)
+The read path (``read_path.py``, ``filling.py``, ``deciding.py``, ``generation.py``, ``chatting.py``)
 fills a ``Meter`` pass by pass; each step replaces the meter's record with an updated copy, so a
 record handed out never changes afterwards. The wires read it and nothing else: the OpenAI chat
 completions usage and ``x_pcd`` (``pcd_integrations/wire/chat.py``), ``/v1/decisions`` usage with

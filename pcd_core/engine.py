@@ -17,26 +17,21 @@ field on the real model.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import replace
+from collections.abc import Iterator, Sequence
 from typing import Any, Unpack
 
 from pcd_core.backends.base import Backend, Prefix
 from pcd_core.concurrency.model_lock import in_thread
-from pcd_core.concurrency.pass_join import PassJoin
 from pcd_core.concurrency.session_memory import SessionMemory
-from pcd_core.cost import Meter
 from pcd_core.loading.load import load_backend
 from pcd_core.loading.options import LoadOptions, load_options
-from pcd_core.planning.batching import BATCH_STEM_TOKENS, BatchRead, Prepared, decide_joins, fill_joins
-from pcd_core.planning.deciding import DecideKeywords, DecidePlan
-from pcd_core.planning.filling import Filled, FillKeywords, FillPlan, fill_passes
+from pcd_core.planning.deciding import DecideKeywords
+from pcd_core.planning.filling import FillKeywords
+from pcd_core.planning.plan_reads import PlanReads
 from pcd_core.planning.planner import Planner, PlannerSettings, PriorRead, questions_key, schema_key
 from pcd_core.prompting.compiler import CompiledSchema
 from pcd_core.reading.chatting import Message, stream_reply
 from pcd_core.reading.loaded_model import LoadedModel
-from pcd_core.reading.read_path import ms_since
-from pcd_core.reading.readout import Readout
 from pcd_core.reading.rounds import DecodeOptions
 from pcd_core.request.conversation import Conversation
 from pcd_core.request.questions import DecideResponse, distribution
@@ -66,18 +61,7 @@ class Engine:
         self.planner = Planner(tokenizer, backend.context_length, **settings)
         # which sessions keep their KV (session_memory.py); each session's prompt is at most this long
         self.sessions = SessionMemory(max_sessions, max_session_tokens)
-        # concurrent decides over one head, read in shared passes (pass_join.py)
-        self._decides: PassJoin[tuple[DecidePlan, Meter], tuple[list[Readout], list[str]]] = PassJoin(
-            run_many=lambda works: BatchRead(self.model).decide_joined(works),
-            run_alone=self._decide_alone,
-            budget=lambda: (self._joined_tokens, None),
-        )
-        # concurrent fills of one compiled schema that generate nothing, read in shared passes
-        self._fills: PassJoin[Prepared[FillPlan], Filled] = PassJoin(
-            run_many=lambda works: BatchRead(self.model).fill_joined(works),
-            run_alone=self._fill_alone,
-            budget=lambda: (self._joined_tokens, None),
-        )
+        self.reads = PlanReads(self.model, model_name)  # alone, joined with waiting callers, or batched
 
     @classmethod
     def load(cls, options: LoadOptions | str | None = None, /, **keywords: Any) -> Engine:
@@ -166,37 +150,7 @@ class Engine:
             fence_nonce=fence_nonce,
         )
         prepared = self.planner.fill(schema, text, keywords, self.content_free_priors)
-        return self._read_fill(prepared, use_head_cache, started)
-
-    def _read_fill(self, prepared: Prepared[FillPlan], use_head_cache: bool, started: float) -> Extraction:
-        """A prepared fill's passes, under the lock; ``started`` is when its call began. One that can
-        share its passes (``batching.fill_joins``, the head cache in use, a request within the joined
-        read's tokens, a backend under the model lock) is read with the fills of the same compiled
-        schema that wait when a pass starts (``pass_join.py``), each with its own fill's answers.
-        """
-        plan, adjust, meter = prepared
-        size = len(plan.whole) - len(plan.compiled.head_ids)  # request tokens, as a batch group counts them
-        # a backend that batches concurrent requests itself (vLLM, no lock) keeps serving fills as it did
-        joins = self.backend.serialises and use_head_cache and fill_joins(self.backend, plan, adjust)
-        if joins and size <= self._joined_tokens:
-            ticket = self._fills.submit(prepared, id(plan.compiled), size)
-            try:
-                with self.model.lock.turn(served=ticket.served) as turn:
-                    filled = self._fills.run(ticket, turn.pause)
-            finally:
-                self._fills.withdraw(ticket)
-        else:
-            with self.model.lock.turn() as turn:  # the grammar tokenizer is built on first use, under the lock
-                later = self.model.joined_steps(turn.pause)  # open rows' steps join others'
-                filled = fill_passes(self.model, plan, adjust, meter, use_head_cache, turn.pause, later)
-        return plan.assemble(filled, replace(meter.stats, queue_ms=turn.queue_ms, total_ms=ms_since(started)))
-
-    def _fill_alone(self, work: Prepared[FillPlan], pause: Callable[[], None]) -> Filled:
-        """One fill that shares its passes with none, read as ``fill`` reads it (it generates nothing,
-        so no step is handed to the step join).
-        """
-        plan, adjust, meter = work
-        return fill_passes(self.model, plan, adjust, meter, True, pause)
+        return self.reads.fill(prepared, use_head_cache, started)
 
     def fill_many(self, schema: Any, texts: list[str], **keywords: Unpack[FillKeywords]) -> list[Extraction]:
         """Many inputs against one schema, read together (``batching.py``): one pass per wave for all
@@ -204,10 +158,7 @@ class Engine:
         generates open fields runs solo.
         """
         prepared = [self.planner.fill(schema, text, keywords, self.content_free_priors) for text in texts]
-        use_cache = keywords.get("use_head_cache", True)
-        batch = BatchRead(self.model, use_cache)
-        # an input the batch cannot take is read alone from the plan made for it above
-        return batch.fill_many(prepared, lambda k: self._read_fill(prepared[k], use_cache, time.perf_counter()))
+        return self.reads.fill_many(prepared, keywords.get("use_head_cache", True))
 
     async def afill(self, schema: Any, text: str, **keywords: Unpack[FillKeywords]) -> Extraction:
         """``fill`` in a worker thread, so that the event loop keeps running while the model reads."""
@@ -276,47 +227,7 @@ class Engine:
             calibrate=calibrate,
             fence_nonce=fence_nonce,
         )
-        return self._read_decide(self.planner.decide(state, questions, keywords, self.question_priors), started)
-
-    def _read_decide(self, prepared: Prepared[DecidePlan], started: float) -> DecideResponse:
-        """A prepared decide's pass, under the lock; ``started`` is when its call began. One that can
-        share a pass (``batching.decide_joins``) is read with the decides over the same head that
-        wait when a pass starts (``pass_join.py``), each with its own decide's answers.
-        """
-        plan, adjust, meter = prepared
-        size = len(plan.whole) - len(plan.head_ids) + plan.row_tokens()  # request and row tokens
-        if not decide_joins(plan, adjust) or size > self._joined_tokens:
-            reads_hidden = adjust is not None and adjust.reads_hidden
-            with self.model.lock.turn() as turn:
-                decoded, warnings = plan.read(self.model, meter, turn.pause, reads_hidden)
-            read = list(decoded.readouts)
-        else:
-            ticket = self._decides.submit((plan, meter), plan.head_ids, size)
-            try:
-                with self.model.lock.turn(served=ticket.served) as turn:
-                    read, warnings = self._decides.run(ticket, turn.pause)
-            finally:
-                self._decides.withdraw(ticket)
-        stats = replace(meter.stats, queue_ms=turn.queue_ms, total_ms=ms_since(started))
-        readouts, spreads = plan.merged(read)
-        return plan.respond(self.model_name, readouts, stats, warnings, adjust, spreads)
-
-    @property
-    def _joined_tokens(self) -> int:
-        """The most tokens a joined read takes: a decide's request and rows, a fill's request (one
-        pass per round or wave, so that it keeps a waiting request from the model for little longer
-        than a solo read's pass); a decide or fill over it is read alone, handing the model over
-        between its passes.
-        """
-        return min(BATCH_STEM_TOKENS, self.backend.max_tokens_per_pass or BATCH_STEM_TOKENS)
-
-    def _decide_alone(
-        self, work: tuple[DecidePlan, Meter], pause: Callable[[], None]
-    ) -> tuple[list[Readout], list[str]]:
-        """One decide that shares its pass with none: read as ``decide`` reads it, on its own."""
-        plan, meter = work
-        decoded, warnings = plan.read(self.model, meter, pause)
-        return list(decoded.readouts), warnings
+        return self.reads.decide(self.planner.decide(state, questions, keywords, self.question_priors), started)
 
     def decide_many(
         self,
@@ -332,11 +243,7 @@ class Engine:
         """
         keywords = DecideKeywords(debias=debias, calibrate=calibrate, order_samples=order_samples)
         prepared = [self.planner.decide(state, questions, keywords, self.question_priors) for state in states]
-        batch = BatchRead(self.model)
-        # a state the batch cannot take is read alone from the plan made for it above
-        return batch.decide_many(
-            prepared, self.model_name, lambda k: self._read_decide(prepared[k], time.perf_counter())
-        )
+        return self.reads.decide_many(prepared)
 
     async def adecide(
         self, state: Any, questions: dict[str, Any], **keywords: Unpack[DecideKeywords]

@@ -69,7 +69,7 @@ class GenerationError(PcdError, RuntimeError):
 
 class Cancelled(PcdError):
     """The request was cancelled (its client went away) and stopped at its next pass boundary, having
-    given the model back; raised by the engine when a ``fairness.Cancellation`` it runs under is set.
+    given the model back; raised by the engine when a ``model_lock.Cancellation`` it runs under is set.
     """
 
 

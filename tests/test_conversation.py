@@ -1,5 +1,5 @@
 """Earlier turns and the caller's instructions in the decide prompt (``pcd_core/request/conversation.py``,
-``asking.render_decide_prompt``, ``prompt.render``): model-free with a stand-in template, then on the
+``question_rows.render_decide_prompt``, ``prompt.render``): model-free with a stand-in template, then on the
 embedded model's own template and tokenizer.
 """
 

@@ -4,7 +4,7 @@ llama.cpp reads the GGUF's weights as they are. The engine still needs a Hugging
 (chat template, the compiler's encodings, llguidance's byte view), which transformers builds from
 the same GGUF's metadata: on two cores that takes seconds (its GGUF reader walks the 49k-token
 vocabulary and its merges through a numpy memmap), so the tokenizer alone, a few MB, is saved once
-in the cache folder (``models.cache_dir``). No weights are written anywhere.
+in the cache folder (``model_files.cache_dir``). No weights are written anywhere.
 
 Every load, the first included, reads the saved tokenizer with ``PreTrainedTokenizerFast``, which
 does not import torch; ``AutoTokenizer`` does (through transformers' model configurations), and
@@ -93,8 +93,8 @@ def threads_from_environment() -> int | None:
 def load_llamacpp(
     source: Any, max_tokens_per_pass: int | None, cache: Path, threads: int | None = None
 ) -> tuple[Any, TextTokenizer, str]:
-    """``models.load_backend`` for ``backend="llamacpp"``: (backend, tokenizer, model name). ``cache`` is
-    the weights cache folder (``models.cache_dir``), passed in so that a backend never imports the loader.
+    """``load.load_backend`` for ``backend="llamacpp"``: (backend, tokenizer, model name). ``cache`` is
+    the weights cache folder (``model_files.cache_dir``), passed in so that a backend never imports the loader.
     """
     if source.gguf is None:
         raise PcdError(

@@ -1,6 +1,6 @@
 """``pcd bench --widths 1,2,4,8,16``: tokens per second of one pass as it reads more requests at once.
 
-Batching (``pcd_core/planning/batching.py``, ``stepping.py``) can only gain what a pass of many requests reads
+Batching (``pcd_core/planning/batching.py``, ``pass_join.py``) can only gain what a pass of many requests reads
 per second over a pass of one: if one short request already keeps every core busy, reading sixteen
 at once is barely faster than reading them one by one. This mode measures that ceiling on the loaded
 model and machine. For each width K, one ``score`` pass reads K different requests of

@@ -98,7 +98,7 @@ def run_cancellable(token: Cancellation, call: Callable[[], _T]) -> _T:
 
 
 #: worker threads for engine calls made from async code. Such a call mostly waits for the model, and
-#: concurrent callers' work shares passes only when each has a thread waiting (``stepping.py``), so
+#: concurrent callers' work shares passes only when each has a thread waiting (``pass_join.py``), so
 #: the pool is sized for callers, not for the CPUs that ``asyncio.to_thread``'s default pool follows
 #: (six threads on a 2-core machine: eight HTTP clients' replies could not all step together)
 ENGINE_THREADS = 64
@@ -161,7 +161,7 @@ class ModelLock:
         """Take the model in arrival order (at once when this thread holds it); returns seconds waited.
         With ``cancel``, a wait ends in ``Cancelled`` as soon as it is set, the ticket given up. With
         ``served``, a wait ends without the model once it says true: another request did this one's
-        work (``stepping.py``), so the caller has nothing left to read (``holds`` tells which).
+        work (``pass_join.py``), so the caller has nothing left to read (``holds`` tells which).
         """
         if not self.serialise:
             return 0.0
@@ -271,7 +271,7 @@ class Turn:
 
     def pause(self, served: Callable[[], bool] | None = None) -> None:
         """A pass boundary: let waiting requests go first, then hold the model again, unless ``served``
-        says true first (another request's pass read this one's next step: ``stepping.py``); then the
+        says true first (another request's pass read this one's next step: ``pass_join.py``); then the
         model stays with the others, and the next boundary takes it back.
         """
         self.check()

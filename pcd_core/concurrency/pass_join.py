@@ -3,7 +3,7 @@
 A pass over a little work costs, on a CPU, about what reading the model's weights and setting the
 pass up cost, whatever few tokens it carries: a reply's step reads one token per row, a decide
 a short state and its questions. So a caller hands its work to a ``PassJoin`` (``submit``) before it
-queues for the model, and whichever caller gets the model next (``fairness.ModelLock``, first come
+queues for the model, and whichever caller gets the model next (``model_lock.ModelLock``, first come
 first served) runs its own work together with every compatible piece waiting then (the same
 ``key``), oldest first, within the pass's token and row budgets, through the join's ``run_many``.
 A caller whose work another's pass read stops waiting for the model as soon as that pass ends
@@ -193,7 +193,7 @@ def joined_grow(
     backend: Backend, steps: StepJoin, pause: Callable[[Callable[[], bool]], None]
 ) -> Callable[[Prefix, Rows, Sequence[Sequence[int]]], Rows]:
     """A fill's later open-row steps through the join: each step is handed to ``steps``, then the
-    fill's turn pauses (``fairness.Turn.pause``) until it holds the model again or another caller's
+    fill's turn pauses (``model_lock.Turn.pause``) until it holds the model again or another caller's
     pass has read the step; its rows come from that pass or from one run now with whatever waits.
     """
 

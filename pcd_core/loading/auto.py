@@ -11,7 +11,7 @@ The rule, measured by ``pcd bench --auto`` (``pcd_core/bench/auto_pick.py``, doc
    eight times their size. A smaller GGUF (the embedded SmolLM2 and Gemma) and any safetensors
    folder go to torch. Apple silicon follows the CPU rule (not measured here: no such machine).
 4. torch on a CPU computes in bfloat16 only where the CPU has AMX (``amx_bf16``), and only if the
-   load-time self-check passes in it (``models._torch_backend`` falls back to float32); elsewhere
+   load-time self-check passes in it (``load._torch_backend`` falls back to float32); elsewhere
    float32, today's default. AVX-512-BF16 without AMX (this project's 2-core AMD machine) keeps
    float32: bfloat16 there was not measured to be faster.
 
@@ -144,7 +144,7 @@ def choose(options: LoadOptions, model_format: ModelFormat, size_bytes: int, mac
 
 
 def source_format(gguf: Path | None, folder: str | None) -> tuple[ModelFormat, int]:
-    """A resolved model's format and weights size in bytes (``models.ModelSource``'s two fields)."""
+    """A resolved model's format and weights size in bytes (``model_files.ModelSource``'s two fields)."""
     if gguf is not None:
         return "gguf", gguf.stat().st_size
     if folder is None:

@@ -7,7 +7,7 @@ with its progress bar on stderr. ``ORG/REPO:FILE.gguf`` names one GGUF file of a
 that file is fetched. ``revision`` (a branch, a tag or a commit) pins what is read. Nothing is
 downloaded when the load option ``offline`` is set (``--offline``) or ``HF_HUB_OFFLINE`` is: the
 refusal, an ``OfflineError``, says what is missing. The embedded models never come here
-(``models.resolve`` answers them first).
+(``model_files.resolve`` answers them first).
 
 ``HF_ENDPOINT``, ``HF_HUB_CACHE`` (or ``HF_HOME``) and ``HF_HUB_OFFLINE`` are read at each load, not
 once when ``huggingface_hub`` is imported, so that an application that sets them after that import

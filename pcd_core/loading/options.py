@@ -1,6 +1,6 @@
 """``LoadOptions``: everything that says how a model loads, in one frozen, checked value.
 
-``Engine.load`` takes one (or keywords that build one); ``models.load_backend`` reads it; the ``pcd``
+``Engine.load`` takes one (or keywords that build one); ``load.load_backend`` reads it; the ``pcd``
 subcommands, ``pcd bench`` and ``pcd-mcp`` generate their model flags from its fields' metadata
 (``pcd_integrations/commands/common.py``), so the flags, their help and the checks cannot drift apart.
 

@@ -20,7 +20,7 @@ the head's last token (no stem hangs from the head), a fill that generates open 
 extends one prefix's rows), and every fill on a backend whose passes cost their tokens and little
 else (``Backend.batches_fills``: llama.cpp, where the re-read requests cost more than the shared
 passes save). Running the fills that generate side by side in threads, so that their steps join
-as concurrent callers' do (``stepping.joined_grow``), measured slower than the loop on a 2-core CPU
+as concurrent callers' do (``pass_join.joined_grow``), measured slower than the loop on a 2-core CPU
 (docs/benchmarks.md). Concurrent callers' fills of one schema that generate nothing are read as a
 batch too (``fill_joined``, through the engine's ``PassJoin``). ``tests/test_batching.py`` checks
 every answer and probability against solo calls on the real model, the pass counts, a split batch
@@ -74,7 +74,7 @@ class Stem:
 
 def decode_batch(backend: Backend, head: Prefix, stems: list[Stem], pause: Callable[[], None]) -> list[list[Readout]]:
     """Run rounds until no stem's task is pending, one ``score`` call per round for every input:
-    each input's reads laid out as in ``decoding.plan_rows``, its stem put in front of each row (and
+    each input's reads laid out as in ``rounds.plan_rows``, its stem put in front of each row (and
     read as a row of its own when a read falls right after the stem). Readouts per stem, in order.
     """
     n_rounds = 0
@@ -110,7 +110,7 @@ def decode_batch(backend: Backend, head: Prefix, stems: list[Stem], pause: Calla
     return [[task.readout() for task in stem.tasks] for stem in stems]
 
 
-#: one input made ready before the lock (``Planner.fill`` / ``Planner.decide``, ``planning.py``): its plan, its
+#: one input made ready before the lock (``Planner.fill`` / ``Planner.decide``, ``planner.py``): its plan, its
 #: debias / calibration step, and its ``Meter`` with ``compile_ms`` set
 Prepared = tuple[_P, Adjust | None, Meter]
 
@@ -166,7 +166,7 @@ class BatchRead:
         return [responses[k] if k in responses else solo(k) for k in range(len(prepared))]
 
     def decide_joined(self, works: list[tuple[DecidePlan, Meter]]) -> list[tuple[list[Readout], list[str]]]:
-        """Concurrent callers' decides over one head in one ``score`` call (``stepping.PassJoin``,
+        """Concurrent callers' decides over one head in one ``score`` call (``pass_join.PassJoin``,
         ``engine.py``), holding the model throughout; each one's readouts, and no warnings (as in
         ``decide_many``: a decide that joins extends the head, so its head read warns of nothing).
         """
@@ -175,7 +175,7 @@ class BatchRead:
 
     def fill_joined(self, works: list[Prepared[FillPlan]]) -> list[Filled]:
         """Concurrent callers' fills of one compiled schema in one ``score`` call per wave
-        (``stepping.PassJoin``, ``engine.py``), holding the model throughout: a joined read never hands
+        (``pass_join.PassJoin``, ``engine.py``), holding the model throughout: a joined read never hands
         the model over between its waves, since the callers whose fills it reads wait in the model's
         queue for it to end. Each fill's own answers, as ``fill_many`` reads them.
         """

@@ -4,7 +4,7 @@
 already validated and bounded (``limits.check_decide``): it renders each question's row after the
 state and checks that the longest one fits the context. The state is then read as the trunk that
 every question's row hangs from, in the same pass (``DecidePlan.read``, through
-``reading.read_request``, the path ``fill`` reads its request with): a warm request is one forward
+``read_path.read_request``, the path ``fill`` reads its request with): a warm request is one forward
 pass, a cold one two, for one question or sixty-four. ``DecidePlan.respond`` turns the readouts into
 typed answers.
 """

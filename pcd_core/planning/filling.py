@@ -3,7 +3,7 @@
 ``deciding.py`` plans ``decide``; this module plans ``fill``. ``FillPlan`` is built before the model
 lock (no model needed, so a bad input costs no pass): the compiled schema, the request's ids, the
 read options. Under the lock, ``fill_passes`` reads the head and the request with the first wave's
-rows (``reading.read_request``); ``read_waves`` then reads every later ``depends_on`` wave, each
+rows (``read_path.read_request``); ``read_waves`` then reads every later ``depends_on`` wave, each
 hanging from the answer lines the wave before chose, and generates the open fields
 (``generation.py``) from the closed answers not yet written in. ``FillPlan.assemble`` orders the results as the schema does and
 rebuilds the value. The pass counts this keeps are checked by ``tests/test_engine.py`` and
@@ -180,7 +180,7 @@ def fill_passes(
     pause: Callable[[], None],
     later: LaterStep | None = None,
 ) -> Filled:
-    """Every pass of a fill: the request with the first wave's rows (``reading.read_request``), one
+    """Every pass of a fill: the request with the first wave's rows (``read_path.read_request``), one
     pass per later wave, then the open rows' steps; ``meter`` is counted when the last is read. The
     caller holds the lock, whose ``pause`` hands the model over at each pass boundary; ``later``
     runs the open rows' steps after each wave's first (``generation.generate_open_fields``).

@@ -6,8 +6,8 @@ last message is the *head*, prefilled once and kept in the engine's head cache, 
 that grows by one turn, or many requests behind one system prompt, re-read only what is new. Tokens
 come from the same ``Backend.grow`` primitive that generated open fields use (one row), greedily, so
 a reply is deterministic. It stops at an end-of-turn token, a stop string or ``max_new_tokens``.
-The prompt is read like any request (``reading.read_prompt``) and each step is counted there too
-(``reading.read_step``), into the reply's ``Stats``, the record ``fill`` and ``decide`` return.
+The prompt is read like any request (``read_path.read_prompt``) and each step is counted there too
+(``read_path.read_step``), into the reply's ``Stats``, the record ``fill`` and ``decide`` return.
 ``tests/test_chatting.py`` checks the stream against ``generate`` and against a plain decode loop.
 """
 
@@ -127,7 +127,7 @@ def stream_reply(
     result: Generation,
 ) -> Iterator[str]:
     """A reply's text deltas (``Engine.stream``): the prompt read like any request
-    (``reading.read_prompt``: the head cache, then the rest, with room for the reply), then the steps
+    (``read_path.read_prompt``: the head cache, then the rest, with room for the reply), then the steps
     (``stream_tokens``), each joined with other replies' steps waiting then (``model.steps``,
     ``pass_join.py``). ``result.stats`` holds the reply's cost so far at every step, and its
     ``total_ms`` once the reply ends or its consumer stops pulling.
@@ -159,7 +159,7 @@ def stream_tokens(
     The model lock is taken per step, not for the whole reply, so a long stream does not starve other
     requests on the same engine. Each step is handed to ``steps`` before the lock is asked for, so
     that a pass starting meanwhile reads it with other replies' steps (``pass_join.py``); it is counted
-    by ``reading.read_step``: the time it waited for the lock, the pass it ran or shared, one step.
+    by ``read_path.read_step``: the time it waited for the lock, the pass it ran or shared, one step.
     """
     if max_new_tokens < 1:
         raise PromptError(f"max_new_tokens must be at least 1, got {max_new_tokens}")

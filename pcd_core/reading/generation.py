@@ -13,7 +13,7 @@ wave's first step.
 Every value is valid by construction: a row ends only when its matcher stops after the line ending.
 A row that reaches ``max_new_tokens`` is closed where the grammar allows it (a string gets its closing
 quote, with a warning) and otherwise raises ``GenerationError`` with the text written so far, never
-invalid JSON. The schemas arrive strict (``strict.py``): objects with exactly their keys, arrays bounded.
+invalid JSON. The schemas arrive strict (``open_schema.py``): objects with exactly their keys, arrays bounded.
 ``tests/test_generation.py`` checks validity, pass counts and sequential equality on the real model.
 """
 

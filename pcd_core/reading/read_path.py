@@ -6,7 +6,7 @@ prefilled; the rest of the prompt, tokenized with the head in one piece, is the 
 it. When the request's first token merged with the head's last one, the cached head cannot be
 extended: nothing of it is used, and the whole prompt is the trunk (``BYPASSED``). What each read
 cost is counted by the backend's per-thread pass counter, never by hand: a request hands the model
-over between passes (``fairness.py``) and other threads' passes run in between; a reply's steps,
+over between passes (``model_lock.py``) and other threads' passes run in between; a reply's steps,
 which a consumer may pull from any thread, are counted one by one (``read_step``).
 ``tests/test_engine.py`` checks the pass counts and every ``Stats`` field on the real model;
 ``tests/test_chatting.py`` checks a reply's cost.

@@ -127,7 +127,7 @@ def decode(
 ) -> Decoded:
     """Run rounds until no task has pending reads; one ``score`` call per round for all tasks, the
     first carrying ``trunk``. ``prefix`` may be None when the trunk is the whole prompt. ``pause`` is
-    called at every pass boundary, between rounds and between the chunks of one (``fairness.py``).
+    called at every pass boundary, between rounds and between the chunks of one (``model_lock.py``).
     With ``hidden``, the round that reads a task's first decision point (its root, path ``()``) also
     keeps the final hidden state there (``Readout.hidden``): the same passes, no more.
     """

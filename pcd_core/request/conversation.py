@@ -3,7 +3,7 @@
 A ``Conversation`` is what ``Engine.decide(..., context=...)`` takes: ``instructions`` (a system or
 developer message's text) join the engine's own instructions in the system turn, as the caller's
 words about every question; ``turns`` are the earlier turns, each rendered through the model's chat
-template with its own role (``asking.render_decide_prompt``), its text fenced like the state, so a
+template with its own role (``question_rows.render_decide_prompt``), its text fenced like the state, so a
 turn cannot speak as the prompt any more than the state can. The state is still the text the
 questions are about; the turns are what came before it.
 

@@ -3,7 +3,7 @@
 ``session.py`` keeps the conversation, its KV and its triggers; this module says what differs between
 a schema's session and a question set's: the plan of a fresh ``fill``/``decide`` of the conversation
 (with the session's nonce), the text of the prompt up to the conversation's end (whose KV the session
-keeps), and the read after that KV, through ``reading.read_request`` as every request is read. It
+keeps), and the read after that KV, through ``read_path.read_request`` as every request is read. It
 also turns a result into a trigger's ``Observation``. ``tests/test_session.py`` checks both halves.
 """
 

@@ -11,7 +11,7 @@ every turn, a secret one leaves the prompt up to the conversation's end as it wa
 the KV of the prompt up to the end of the conversation (the head, the fence's opening line, every
 turn); an append reads the new turn's tokens after it (``Backend.prefill`` with that prefix as parent,
 which never changes the parent, so a ``fork()`` shares it), then the fence's closing line, the tail
-and the rows in one pass (``reading.read_request``, the read path ``fill`` and ``decide`` take). The
+and the rows in one pass (``read_path.read_request``, the read path ``fill`` and ``decide`` take). The
 ids are those of the whole prompt tokenized in one piece, exactly as a fresh ``fill``/``decide`` with
 ``fence_nonce=session.nonce`` tokenizes it; where the new turn merged with the token before it, the
 session reads from the last token the two agree on, and says so in the result's warnings.
