@@ -38,3 +38,47 @@ def test_every_core_module_and_package_has_a_row():
     folders = {p.name for p in CORE.iterdir() if (p / "__init__.py").is_file()}
     assert files == named_files, sorted(files ^ named_files)
     assert folders == named_folders, sorted(folders ^ named_folders)
+
+
+#: file names the code cites that are not this project's: other libraries' sources the wire models and
+#: adapters follow, files a user writes or a model folder holds, and the style guide beside the project
+NOT_OURS = {
+    "STYLE.md",
+    "chat_completion.py",
+    "chat_completion_chunk.py",
+    "decision.py",
+    "dspy/adapters/decision_state.py",
+    "openai/types/chat/chat_completion.py",
+    "openai/types/decision_create_params.py",
+    "config.json",
+    "settings.json",
+    "schema.json",
+    "claude_desktop_config.json",
+    ".mcp.json",
+    ".cursor/mcp.json",
+    ".vscode/mcp.json",
+    "/openapi.json",
+}
+CITED = re.compile(r"``?([A-Za-z0-9_./-]+\.(?:py|md|json|sh|toml))``?")
+
+
+def test_every_cited_file_exists():
+    """A docstring, comment or page that names a file (``model_lock.py``, ``docs/trust.md``) names
+    one this tree holds, by its path or by its name, so that a move or a rename cannot leave a
+    pointer behind.
+    """
+    tracked = [p.relative_to(ROOT).as_posix() for p in ROOT.rglob("*") if p.is_file() and ".venv" not in p.parts]
+    sources = [
+        p
+        for top in ("pcd_core", "pcd_integrations", "mcp_server", "tests", "examples")
+        for p in (ROOT / top).rglob("*.py")
+    ]
+    sources += [*(ROOT / "docs").rglob("*.md"), ROOT / "README.md"]
+    missing = {}
+    for source in sources:
+        for cited in CITED.findall(source.read_text(encoding="utf-8")):
+            if cited in NOT_OURS or cited.startswith("..."):
+                continue
+            if not any(path == cited or path.endswith("/" + cited) for path in tracked):
+                missing.setdefault(cited, []).append(source.relative_to(ROOT).as_posix())
+    assert not missing, missing
