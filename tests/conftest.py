@@ -121,7 +121,19 @@ SLOW_MODULES = frozenset(
 )
 
 
+#: each test's seconds (setup, call and teardown) in the last full run recorded on 2 cores
+#: (PCD_RECORD_DURATIONS=tests/durations.json python -m pytest ... writes it); a test over SLOW_SECONDS
+#: there is slow too, so that the quick loop leaves out single slow tests of fast modules
+DURATIONS = Path(__file__).with_name("durations.json")
+SLOW_SECONDS = 2.0
+
+
+def _recorded() -> dict[str, float]:
+    return json.loads(DURATIONS.read_text(encoding="utf-8")) if DURATIONS.is_file() else {}
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    recorded = _recorded()
     sources: dict[Path, str] = {}
     for item in items:
         path = Path(str(item.fspath))
@@ -135,8 +147,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.browser)
         if any(needle in source for needle in CLIENT_IMPORTS):
             item.add_marker(pytest.mark.clients)
-        if path.stem in SLOW_MODULES:
+        if path.stem in SLOW_MODULES or recorded.get(item.nodeid, 0.0) > SLOW_SECONDS:
             item.add_marker(pytest.mark.slow)
+
+
+#: this run's seconds per test, setup, call and teardown together
+_SPENT: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _SPENT[report.nodeid] = _SPENT.get(report.nodeid, 0.0) + report.duration
 
 
 # -- the end of a run ---------------------------------------------------------------------------------
@@ -149,6 +169,9 @@ _EXIT_STATUS = pytest.StashKey[int]()
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     session.config.stash[_EXIT_STATUS] = int(exitstatus)
+    if target := os.environ.get("PCD_RECORD_DURATIONS"):  # this run's seconds per test, for the quick loop
+        spent = {nodeid: round(seconds, 2) for nodeid, seconds in sorted(_SPENT.items())}
+        Path(target).write_text(json.dumps({**_recorded(), **spent}, indent=0) + "\n", encoding="utf-8")
 
 
 @pytest.hookimpl(trylast=True)
