@@ -17,15 +17,15 @@ from weakref import WeakKeyDictionary
 
 from mcp_server.loading import EngineLoader
 from pcd_core import DEFAULT_LIMITS, Limits
-from pcd_integrations.guards import BearerAuth, BodyLimit, warn_if_exposed
-from pcd_integrations.operations import Backpressure, Operations, build_metrics
-from pcd_integrations.read_timeouts import DEFAULT_READ_TIMEOUTS, ReadTimeouts
+from pcd_integrations.serving.guards import BearerAuth, BodyLimit, warn_if_exposed
+from pcd_integrations.serving.operations import Backpressure, Operations, build_metrics
+from pcd_integrations.serving.read_timeouts import DEFAULT_READ_TIMEOUTS, ReadTimeouts
 
 if TYPE_CHECKING:
     from mcp.server.mcpserver import MCPServer
 
-    from pcd_integrations.metrics import Metrics
-    from pcd_integrations.operations import Tracer
+    from pcd_integrations.serving.metrics import Metrics
+    from pcd_integrations.serving.operations import Tracer
 
 __all__ = ["MCP_PATH", "SERVED", "Served", "http_app"]
 
@@ -62,7 +62,7 @@ def http_app(
 ) -> Any:
     """The streamable-HTTP ASGI app at /mcp, behind the body-size and body-time bounds and, with a key,
     the bearer check; in front of them request ids, ``/livez``, ``/readyz`` and ``/metrics``
-    (``pcd_integrations/operations.py``), which need no key, as ``pcd serve``'s health routes need none,
+    (``pcd_integrations/serving/operations.py``), which need no key, as ``pcd serve``'s health routes need none,
     and ``backpressure`` and ``tracer`` for every ``POST /mcp``, as for ``pcd serve``'s model routes.
     A request over ``backpressure.timeout_s`` gets 504 only while its response has not started: an
     SSE response (without ``json_response``) has started once the SDK sends its first event. A

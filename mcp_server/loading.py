@@ -1,7 +1,7 @@
 """Awaiting the engine in a tool call, so that the MCP handshake never waits for the weights.
 
 On stdio the SDK runs the lifespan before it answers `initialize`, and a cold load takes seconds to
-minutes; so the lifespan only starts `pcd_integrations.loading.EngineLoader` (the same loader `pcd serve`
+minutes; so the lifespan only starts `pcd_integrations.serving.engine_loader.EngineLoader` (the same loader `pcd serve`
 uses), and each tool call awaits the engine, reporting progress while it waits.
 `tests/test_mcp_server.py::test_a_call_during_the_load_waits_and_reports_progress` holds the load open
 and checks both.
@@ -13,7 +13,7 @@ from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError
 
 from pcd_core import Engine
-from pcd_integrations.loading import EngineFactory, EngineLoader
+from pcd_integrations.serving.engine_loader import EngineFactory, EngineLoader
 
 __all__ = ["PROGRESS_INTERVAL_S", "EngineFactory", "EngineLoader", "engine_for"]
 

@@ -76,8 +76,8 @@ from pcd_core import (
 )
 from pcd_core.concurrency.model_lock import in_worker
 from pcd_core.request.limits import check_decide, check_fill
-from pcd_integrations.operations import Backpressure, trace_cost
-from pcd_integrations.read_timeouts import DEFAULT_READ_TIMEOUTS, ReadTimeouts, http_protocol
+from pcd_integrations.serving.operations import Backpressure, trace_cost
+from pcd_integrations.serving.read_timeouts import DEFAULT_READ_TIMEOUTS, ReadTimeouts, http_protocol
 
 if TYPE_CHECKING:
     pass
@@ -414,9 +414,9 @@ def serve(
     JSON body per request instead of an SSE stream. Either way the model loads once per process. Over
     HTTP, ``api_key`` requires ``Authorization: Bearer <key>`` on every request, bodies over
     ``limits.max_body_bytes`` get 413 before the SDK parses them, and a client gets 408 when its
-    headers or its body take longer than ``read_timeouts`` allows (``pcd_integrations/read_timeouts.py``).
+    headers or its body take longer than ``read_timeouts`` allows (``pcd_integrations/serving/read_timeouts.py``).
     ``backpressure`` (``--max-queue``, ``--timeout``) and ``tracing`` (``--otel``) are ``pcd serve``'s
-    (``pcd_integrations/operations.py``, ``tracing.py``), applied to ``POST /mcp``.
+    (``pcd_integrations/serving/operations.py``, ``tracing.py``), applied to ``POST /mcp``.
     """
     server = build_server(engine_or_factory, log_level=log_level, limits=limits)
     if transport == "stdio":
@@ -424,8 +424,8 @@ def serve(
         return
     import uvicorn
 
-    from pcd_integrations.operations import log_config
-    from pcd_integrations.tracing import RequestTracer
+    from pcd_integrations.serving.operations import log_config
+    from pcd_integrations.serving.tracing import RequestTracer
 
     app = http_app(
         server,

@@ -7,7 +7,7 @@ just before the pass runs. The listener lives in a ``ContextVar``: an asyncio ta
 into the worker thread that ``asyncio.to_thread`` starts, so the listener set by a request's
 middleware is the one its engine calls see, and never another request's, even when requests hand the
 model to each other between passes (``model_lock.py``). No framework is imported here; the
-OpenTelemetry side lives in ``pcd_integrations/tracing.py``. A listener observes; stopping a
+OpenTelemetry side lives in ``pcd_integrations/serving/tracing.py``. A listener observes; stopping a
 request is ``model_lock.Cancellation``'s job. ``tests/test_operations.py`` counts a request's passes
 through it on the embedded model (one span per pass, as many as the response reports).
 """

@@ -72,7 +72,7 @@ try:
 except ImportError as error:  # pragma: no cover - exercised by a subprocess test without the extra
     raise BackendUnavailableError("pydantic-ai", "pydantic-ai-slim") from error
 
-from pcd_integrations.threads import iterate_in_thread
+from pcd_integrations.serving.threads import iterate_in_thread
 
 __all__ = ["NO_TOOL", "PCDModel", "PCDStreamedResponse", "render_conversation"]
 

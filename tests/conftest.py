@@ -87,7 +87,7 @@ def traced() -> tuple[object, object]:
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from pcd_integrations.tracing import RequestTracer
+    from pcd_integrations.serving.tracing import RequestTracer
 
     exporter = InMemorySpanExporter()
     provider = TracerProvider()

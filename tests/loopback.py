@@ -1,4 +1,4 @@
-"""A real ``pcd serve`` app on a loopback socket for real HTTP clients (``pcd_integrations/loopback.py``:
+"""A real ``pcd serve`` app on a loopback socket for real HTTP clients (``pcd_integrations/serving/loopback.py``:
 the ``openai`` SDK talks over its own HTTP stack, so its tests need a listening server rather than an
 in-process transport), and the check of an OpenAI error as the SDK raises it, shared by the OpenAI
 routes' tests.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pcd_integrations.loopback import serving
+from pcd_integrations.serving.loopback import serving
 
 __all__ = ["assert_openai_bad_request", "serving"]
 

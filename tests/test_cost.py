@@ -11,7 +11,7 @@ import pytest
 
 from pcd_core import DecideResponse, Stats, Usage
 from pcd_core.result import FieldResult
-from pcd_integrations.langchain_decisions import usage_metadata
+from pcd_integrations.langchain.decisions import usage_metadata
 from pcd_integrations.wire.chat_reply import CompletionUsage, PcdExtension
 from pcd_integrations.wire.decisions import DecisionUsage
 

@@ -235,7 +235,7 @@ HELLO = [{"role": "user", "content": "Say hello."}]
 
 
 def _last_reply(engine: Any, body: dict[str, Any]) -> Any:
-    from pcd_integrations.chat_completions import reply_steps
+    from pcd_integrations.http.chat_completions import reply_steps
     from pcd_integrations.wire.chat import ChatCompletionRequest
 
     request = ChatCompletionRequest.model_validate({"model": engine.model_name, "max_tokens": 4, **body})

@@ -25,10 +25,10 @@ from mcp.shared._httpx_utils import create_mcp_http_client  # noqa: E402
 from mcp_server import build_server  # noqa: E402
 from mcp_server.http_transport import http_app  # noqa: E402
 from pcd_core.request.limits import Limits  # noqa: E402
-from pcd_integrations.guards import is_loopback, warn_if_exposed  # noqa: E402
 from pcd_integrations.http import create_app  # noqa: E402
-from pcd_integrations.loopback import serving  # noqa: E402
-from pcd_integrations.read_timeouts import ReadTimeouts, http_protocol  # noqa: E402
+from pcd_integrations.serving.guards import is_loopback, warn_if_exposed  # noqa: E402
+from pcd_integrations.serving.loopback import serving  # noqa: E402
+from pcd_integrations.serving.read_timeouts import ReadTimeouts, http_protocol  # noqa: E402
 
 NOUL = {"type": "noul", "instructions": "Is it broken?"}
 

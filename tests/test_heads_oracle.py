@@ -143,7 +143,7 @@ async def test_mcp_and_langchain_answers_say_a_head_answered(served: Engine) -> 
     from mcp import Client
 
     from mcp_server import build_server
-    from pcd_integrations.langchain_decisions import PCDDecisionModel
+    from pcd_integrations.langchain.decisions import PCDDecisionModel
 
     async with Client(build_server(served), raise_exceptions=True) as client:
         decided = (

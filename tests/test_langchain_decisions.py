@@ -30,7 +30,7 @@ from langchain_core.tools import tool
 
 from pcd_core import Engine
 from pcd_integrations.langchain import PCDDecisionModel
-from pcd_integrations.langchain_decisions import (
+from pcd_integrations.langchain.decisions import (
     UnsupportedContentError,
     UnsupportedQuestionError,
     render_state,

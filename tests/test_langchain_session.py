@@ -9,7 +9,7 @@ from langchain.agents import create_agent
 
 from pcd_core import Engine
 from pcd_integrations.langchain import ChatPCD
-from pcd_integrations.langchain_session import PCDSessionMiddleware
+from pcd_integrations.langchain.session import PCDSessionMiddleware
 
 QUESTIONS = {
     "refund": {"type": "noul", "instructions": "Does the user ask for a refund?"},

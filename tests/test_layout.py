@@ -1,41 +1,60 @@
-"""``docs/layout.md``'s package table names exactly the modules the tree holds."""
+"""``docs/layout.md``'s package tables name exactly the modules the tree holds: the engine's table
+``pcd_core/``, the front doors' table ``pcd_integrations/``."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
-CORE = ROOT / "pcd_core"
 ROW = re.compile(r"^\| (?P<where>[^|]+) \| [^|]+ \| (?P<modules>[^|]+) \|$")
+#: each section of the page and the package its table describes
+SECTIONS = {"## The engine, package by package": "pcd_core", "## The front doors": "pcd_integrations"}
+#: rows that say "(their own modules)" instead of naming them
+UNLISTED = {"bench", "evaluation"}
 
 
-def _table() -> dict[str, set[str]]:
-    """Each row's first cell (a package folder or module files) and the modules it names."""
+def _table(heading: str) -> dict[str, set[str]]:
+    """Each row of the section's table: its first cell (a package folder or module files) and the modules
+    (and, ending in ``/``, the packages) it names."""
+    text = (ROOT / "docs/layout.md").read_text(encoding="utf-8")
+    section = text.split(heading, 1)[1].split("\n## ", 1)[0]
     rows: dict[str, set[str]] = {}
-    for line in (ROOT / "docs/layout.md").read_text(encoding="utf-8").splitlines():
+    for line in section.splitlines():
         match = ROW.match(line)
         if match and match["where"].startswith("`"):
-            rows[match["where"]] = set(re.findall(r"`([a-z_]+)`", match["modules"]))
+            rows[match["where"]] = set(re.findall(r"`([a-z_]+)/?`", match["modules"]))
     return rows
 
 
-def test_every_package_row_names_its_modules():
-    rows = _table()
+def _modules(folder: Path) -> set[str]:
+    """The modules and the packages directly inside a package."""
+    files = {p.stem for p in folder.glob("*.py") if p.stem != "__init__"}
+    return files | {p.name for p in folder.iterdir() if (p / "__init__.py").is_file()}
+
+
+@pytest.mark.parametrize(("heading", "package"), SECTIONS.items())
+def test_every_package_row_names_its_modules(heading: str, package: str):
+    rows = _table(heading)
+    assert rows, heading
     for where, modules in rows.items():
         for folder in re.findall(r"`([a-z_]+)/`", where):
-            if folder in ("bench", "evaluation"):
+            if folder in UNLISTED:
                 continue
-            present = {p.stem for p in (CORE / folder).glob("*.py") if p.stem != "__init__"}
-            assert present == modules, (folder, sorted(present ^ modules))
+            present = _modules(ROOT / package / folder)
+            assert present == modules, (package, folder, sorted(present ^ modules))
 
 
-def test_every_core_module_and_package_has_a_row():
-    rows = _table()
+@pytest.mark.parametrize(("heading", "package"), SECTIONS.items())
+def test_every_module_and_package_has_a_row(heading: str, package: str):
+    rows = _table(heading)
     named_files = {m for where in rows for m in re.findall(r"`([a-z_]+)\.py`", where)}
     named_folders = {m for where in rows for m in re.findall(r"`([a-z_]+)/`", where)}
-    files = {p.stem for p in CORE.glob("*.py") if p.stem != "__init__"}
-    folders = {p.name for p in CORE.iterdir() if (p / "__init__.py").is_file()}
+    root = ROOT / package
+    files = {p.stem for p in root.glob("*.py") if p.stem != "__init__"}
+    folders = {p.name for p in root.iterdir() if (p / "__init__.py").is_file()}
     assert files == named_files, sorted(files ^ named_files)
     assert folders == named_folders, sorted(folders ^ named_folders)
 

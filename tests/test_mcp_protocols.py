@@ -34,7 +34,7 @@ from mcp_server.http_transport import http_app  # noqa: E402
 from mcp_server.server import build_server  # noqa: E402
 from mcp_server.sessions import SESSION_TOOLS  # noqa: E402
 from pcd_core import Engine  # noqa: E402
-from pcd_integrations.operations import Backpressure  # noqa: E402
+from pcd_integrations.serving.operations import Backpressure  # noqa: E402
 
 NEWEST, PREVIOUS = "2026-07-28", "2025-11-25"
 

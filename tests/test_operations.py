@@ -1,4 +1,4 @@
-"""The operator's surface of ``pcd serve`` (``pcd_integrations/operations.py``, ``metrics.py``,
+"""The operator's surface of ``pcd serve`` (``pcd_integrations/serving/operations.py``, ``metrics.py``,
 ``tracing.py``): metrics read by prometheus_client's own parser, request ids, back-pressure, health
 and tracing, each driven by real clients against a real loopback server on the embedded model.
 """
@@ -23,8 +23,8 @@ from loopback import serving  # noqa: E402
 
 from pcd_core import Engine  # noqa: E402
 from pcd_integrations.http import create_app  # noqa: E402
-from pcd_integrations.metrics import OTHER, BoundedNames  # noqa: E402
-from pcd_integrations.operations import Backpressure, Operations, RequestIdFilter  # noqa: E402
+from pcd_integrations.serving.metrics import OTHER, BoundedNames  # noqa: E402
+from pcd_integrations.serving.operations import Backpressure, Operations, RequestIdFilter  # noqa: E402
 
 STATE = "My invoice charged me twice this month and nobody answers my emails. Fix it today."
 QUESTIONS = {
@@ -120,7 +120,7 @@ def test_field_labels_are_bounded() -> None:
 def test_a_safe_request_id_is_echoed_and_an_unsafe_one_replaced(base_url: str, caplog: Any) -> None:
     caplog.handler.addFilter(RequestIdFilter())
     with (
-        caplog.at_level(logging.INFO, logger="pcd_integrations.operations"),
+        caplog.at_level(logging.INFO, logger="pcd_integrations.serving.operations"),
         httpx.Client(base_url=base_url, timeout=120) as client,
     ):
         one = client.post(
@@ -135,13 +135,13 @@ def test_a_safe_request_id_is_echoed_and_an_unsafe_one_replaced(base_url: str, c
     assert chat.headers["x-request-id"] == chat.json()["x_pcd"]["request_id"] != made
     events = [json.loads(line[6:]) for line in streamed.text.splitlines() if line.startswith("data: {")]
     assert [e["x_pcd"]["request_id"] for e in events if e.get("x_pcd")] == ["s-1"] == [streamed.headers["x-request-id"]]
-    lines = {r.request_id: r.getMessage() for r in caplog.records if r.name == "pcd_integrations.operations"}
+    lines = {r.request_id: r.getMessage() for r in caplog.records if r.name == "pcd_integrations.serving.operations"}
     assert "POST /v1/systemone -> 200" in lines["ticket-42.a"] and "-> 200" in lines[made]
 
 
 def test_log_lines_written_in_the_worker_thread_carry_the_request_id() -> None:
     """The engine runs in a worker thread; its log lines must still name the request."""
-    from pcd_integrations.loading import EngineLoader
+    from pcd_integrations.serving.engine_loader import EngineLoader
 
     seen: list[str] = []
 
@@ -293,11 +293,11 @@ def test_serve_refuses_a_bad_bound(argv: list[str]) -> None:
 
 
 def test_serve_hands_its_bounds_and_tracing_to_the_server(monkeypatch: Any) -> None:
-    import pcd_integrations.http
+    import pcd_integrations.http.app
     from pcd_integrations.commands.main import main
 
     given: dict[str, Any] = {}
-    monkeypatch.setattr(pcd_integrations.http, "serve", lambda load, **options: given.update(options))
+    monkeypatch.setattr(pcd_integrations.http.app, "serve", lambda load, **options: given.update(options))
     assert main(["serve", "--max-queue", "3", "--timeout", "2.5", "--otel"]) == 0
     assert given["backpressure"] == Backpressure(max_queue=3, timeout_s=2.5) and given["tracing"] is True
     assert main(["serve"]) == 0

@@ -20,7 +20,7 @@ from pcd_core.loading import model_files
 from pcd_core.loading.options import BACKENDS, load_options
 from pcd_integrations.commands import common
 from pcd_integrations.commands.main import build_parser, main
-from pcd_integrations.lazy_engine import LazyEngine
+from pcd_integrations.serving.lazy_engine import LazyEngine
 
 URL = "http://127.0.0.1:9"  # vllm needs an address; nothing listens there and nothing connects
 

@@ -46,8 +46,11 @@ def test_the_wheel_ships_the_type_markers_and_the_bundled_cases(wheel):
     assert cases and cases <= names
     shapes = {f"pcd_core/loading/archs/{p.name}" for p in (ROOT / "pcd_core" / "loading" / "archs").glob("*.json")}
     assert shapes and shapes <= names  # pcd bench --dummy-weights
-    page = {f"pcd_integrations/playground/{p.name}" for p in (ROOT / "pcd_integrations" / "playground").iterdir()}
-    assert page - {"pcd_integrations/playground/__pycache__"} <= names  # pcd serve's GET / and its examples
+    page = {
+        f"pcd_integrations/http/playground/{p.name}"
+        for p in (ROOT / "pcd_integrations" / "http" / "playground").iterdir()
+    }
+    assert page - {"pcd_integrations/http/playground/__pycache__"} <= names  # pcd serve's GET / and its examples
     sources = {p.relative_to(ROOT).as_posix() for package in PACKAGES for p in (ROOT / package).rglob("*.py")}
     assert sources <= names
 

@@ -1,4 +1,4 @@
-"""The playground page (``pcd_integrations/playground``) in a real headless browser against ``pcd serve``
+"""The playground page (``pcd_integrations/http/playground``) in a real headless browser against ``pcd serve``
 on loopback with the embedded model.
 
 The browser is Debian's ``chromium`` driven by Playwright (the dev extra); nothing downloads a browser
@@ -34,7 +34,7 @@ from loopback import serving  # noqa: E402
 from pcd_core import Engine  # noqa: E402
 from pcd_integrations.commands.main import main  # noqa: E402
 from pcd_integrations.http import create_app  # noqa: E402
-from pcd_integrations.playground import bundled_examples  # noqa: E402
+from pcd_integrations.http.playground import bundled_examples  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -417,10 +417,10 @@ def test_no_playground_leaves_the_page_routes_to_the_404_handler(engine: Engine)
 
 
 def test_pcd_serve_passes_no_playground_to_the_server(monkeypatch: pytest.MonkeyPatch) -> None:
-    import pcd_integrations.http
+    import pcd_integrations.http.app
 
     calls: list[dict[str, Any]] = []
-    monkeypatch.setattr(pcd_integrations.http, "serve", lambda factory, **options: calls.append(options))
+    monkeypatch.setattr(pcd_integrations.http.app, "serve", lambda factory, **options: calls.append(options))
     assert main(["serve"]) == 0 and main(["serve", "--no-playground"]) == 0
     assert [call["playground"] for call in calls] == [True, False]
 

@@ -11,7 +11,7 @@ from mcp_server.__main__ import build_parser as build_mcp_parser
 from mcp_server.__main__ import parse_args as parse_mcp_args
 from pcd_core.errors import OptionError
 from pcd_integrations.commands.main import build_parser as build_pcd_parser
-from pcd_integrations.serve_options import ServeOptions
+from pcd_integrations.commands.serve_options import ServeOptions
 
 
 def _serve_parser() -> argparse.ArgumentParser:

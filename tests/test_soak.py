@@ -25,7 +25,7 @@ from mcp_server import build_server  # noqa: E402
 from mcp_server.http_transport import http_app  # noqa: E402
 from pcd_core.request.limits import Limits  # noqa: E402
 from pcd_integrations.http import create_app  # noqa: E402
-from pcd_integrations.loopback import serving  # noqa: E402
+from pcd_integrations.serving.loopback import serving  # noqa: E402
 
 LIMITS = Limits(max_body_bytes=64 << 10)
 N_CLIENTS, N_REQUESTS = 8, 25

@@ -36,7 +36,7 @@ from pcd_core.trust.calibration import Calibration, FieldCalibration  # noqa: E4
 from pcd_core.trust.selective import NEVER  # noqa: E402
 from pcd_integrations.commands.main import main  # noqa: E402
 from pcd_integrations.http import create_app  # noqa: E402
-from pcd_integrations.langchain_decisions import PCDDecisionModel  # noqa: E402
+from pcd_integrations.langchain.decisions import PCDDecisionModel  # noqa: E402
 
 STATE = "The blender arrived cracked. I want my money back, and I am not buying from you again."
 REFUND = {"type": "noul", "instructions": "Does the customer ask for money back?"}
@@ -152,7 +152,7 @@ def test_pcd_serve_hands_the_file_and_debias_to_the_engine_and_logs_the_recommen
     def fake_serve(factory: Any, **options: Any) -> None:  # uvicorn is not started; the factory is inspected
         seen["factory"] = factory
 
-    monkeypatch.setattr("pcd_integrations.http.serve", fake_serve)
+    monkeypatch.setattr("pcd_integrations.http.app.serve", fake_serve)
     monkeypatch.setattr("pcd_integrations.commands.common.Engine.load", lambda options: options)
     with caplog.at_level(logging.WARNING):
         assert main(["serve", "--calibration", str(calibration_file), "--debias"]) == 0

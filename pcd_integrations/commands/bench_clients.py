@@ -1,6 +1,6 @@
 """``pcd bench --clients N``: the HTTP server under N concurrent clients against one client, in one run.
 
-The loaded engine is served on a loopback port in this process (``pcd_integrations/loopback.py``),
+The loaded engine is served on a loopback port in this process (``pcd_integrations/serving/loopback.py``),
 and real HTTP clients (httpx, one connection each) send their requests one after another: first one
 client alone, then N at once, each sending ``requests`` requests. Three routes are measured:
 
@@ -63,8 +63,8 @@ def request_body(route: str, model: str, client: int, turn: int, max_tokens: int
 
 def bench_clients(engine: Any, clients: int, requests: int, max_tokens: int) -> list[dict[str, Any]]:
     """One record per route: one client, then ``clients`` at once, ``requests`` requests each."""
-    from pcd_integrations.http import create_app
-    from pcd_integrations.loopback import serving
+    from pcd_integrations.http.app import create_app
+    from pcd_integrations.serving.loopback import serving
 
     records = []
     with serving(create_app(engine, playground=False)) as base:

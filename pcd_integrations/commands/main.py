@@ -172,7 +172,7 @@ def add_bench(commands: Any) -> None:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """Check the server options, the key and the extra first; then listen at once and load in the background."""
-    from pcd_integrations.serve_options import ServeOptions
+    from pcd_integrations.commands.serve_options import ServeOptions
 
     options = ServeOptions.from_args(args)
     api_key = options.api_key()
@@ -180,7 +180,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         import fastapi  # noqa: F401  (fail here, with the hint, not after the model has loaded)
         import uvicorn  # noqa: F401
 
-        from pcd_integrations.http import serve
+        from pcd_integrations.http.app import serve
     except ImportError as error:
         raise PcdError(f"{error}; run: pip install 'pcd-engine[http]'") from error
     if options.otel and importlib.util.find_spec("opentelemetry") is None:
@@ -209,7 +209,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def add_serve(commands: Any) -> None:
-    from pcd_integrations.serve_options import add_serve_options
+    from pcd_integrations.commands.serve_options import add_serve_options
 
     serve = commands.add_parser(
         "serve",

@@ -14,7 +14,7 @@ refused with a message that says why, before any model work:
   temperature 0; a value that asks for sampling is named in ``x_pcd.warnings``.
 
 The request also says what to run (`ChatCompletionRequest.tool_specs`, ``transcript``,
-``chat_messages``); ``pcd_integrations/chat_completions.py`` runs it and answers with the reply
+``chat_messages``); ``pcd_integrations/http/chat_completions.py`` runs it and answers with the reply
 models of ``wire/chat_reply.py``. ``tests/test_chat_completions.py`` drives the route with the real
 ``openai``, LangChain, instructor and LlamaIndex clients.
 """

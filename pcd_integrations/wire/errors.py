@@ -1,7 +1,7 @@
 """OpenAI's error body, ``{"error": {"message", "type", "param", "code"}}``, for every OpenAI route.
 
-One model for the routes (``pcd_integrations/http.py``) and for the body-size guard in front of them
-(``pcd_integrations/guards.py``), so that a 413 reads like every other OpenAI error.
+One model for the routes (``pcd_integrations/http/app.py``) and for the body-size guard in front of them
+(``pcd_integrations/serving/guards.py``), so that a 413 reads like every other OpenAI error.
 ``tests/test_chat_completions.py`` and ``tests/test_decisions_api.py`` read it through the real SDK.
 """
 

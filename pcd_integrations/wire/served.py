@@ -1,7 +1,7 @@
 """The served model on the wire: ``GET /v1/models`` in the System One and the OpenAI list shapes,
 and ``GET /healthz``.
 
-Pydantic models only, so that the routes (``pcd_integrations/http.py``) declare them as their
+Pydantic models only, so that the routes (``pcd_integrations/http/app.py``) declare them as their
 response models; ``tests/test_http.py`` and ``tests/test_decisions_api.py`` (the ``openai`` SDK's
 ``models.list``) read them back.
 """

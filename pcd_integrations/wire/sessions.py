@@ -2,7 +2,7 @@
 
 A session is opened with a schema (each turn's result is a fill: the ``Extraction`` record) or a
 question set (each turn's result is a decide: the System One response), the keywords of that call,
-and triggers; every model here is shared by ``pcd_integrations/http_sessions.py`` and nothing else
+and triggers; every model here is shared by ``pcd_integrations/http/sessions.py`` and nothing else
 builds these shapes. ``tests/test_http_sessions.py`` drives them with a real ``httpx`` client.
 """
 

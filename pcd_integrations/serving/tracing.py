@@ -17,7 +17,7 @@ import importlib
 import threading
 from typing import Any
 
-from pcd_integrations.guards import Scope
+from pcd_integrations.serving.guards import Scope
 
 __all__ = ["INSTALL_HINT", "RequestSpan", "RequestTracer"]
 

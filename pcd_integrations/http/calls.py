@@ -1,9 +1,9 @@
 """How the HTTP routes reach the engine: the loaded engine or a 503, the requested model checked, one
 blocking call in a worker thread that stops when its client goes, and a reply streamed as events.
 
-Engine errors a request caused become 4xx ``ApiError``s pointed into the body (``http_errors.py``);
+Engine errors a request caused become 4xx ``ApiError``s pointed into the body (``errors.py``);
 a backend failure is a 500 and a remote model server's a 502, each in the route's error shape.
-``pcd_integrations/http.py`` calls these from its routes; ``tests/test_http.py`` (errors, a model
+``pcd_integrations/http/app.py`` calls these from its routes; ``tests/test_http.py`` (errors, a model
 still loading) and ``tests/test_fairness.py`` (a request whose client goes away stops at its next
 pass) cover them.
 """
@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from pcd_core import BackendError, Cancellation, Cancelled, DecideResponse, Engine, PcdError, UpstreamError
 from pcd_core.concurrency.model_lock import in_worker
-from pcd_integrations.http_errors import ApiError, openai_error, request_error, wire_safe
-from pcd_integrations.loading import EngineLoader
-from pcd_integrations.threads import iterate_in_thread
+from pcd_integrations.http.errors import ApiError, openai_error, request_error, wire_safe
+from pcd_integrations.serving.engine_loader import EngineLoader
+from pcd_integrations.serving.threads import iterate_in_thread
 from pcd_integrations.wire import accepts_model
 from pcd_integrations.wire.chat_reply import ChatCompletionChunk
 

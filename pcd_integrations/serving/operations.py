@@ -37,9 +37,9 @@ from typing import Any, Literal, Protocol
 
 from pcd_core import DecideResponse, Stats
 from pcd_core.hooks import listening
-from pcd_integrations.guards import App, Message, Receive, Scope, Send, send_body, send_error
-from pcd_integrations.loading import EngineLoader
-from pcd_integrations.metrics import INSTALL_HINT, Metrics
+from pcd_integrations.serving.engine_loader import EngineLoader
+from pcd_integrations.serving.guards import App, Message, Receive, Scope, Send, send_body, send_error
+from pcd_integrations.serving.metrics import INSTALL_HINT, Metrics
 
 __all__ = [
     "Backpressure",
@@ -355,7 +355,7 @@ def build_metrics(loader: EngineLoader, paths: frozenset[str]) -> Metrics | None
     """An app's metrics over its known ``paths``, reading the engine's queue; None without prometheus-client
     (``/metrics`` then answers 501 with the install hint).
     """
-    from pcd_integrations.metrics import prometheus_available
+    from pcd_integrations.serving.metrics import prometheus_available
 
     if not prometheus_available():
         return None

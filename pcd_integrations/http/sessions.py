@@ -28,9 +28,9 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pcd_core import DecideResponse, Extraction, Session
 from pcd_core.request.triggers import Fired
-from pcd_integrations.http_calls import in_engine, served_engine
-from pcd_integrations.http_errors import ApiError
-from pcd_integrations.loading import EngineLoader
+from pcd_integrations.http.calls import in_engine, served_engine
+from pcd_integrations.http.errors import ApiError
+from pcd_integrations.serving.engine_loader import EngineLoader
 from pcd_integrations.wire.sessions import SessionBody, SessionCreate, SessionCreated, SessionTurnBody, TurnRequest
 
 if TYPE_CHECKING:

@@ -4,7 +4,7 @@ class here shares.
 The engine writes its own instructions and value catalog around the text it reads, so a prompt or a
 chat history becomes the *input*, not the model's whole prompt. Non-text blocks (images, documents)
 raise `PromptError`: dropping them would answer on less than the caller sent. ``PCDProgram``
-(``llama_index_program.py``) and ``PCDLLM``'s tool turns (``llama_index.py``) read through it;
+(``program.py``) and ``PCDLLM``'s tool turns (``llm.py``) read through it;
 ``tests/test_llama_index.py`` checks the formatting and the refusal on the embedded model.
 """
 

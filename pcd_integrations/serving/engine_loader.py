@@ -1,6 +1,6 @@
 """Loading an `Engine` on a background thread, so that a server answers while the weights load.
 
-``pcd serve`` (``pcd_integrations/http.py``) and ``pcd-mcp`` (``mcp_server/loading.py``) both listen at
+``pcd serve`` (``pcd_integrations/http/app.py``) and ``pcd-mcp`` (``mcp_server/loading.py``) both listen at
 once and load the model meanwhile; a cold load takes seconds to minutes. This module is the one place
 that does it: the load runs once, on its own thread (loading is blocking work that must not stall an
 event loop, and an in-process ASGI test client never runs a lifespan), and a failed load is recorded,

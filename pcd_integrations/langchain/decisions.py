@@ -55,7 +55,7 @@ try:
 except ImportError as error:  # pragma: no cover - exercised by a subprocess test without the extra
     raise BackendUnavailableError("langchain", "langchain-core") from error
 
-from pcd_integrations.lazy_engine import LazyEngine
+from pcd_integrations.serving.lazy_engine import LazyEngine
 
 __all__ = [
     "PCDChoiceAnswer",

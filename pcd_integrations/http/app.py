@@ -3,7 +3,7 @@ OpenAI Chat Completions (``POST /v1/chat/completions``).
 
 A thin translation layer: JSON in, the wire models of ``pcd_core.request.questions`` (System One),
 ``pcd_integrations.wire.decisions`` (OpenAI Decisions, which translates into the System One questions) or
-``pcd_integrations.wire.chat`` (Chat Completions, run by ``pcd_integrations/chat_completions.py``), the engine
+``pcd_integrations.wire.chat`` (Chat Completions, run by ``pcd_integrations/http/chat_completions.py``), the engine
 called in a worker thread, the wire models out. It never builds a prompt or touches a token id. The
 invariants it keeps, each proven on the embedded model in ``tests/test_http.py`` and, with the real
 ``openai`` client, in ``tests/test_decisions_api.py`` and ``tests/test_chat_completions.py``:
@@ -25,8 +25,8 @@ reads the route signatures at run time, and the routes live inside `create_app`,
 imported FastAPI names they are annotated with.
 
 The per-protocol translation lives in ``pcd_integrations/wire/`` and ``chat_completions.py``, the error
-bodies and the engine-error-to-4xx mapping in ``http_errors.py``, the engine calls in a worker thread
-(cancelled when the client goes) in ``http_calls.py``; what stays here is the app and its routes.
+bodies and the engine-error-to-4xx mapping in ``errors.py``, the engine calls in a worker thread
+(cancelled when the client goes) in ``calls.py``; what stays here is the app and its routes.
 """
 
 import hmac
@@ -45,10 +45,9 @@ from pcd_core import (
     Limits,
     __version__,
 )
-from pcd_integrations.chat_completions import chunks, completion, reply_steps
-from pcd_integrations.guards import BodyLimit, warn_if_exposed
-from pcd_integrations.http_calls import check_model, decide, in_engine, served_engine, server_sent
-from pcd_integrations.http_errors import (
+from pcd_integrations.http.calls import check_model, decide, in_engine, served_engine, server_sent
+from pcd_integrations.http.chat_completions import chunks, completion, reply_steps
+from pcd_integrations.http.errors import (
     ApiError,
     ErrorBody,
     ValidationErrorBody,
@@ -56,9 +55,11 @@ from pcd_integrations.http_errors import (
     openai_param,
     wire_safe,
 )
-from pcd_integrations.http_sessions import add_session_routes
-from pcd_integrations.loading import EngineLoader
-from pcd_integrations.operations import (
+from pcd_integrations.http.playground import add_playground
+from pcd_integrations.http.sessions import add_session_routes
+from pcd_integrations.serving.engine_loader import EngineLoader
+from pcd_integrations.serving.guards import BodyLimit, warn_if_exposed
+from pcd_integrations.serving.operations import (
     Backpressure,
     Operations,
     Tracer,
@@ -69,9 +70,8 @@ from pcd_integrations.operations import (
     observed_chunks,
     stamp,
 )
-from pcd_integrations.playground import add_playground
-from pcd_integrations.read_timeouts import DEFAULT_READ_TIMEOUTS, ReadTimeouts, http_protocol
-from pcd_integrations.tracing import RequestTracer
+from pcd_integrations.serving.read_timeouts import DEFAULT_READ_TIMEOUTS, ReadTimeouts, http_protocol
+from pcd_integrations.serving.tracing import RequestTracer
 from pcd_integrations.wire import JEV_ALIASES
 from pcd_integrations.wire.body import BodyError, loads_strict
 from pcd_integrations.wire.chat import ChatCompletionRequest
@@ -92,7 +92,7 @@ INSTALL_HINT = "pip install 'pcd-engine[http]'"
 
 #: Routes that speak the OpenAI protocol, so that their errors take OpenAI's shape.
 OPENAI_ROUTES = frozenset({"/v1/decisions", "/v1/chat/completions"})
-#: Routes that run the model: what ``--max-queue`` and ``--timeout`` bound (``operations.py``).
+#: Routes that run the model: what ``--max-queue`` and ``--timeout`` bound (``pcd_integrations/serving/operations.py``).
 MODEL_ROUTES = OPENAI_ROUTES | {"/v1/systemone"}
 
 
@@ -128,7 +128,7 @@ def create_app(
     balancers and client generators can read them. ``limits.max_body_bytes`` bounds each body (413),
     ``read_timeouts.body_s`` the time it takes to arrive (408); every other bound is the engine's own
     (``Engine(limits=...)``), checked before it tokenizes.
-    ``playground`` serves the page at ``/`` and ``/playground`` (``pcd_integrations/playground``), a
+    ``playground`` serves the page at ``/`` and ``/playground`` (``pcd_integrations/http/playground``), a
     client of the routes above that needs no key to load.
     """
     if (engine is None) == (engine_factory is None):
@@ -365,7 +365,7 @@ def _add_operations(
     app: "FastAPI", loader: EngineLoader, backpressure: Backpressure | None, tracer: Tracer | None
 ) -> None:
     """Request ids, ``--max-queue``/``--timeout``, ``/livez``, ``/readyz``, ``/metrics`` and tracing
-    (``pcd_integrations/operations.py``), outermost, so that a refused request costs no body read.
+    (``pcd_integrations/serving/operations.py``), outermost, so that a refused request costs no body read.
     """
     known = MODEL_ROUTES | {"/v1/models", "/healthz"}
     app.add_middleware(

@@ -18,8 +18,8 @@ from typing import Any
 
 from pcd_core import Limits, OptionError
 from pcd_integrations.commands.common import non_negative, positive, positive_seconds
-from pcd_integrations.operations import Backpressure
-from pcd_integrations.read_timeouts import DEFAULT_READ_TIMEOUTS, ReadTimeouts
+from pcd_integrations.serving.operations import Backpressure
+from pcd_integrations.serving.read_timeouts import DEFAULT_READ_TIMEOUTS, ReadTimeouts
 
 __all__ = ["ServeOptions", "add_serve_options", "switch_value"]
 

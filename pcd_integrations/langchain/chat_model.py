@@ -6,8 +6,8 @@ generation through ``engine.generate``/``engine.stream``, marked ``{"generated":
 allowed values, open ones (strings, numbers, lists, nested objects) generated in parallel under their
 JSON Schema grammar, so the parsed object always matches the schema. ``bind_tools`` makes which tool
 to call a PCD choice (``engine.decide``) over the tool names and descriptions, and its arguments a
-``fill`` of the tool's argument schema. ``PCDDecisionModel`` (``pcd_integrations/langchain_decisions.py``,
-re-exported here) is LangChain's ``BaseDecisionModel`` on ``engine.decide``. Nothing here builds a
+``fill`` of the tool's argument schema. ``PCDDecisionModel`` (``pcd_integrations/langchain/decisions.py``,
+re-exported by the package) is LangChain's ``BaseDecisionModel`` on ``engine.decide``. Nothing here builds a
 prompt template or touches token ids: messages become role/content dicts (chat) or the engine's input
 text (fill and decide).
 
@@ -61,11 +61,11 @@ try:
 except ImportError as error:  # pragma: no cover - exercised by a subprocess test without the extra
     raise BackendUnavailableError("langchain", "langchain-core") from error
 
-from pcd_integrations.langchain_decisions import PCDDecisionModel, usage_metadata
-from pcd_integrations.lazy_engine import LazyEngine
-from pcd_integrations.threads import iterate_in_thread
+from pcd_integrations.langchain.decisions import usage_metadata
+from pcd_integrations.serving.lazy_engine import LazyEngine
+from pcd_integrations.serving.threads import iterate_in_thread
 
-__all__ = ["NO_TOOL", "ChatPCD", "PCDDecisionModel", "render_chat_messages", "render_messages"]
+__all__ = ["NO_TOOL", "ChatPCD", "render_chat_messages", "render_messages"]
 
 # Every value LangChain passes as ``method``; for PCD they all mean "fill the schema": closed fields
 # decided, open ones generated under the schema's grammar, which is stricter than any of them.

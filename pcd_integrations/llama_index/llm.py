@@ -18,10 +18,10 @@ shares a loaded engine. What each call does with the model:
 This module is a translation layer only: it turns LlamaIndex messages and prompts into the engine's
 messages and input text, and engine results into LlamaIndex responses; prompts for the model, tokens
 and backends stay in `pcd_core`. `tests/test_llama_index.py` and `tests/test_llama_index_llm.py`
-prove it on the embedded model. `PCDProgram` lives in `pcd_integrations/llama_index_program.py`,
-`PCDSelector`, the router slot, in `pcd_integrations/llama_index_selector.py`, and both are
-re-exported here; prompts and messages become the engine's input in
-`pcd_integrations/llama_index_text.py`. ``PCDLLM`` keeps its sync, async and stream forms of chat,
+prove it on the embedded model. `PCDProgram` lives in `pcd_integrations/llama_index/program.py`,
+`PCDSelector`, the router slot, in `pcd_integrations/llama_index/selector.py`, and the package
+(`pcd_integrations/llama_index/__init__.py`) re-exports both; prompts and messages become the engine's
+input in `pcd_integrations/llama_index/text.py`. ``PCDLLM`` keeps its sync, async and stream forms of chat,
 completion, tools and structured prediction side by side, so that they stay alike.
 """
 
@@ -75,16 +75,15 @@ from pcd_core import (
     tool_arguments,
 )
 from pcd_core.loading.options import load_options
-from pcd_integrations.lazy_engine import LazyEngine
-from pcd_integrations.llama_index_program import PCDProgram
-from pcd_integrations.llama_index_selector import PCDSelector
-from pcd_integrations.llama_index_text import engine_content, messages_to_text, prompt_to_text
-from pcd_integrations.threads import iterate_in_thread
+from pcd_integrations.llama_index.program import PCDProgram
+from pcd_integrations.llama_index.text import engine_content, messages_to_text
+from pcd_integrations.serving.lazy_engine import LazyEngine
+from pcd_integrations.serving.threads import iterate_in_thread
 
 if TYPE_CHECKING:
     from llama_index.core.tools.types import BaseTool
 
-__all__ = ["ANSWER_DIRECTLY", "PCDLLM", "PCDProgram", "PCDSelector", "prompt_to_text"]
+__all__ = ["ANSWER_DIRECTLY", "PCDLLM"]
 
 dispatcher = get_dispatcher(__name__)
 

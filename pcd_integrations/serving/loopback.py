@@ -1,5 +1,5 @@
 """A ``pcd serve`` app on a loopback socket, in a background thread, for real HTTP clients in the same
-process: ``pcd bench --clients`` (``commands/bench_clients.py``) and the tests of the HTTP routes.
+process: ``pcd bench --clients`` (``pcd_integrations/commands/bench_clients.py``) and the tests of the HTTP routes.
 
 uvicorn binds port 0, and the port it got is read back once it has started.
 """

@@ -1,7 +1,7 @@
 """The HTTP server's errors: ``ApiError``, the error bodies of System One and of OpenAI, and how an
 engine error caused by a request becomes a 4xx pointed at the part of the body it is about.
 
-``pcd_integrations/http.py`` raises ``ApiError`` from its routes and renders it in the protocol of the
+``pcd_integrations/http/app.py`` raises ``ApiError`` from its routes and renders it in the protocol of the
 route (System One 422 ``{"detail": [{"loc", "msg", "type"}]}`` or ``{"detail": {"error_type",
 "message"}}``; OpenAI 400 ``{"error": {"message", "type", "param", "code"}}``). Every text in an error
 may come from the request, so bodies pass through ``wire_safe`` before they are encoded.

@@ -1,9 +1,9 @@
 """LlamaIndex's pydantic-program slot on the PCD engine: ``PCDProgram``, one `Engine.fill` per call.
 
-The program formats its prompt into the engine's input text (``llama_index_text.py``), fills
+The program formats its prompt into the engine's input text (``text.py``), fills
 ``output_cls`` and returns it; ``extract`` returns the whole `Extraction` with every field's
 probability. Its stream forms yield the object wave by wave (``partial_objects``). ``PCDLLM``
-(``llama_index.py``) runs one for ``structured_predict``, and ``pcd_integrations.llama_index``
+(``llm.py``) runs one for ``structured_predict``, and ``pcd_integrations.llama_index``
 re-exports it, the name users import. ``tests/test_llama_index.py`` and
 ``tests/test_llama_index_llm.py`` prove it on the embedded model.
 """
@@ -26,8 +26,8 @@ except ImportError as error:  # pragma: no cover - exercised by a subprocess tes
 
 from pcd_core import Engine, Extraction, SchemaError, parse_schema
 from pcd_core.loading.options import load_options
-from pcd_integrations.lazy_engine import LazyEngine
-from pcd_integrations.llama_index_text import prompt_to_text
+from pcd_integrations.llama_index.text import prompt_to_text
+from pcd_integrations.serving.lazy_engine import LazyEngine
 
 __all__ = ["PCDProgram", "partial_objects"]
 
