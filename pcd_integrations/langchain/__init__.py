@@ -1,6 +1,7 @@
 """LangChain on the PCD engine: ``ChatPCD`` (a chat model, ``chat_model.py``), ``PCDDecisionModel``
 (LangChain's decision slot, ``decisions.py``) and ``PCDSessionMiddleware`` (an agent middleware that
-keeps a session, ``session.py``).
+keeps a session, ``session.py``); ``PCDSessionRunnable`` (a Runnable over a session's ``append``, for
+LangGraph, ``session_runnable.py``).
 
 The names users import from ``pcd_integrations.langchain`` are re-exported here; importing them without
 the ``langchain`` extra raises ``BackendUnavailableError`` with the install hint (``tests/test_langchain.py``
@@ -10,5 +11,13 @@ only, because it needs the ``langchain`` package itself and not just ``langchain
 
 from pcd_integrations.langchain.chat_model import NO_TOOL, ChatPCD, render_chat_messages, render_messages
 from pcd_integrations.langchain.decisions import PCDDecisionModel
+from pcd_integrations.langchain.session_runnable import PCDSessionRunnable
 
-__all__ = ["NO_TOOL", "ChatPCD", "PCDDecisionModel", "render_chat_messages", "render_messages"]
+__all__ = [
+    "NO_TOOL",
+    "ChatPCD",
+    "PCDDecisionModel",
+    "PCDSessionRunnable",
+    "render_chat_messages",
+    "render_messages",
+]
