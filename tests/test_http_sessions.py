@@ -5,12 +5,16 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
+from typing import Any
 
 import httpx
 import pytest
 from loopback import serving
 
+from pcd_core import Engine, Limits
 from pcd_integrations.http import create_app
+from pcd_integrations.serving.operations import Backpressure
 
 QUESTIONS = {
     "refund": {"type": "noul", "instructions": "Does the customer ask for a refund?"},
@@ -108,3 +112,79 @@ def test_the_event_stream_carries_each_fired_trigger_until_the_session_closes(se
         client.delete(f"/v1/sessions/{sid}")
         thread.join(60)
         assert [e["trigger"] for e in events] == ["refund seen"] and events[0]["turn"] == 1
+
+
+def _wait_for(condition: Any, what: str, deadline_s: float = 60.0) -> None:
+    deadline = time.monotonic() + deadline_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting until {what}"
+        time.sleep(0.02)
+
+
+def test_session_requests_take_places_in_the_one_queue_and_get_its_503(engine: Engine) -> None:
+    app = create_app(engine, backpressure=Backpressure(max_queue=1))
+    decide = {"state": "Where is my parcel?", "questions": {"refund": QUESTIONS["refund"]}}
+    with serving(app) as url, httpx.Client(base_url=url, timeout=600) as client:
+        first, second = (client.post("/v1/sessions", json={"questions": QUESTIONS}).json()["id"] for _ in range(2))
+        results: dict[str, httpx.Response] = {}
+        with engine.model.lock:  # the model is busy: the two appends wait for it, filling the queue
+            for queued, sid in enumerate((first, second), start=1):
+                turn = {"role": "customer", "text": f"Refund me, says customer {queued}."}
+                threading.Thread(
+                    target=lambda sid=sid, turn=turn: results.__setitem__(
+                        sid, client.post(f"/v1/sessions/{sid}/turns", json=turn)
+                    )
+                ).start()
+                _wait_for(lambda queued=queued: engine.waiting >= queued, "the append queues")  # type: ignore[misc]
+            refused = {
+                "append": client.post(f"/v1/sessions/{first}/turns", json={"text": "One more."}),
+                "open": client.post("/v1/sessions", json={"questions": QUESTIONS}),
+                "systemone": client.post("/v1/systemone", json=decide),
+            }
+            ready = client.get("/readyz")
+            read = client.get(f"/v1/sessions/{first}")  # reading runs no pass: never queued
+        _wait_for(lambda: len(results) == 2, "the queued appends are answered", 600)
+        turns = client.get(f"/v1/sessions/{first}").json()["turns"]
+    for name, response in refused.items():
+        assert response.status_code == 503, (name, response.text)
+        assert response.headers["retry-after"] == "1", name
+        assert response.json()["detail"]["error_type"] == "queue_full", name
+        assert "--max-queue" in response.json()["detail"]["message"], name
+    assert (ready.status_code, ready.json()["status"]) == (503, "full")
+    assert read.status_code == 200 and read.json()["turns"] == []
+    assert [r.status_code for r in results.values()] == [200, 200]
+    assert all(r.json()["x_queue_ms"] > 0.0 for r in results.values())  # they did wait behind the held model
+    assert turns == [{"role": "customer", "text": "Refund me, says customer 1."}]  # the refused turn never landed
+
+
+def test_an_append_past_the_timeout_gets_504_and_leaves_the_session_as_it_was(engine: Engine) -> None:
+    app = create_app(engine, backpressure=Backpressure(timeout_s=0.5))
+    with serving(app) as url, httpx.Client(base_url=url, timeout=120) as client:
+        sid = client.post("/v1/sessions", json={"questions": QUESTIONS}).json()["id"]
+        with engine.model.lock:
+            late = client.post(f"/v1/sessions/{sid}/turns", json={"text": "Refund me."})
+            _wait_for(lambda: engine.waiting == 0, "the dropped append leaves the queue", 5.0)
+        read = client.get(f"/v1/sessions/{sid}").json()
+    assert late.status_code == 504 and late.json()["detail"]["error_type"] == "timeout"
+    assert late.headers["retry-after"] == "1"
+    assert read["turns"] == [] and read["result"] is None
+
+
+def test_a_session_over_the_limits_is_refused_when_it_opens_and_a_big_body_is_a_413(engine: Engine) -> None:
+    app = create_app(engine, limits=Limits(max_body_bytes=4096))
+    many = {f"q{k}": {"type": "noul", "instructions": "Is it late?"} for k in range(401)}
+    fields = {f"f{k}": {"type": "boolean"} for k in range(129)}
+    with serving(app) as url, httpx.Client(base_url=url, timeout=120) as client:
+        sid = client.post("/v1/sessions", json={"questions": QUESTIONS}).json()["id"]
+        big_turn = client.post(f"/v1/sessions/{sid}/turns", json={"text": "late " * 1000})
+        big_open = client.post("/v1/sessions", json={"questions": QUESTIONS, "task": "x" * 5000})
+        read = client.get(f"/v1/sessions/{sid}").json()
+    with serving(create_app(engine)) as url, httpx.Client(base_url=url, timeout=120) as client:
+        questions = client.post("/v1/sessions", json={"questions": many})
+        schema = client.post("/v1/sessions", json={"schema": {"type": "object", "properties": fields}})
+    for response in (big_turn, big_open):
+        assert response.status_code == 413 and response.json()["detail"]["error_type"] == "payload_too_large"
+        assert "max_body_bytes" in response.json()["detail"]["message"]
+    assert read["turns"] == []
+    assert questions.status_code == 422 and "max_questions" in questions.json()["detail"][0]["msg"]
+    assert schema.status_code == 422 and "max_fields" in schema.json()["detail"][0]["msg"]

@@ -4,7 +4,10 @@
 a schema's session and a question set's: the plan of a fresh ``fill``/``decide`` of the conversation
 (with the session's nonce), the text of the prompt up to the conversation's end (whose KV the session
 keeps), and the read after that KV, through ``read_path.read_request`` as every request is read. It
-also turns a result into a trigger's ``Observation``. ``tests/test_session.py`` checks both halves.
+also turns a result into a trigger's ``Observation``, and checks a schema or question set against the
+engine's ``Limits`` when the session opens (``check``: the same checks every append's plan makes, on
+no text, so a set that no turn could be read with fails at once). ``tests/test_session.py`` checks
+both halves.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from pcd_core.prompting.question_rows import as_data_line
 from pcd_core.reading.loaded_model import LoadedModel
 from pcd_core.reading.read_path import read_request
 from pcd_core.reading.rounds import RoundStats
+from pcd_core.request.limits import check_decide, check_fill
 from pcd_core.request.questions import ChoiceAnswer, DecideResponse, NoulAnswer
 from pcd_core.request.triggers import Observation, Trigger, observe
 from pcd_core.result import Extraction, FieldResult
@@ -58,6 +62,8 @@ class Reader(Protocol):
 
     def names(self, host: SessionHost) -> tuple[str, ...]: ...
 
+    def check(self, host: SessionHost) -> None: ...
+
     def read(
         self, host: SessionHost, prepared: Prepared[Any], lookup_ids: tuple[int, ...], base: Prefix, pause: Any
     ) -> tuple[RoundStats, Callable[[Any], Result]]: ...
@@ -85,6 +91,10 @@ class FillReader:
 
     def names(self, host: SessionHost) -> tuple[str, ...]:
         return tuple(host.planner.compile(self.schema, self.keywords.get("task", "")).schema.keys)
+
+    def check(self, host: SessionHost) -> None:
+        compiled = host.planner.compile(self.schema, self.keywords.get("task", ""))
+        check_fill(host.planner.limits, compiled.schema, "")
 
     def read(
         self, host: SessionHost, prepared: Prepared[FillPlan], lookup_ids: tuple[int, ...], base: Prefix, pause: Any
@@ -136,6 +146,9 @@ class DecideReader:
 
     def names(self, host: SessionHost) -> tuple[str, ...]:
         return tuple(self.questions)
+
+    def check(self, host: SessionHost) -> None:
+        check_decide(host.planner.limits, "", self.questions)
 
     def read(
         self, host: SessionHost, prepared: Prepared[DecidePlan], lookup_ids: tuple[int, ...], base: Prefix, pause: Any

@@ -404,4 +404,5 @@ def open_session(
     unknown = sorted(set(keywords) - allowed)
     if unknown:
         raise OptionError(f"{what} takes {', '.join(sorted(allowed))}; not {', '.join(unknown)}")
+    reader.check(host)  # over the engine's limits: refused now, not at the first turn
     return Session(host, reader, keep_last_tokens=keep_last_tokens)

@@ -56,7 +56,7 @@ from pcd_integrations.http.errors import (
     wire_safe,
 )
 from pcd_integrations.http.playground import add_playground
-from pcd_integrations.http.sessions import add_session_routes
+from pcd_integrations.http.sessions import SESSION_MODEL_ROUTES, add_session_routes
 from pcd_integrations.serving.engine_loader import EngineLoader
 from pcd_integrations.serving.guards import BodyLimit, warn_if_exposed
 from pcd_integrations.serving.operations import (
@@ -92,7 +92,8 @@ INSTALL_HINT = "pip install 'pcd-engine[http]'"
 
 #: Routes that speak the OpenAI protocol, so that their errors take OpenAI's shape.
 OPENAI_ROUTES = frozenset({"/v1/decisions", "/v1/chat/completions"})
-#: Routes that run the model: what ``--max-queue`` and ``--timeout`` bound (``pcd_integrations/serving/operations.py``).
+#: Routes that run the model: what ``--max-queue`` and ``--timeout`` bound (``pcd_integrations/serving/operations.py``);
+#: a session's creation and its appends (``sessions.py``'s ``SESSION_MODEL_ROUTES``) are bounded with them.
 MODEL_ROUTES = OPENAI_ROUTES | {"/v1/systemone"}
 
 
@@ -366,12 +367,15 @@ def _add_operations(
 ) -> None:
     """Request ids, ``--max-queue``/``--timeout``, ``/livez``, ``/readyz``, ``/metrics`` and tracing
     (``pcd_integrations/serving/operations.py``), outermost, so that a refused request costs no body read.
+    Opening a session and appending a turn are model routes like ``/v1/systemone``: they take a place in
+    the same queue, get the same 503 when it is full and the same 504 past the timeout.
     """
-    known = MODEL_ROUTES | {"/v1/models", "/healthz"}
+    known = MODEL_ROUTES | {template for template, _ in SESSION_MODEL_ROUTES} | {"/v1/models", "/healthz"}
     app.add_middleware(
         Operations,
         loader=loader,
         model_paths=MODEL_ROUTES,
+        model_templates=SESSION_MODEL_ROUTES,
         openai_paths=OPENAI_ROUTES,
         backpressure=backpressure or Backpressure(),
         metrics=build_metrics(loader, known),

@@ -13,13 +13,22 @@ memory and expire ``ttl_s`` after their last use; after a restart every old id i
 session are applied in the order the server accepted them (an ``asyncio.Lock`` is first come, first
 served), each in a worker thread under the engine's model lock like any other request, and a client
 that goes away stops its append at the next pass boundary, leaving the session as it was. Engine
-errors map as on every route (a turn over a bound: 422 naming it). ``tests/test_http_sessions.py``
+errors map as on every route (a turn over a bound: 422 naming it).
+
+Opening a session and appending a turn are admitted as every model request is
+(``pcd_integrations/serving/operations.py``, through ``SESSION_MODEL_ROUTES``): each takes a place in
+the one queue ``--max-queue`` bounds, so with the queue full either gets the 503 with ``Retry-After``
+that ``/v1/systemone`` gets, and past ``--timeout`` the 504, the session left as it was. Reading,
+closing and the event stream run no pass and are not queued. A body over ``--max-body-bytes`` is a
+413 as on every route, and a schema or question set over the engine's ``Limits`` is refused with a
+422 naming the limit when the session opens, not at its first turn. ``tests/test_http_sessions.py``
 drives the routes with a real ``httpx`` client against a loopback server.
 """
 
 import asyncio
 import hashlib
 import json
+import re
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable
@@ -38,6 +47,11 @@ if TYPE_CHECKING:
 
 #: seconds a session lives after its last use
 DEFAULT_SESSION_TTL_S = 3600.0
+#: the session routes that run the engine (POST), as (template, pattern): admitted like every model route
+SESSION_MODEL_ROUTES: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("/v1/sessions", re.compile(r"/v1/sessions")),
+    ("/v1/sessions/{id}/turns", re.compile(r"/v1/sessions/[^/]+/turns")),
+)
 
 
 @dataclass

@@ -8,7 +8,9 @@ metrics and tracing, for ``pcd serve`` and ``pcd-mcp`` over HTTP alike.
   have extensions (``stamp``).
 - **Back-pressure.** With ``max_queue`` set, at most one request per model route works and
   ``max_queue`` wait: one more gets 503 with ``Retry-After`` before its body is read, in OpenAI's
-  error shape on the OpenAI routes and System One's elsewhere. With ``timeout_s`` set, a request
+  error shape on the OpenAI routes and System One's elsewhere. A model route is a POST to one of
+  ``model_paths`` or to a path one of ``model_templates`` matches (a route with a path parameter, such
+  as a session's turns), and all of them count against the one capacity, since they share one model. With ``timeout_s`` set, a request
   whose response has not started by then gets 504 and its work is dropped: the route's task is
   cancelled, which sets the request's ``Cancellation`` (``pcd_core/concurrency/model_lock.py``, set by the route's
   engine call when its await is cancelled), so a request still queued leaves the queue and one that
@@ -152,7 +154,16 @@ class Operations:
     #: requests to a model path that never reach the model (told from their headers, before any body
     #: is read): they pass the queue and the timeout, as pcd-mcp's ``server/discover`` and ``tools/list``
     light: Callable[[Scope], bool] | None = None
+    #: model routes with a path parameter, each as (its template, the pattern of its paths): metrics
+    #: label a request by the template, so that ids in paths do not become labels
+    model_templates: tuple[tuple[str, re.Pattern[str]], ...] = ()
     admitted: int = 0
+
+    def model_route(self, path: str) -> str | None:
+        """The model route ``path`` belongs to (its template, for a route with a path parameter), or None."""
+        if path in self.model_paths:
+            return path
+        return next((template for template, pattern in self.model_templates if pattern.fullmatch(path)), None)
 
     @property
     def capacity(self) -> int | None:
@@ -171,6 +182,7 @@ class Operations:
         if path in HEALTH_PATHS and method == "GET":
             await self._health(path, send)
             return
+        route = self.model_route(path)
         request = _Request(request_id_of(scope), path, self)
         status = 500
         started = time.perf_counter()
@@ -190,7 +202,7 @@ class Operations:
                 if self.tracer is not None:
                     request.span = self.tracer.start(scope, f"{method} {path}")
                 stack.enter_context(listening(request.on_pass))
-                modelled = method == "POST" and path in self.model_paths
+                modelled = method == "POST" and route is not None
                 modelled = modelled and not (self.light is not None and self.light(scope))
                 if modelled and self.full():
                     status = 503
@@ -204,7 +216,7 @@ class Operations:
         finally:
             seconds = time.perf_counter() - started
             if self.metrics is not None:
-                self.metrics.answered(path, status, seconds)
+                self.metrics.answered(route if route is not None else path, status, seconds)
             if request.span is not None:
                 request.span.finish(status)
             logger.info("%s %s -> %d in %.1f ms", method, path, status, seconds * 1000.0)
