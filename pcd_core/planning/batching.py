@@ -45,7 +45,7 @@ from pcd_core.reading.readout import Readout
 from pcd_core.reading.rounds import DecisionTask, Decoded, RoundStats, plan_rows
 from pcd_core.request.questions import DecideResponse
 from pcd_core.result import Extraction
-from pcd_core.trust.calibration import Adjust
+from pcd_core.trust.calibration_applying import Adjust
 
 _P = TypeVar("_P")
 
