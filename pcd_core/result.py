@@ -34,7 +34,7 @@ class FieldResult:
     method: Method  # the decode strategy that read it (pcd_core/reading/rounds.py), or "head"
     wave: int
     debiased: bool = False  # the content-free prior was divided out (pcd_core/trust/debias.py)
-    calibrated: bool = False  # a fitted calibration was applied (pcd_core/trust/calibration.py)
+    calibrated: bool = False  # a fitted calibration was applied (pcd_core/trust/calibration_applying.py)
     # the probability is below the calibration's threshold for its target risk (pcd_core/trust/selective.py);
     # the value and probabilities are still the model's reading
     abstained: bool = False

@@ -1,4 +1,4 @@
-"""A pass read as a batch of groups (``packing.batch_groups``, ``TorchBackend._batched_hidden``).
+"""A pass read as a batch of groups (``packing.batch_groups``, ``torch_batched.batched_hidden``).
 
 Many inputs' requests behind one template token pack into one subtree, and a packed pass's mask is
 dense: each token attends over all of them. Read as a batch, each input's group attends over the
@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pcd_core.backends import torch_backend
+from pcd_core.backends import torch_batched
 from pcd_core.backends.base import Query
 from pcd_core.backends.packing import batch_groups, leading_chain, pack_tree
 
@@ -78,7 +78,7 @@ def _reads(engine, monkeypatch, token_cost, prefix, rows, queries, fresh=True):
     """One ``score`` at a token price: its values, passes and tokens counted. ``fresh`` forgets the
     requests an earlier batch kept (``StemMemo``), so the read computes every token itself.
     """
-    monkeypatch.setattr(torch_backend, "TOKEN_COST_IN_KEYS", token_cost)
+    monkeypatch.setattr(torch_batched, "TOKEN_COST_IN_KEYS", token_cost)
     backend = engine.backend
     if fresh:
         backend._stems = None

@@ -195,7 +195,7 @@ def test_a_batchs_later_rounds_take_each_request_from_the_round_before(engine, m
     the later round reads every request again; the answers are the same either way, and each input's
     own.
     """
-    from pcd_core.backends import torch_backend
+    from pcd_core.backends import torch_batched
 
     class Triage(BaseModel):  # "shipping" and "safety" part after their first token: two rounds
         team: Literal["safety", "billing", "shipping", "accounts"]
@@ -209,7 +209,7 @@ def test_a_batchs_later_rounds_take_each_request_from_the_round_before(engine, m
     before = counter.tokens_read
     kept = engine.fill_many(Triage, texts)
     kept_read = counter.tokens_read - before
-    monkeypatch.setattr(torch_backend, "STEM_MEMO_TOKENS", 0)
+    monkeypatch.setattr(torch_batched, "STEM_MEMO_TOKENS", 0)
     engine.backend._stems = None
     before = counter.tokens_read
     again = engine.fill_many(Triage, texts)

@@ -13,7 +13,8 @@ from pcd_core.errors import PcdError
 from pcd_core.evaluation import metrics
 from pcd_core.reading.readout import make_readout
 from pcd_core.testing import oracle_engine
-from pcd_core.trust.calibration import CALIBRATION_VERSION, Calibration, FieldCalibration, fit
+from pcd_core.trust.calibration import CALIBRATION_VERSION, Calibration, FieldCalibration
+from pcd_core.trust.calibration_fitting import fit
 
 
 def _log_softmax(z):

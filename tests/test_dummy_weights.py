@@ -18,7 +18,8 @@ from test_bench import INPUT, TINY
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from pcd_core import Engine
-from pcd_core.backends.torch_backend import MASK_ALIGN, TorchBackend, default_dtype
+from pcd_core.backends.torch_backend import TorchBackend, default_dtype
+from pcd_core.backends.torch_passes import MASK_ALIGN
 from pcd_core.errors import BackendError, OptionError
 from pcd_core.loading.dummy_weights import (
     FAMILY_TOKENIZERS,

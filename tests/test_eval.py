@@ -11,7 +11,8 @@ from pcd_core.evaluation import datasets
 from pcd_core.evaluation.cache import AnswerCache
 from pcd_core.evaluation.runner import build_report, fit_calibration, read_answers, read_question_answers, variants
 from pcd_core.testing import oracle_engine
-from pcd_core.trust.calibration import Calibration, fit
+from pcd_core.trust.calibration import Calibration
+from pcd_core.trust.calibration_fitting import fit
 from pcd_core.trust.selective import NEVER
 from pcd_integrations.commands.main import main
 

@@ -12,7 +12,8 @@ from conftest import load_case
 
 from pcd_core import BackendError, Engine, PromptError
 from pcd_core.backends.base import Query
-from pcd_core.backends.torch_backend import LAYOUT_TOLERANCE, TorchBackend
+from pcd_core.backends.torch_backend import TorchBackend
+from pcd_core.backends.torch_check import LAYOUT_TOLERANCE
 from pcd_core.testing import check_backend
 
 TICKET = load_case("support_ticket")

@@ -177,7 +177,7 @@ def leading_chain(tree: TokenTree, nodes: Sequence[int]) -> int:
     a root on which no node branches inside the group: in a batch, an input's request and what its
     rows share after it. The keys and values of such a path depend on the prefix and the path's own
     tokens only, so a later pass whose group starts with the same tokens may read them instead of
-    computing them again (``TorchBackend._batched_hidden``).
+    computing them again (``torch_batched.batched_hidden``).
     """
     if not nodes or tree.parent[nodes[0]] != -1:
         return 0

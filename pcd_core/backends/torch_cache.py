@@ -3,11 +3,12 @@
 A ``TorchState`` is a prefix's keys and values per layer, immutable once made. ``PrefixLayer``
 serves a prefill or a packed pass: it returns prefix + new states to attention and keeps only what
 the pass asked for, so a read never modifies the prefix it started from. ``Arena`` and
-``ArenaLayer`` serve generation (``TorchBackend._grow``): the rows' own tokens are written in place
-into one buffer per layer, and a ``Room`` lets the first generation after a prefix write right
+``ArenaLayer`` serve generation (``torch_generation.grow``): the rows' own tokens are written in
+place into one buffer per layer, and a ``Room`` lets the first generation after a prefix write right
 behind it; ``JoinedLayer`` writes several generations' steps into their arenas in one pass, and
-``JoinedPass`` attends each over its own keys. Only
-``torch_backend`` imports this module, after checking that torch is installed.
+``JoinedPass`` attends each over its own keys. ``StemMemo`` and ``BatchLayer`` serve a batch of
+groups (``torch_batched.py``). The torch backend's modules reach this one only through
+``torch_backend``, which checks that torch is installed.
 ``tests/test_torch_backend.py`` (grow against a whole pass, the prefix left unchanged) covers it.
 """
 
@@ -20,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import torch  # only ``torch_backend`` imports this module, after checking that torch is there
+import torch  # reached only through ``torch_backend``, which checks that torch is there
 from transformers.cache_utils import DynamicLayer
 
 from pcd_core.backends.packing import shared_start
@@ -143,7 +144,7 @@ class ArenaLayer(DynamicLayer):
 
 
 class JoinedLayer(DynamicLayer):
-    """Several generations' ``ArenaLayer``s in one pass (``TorchBackend._grow_many``): the pass's new
+    """Several generations' ``ArenaLayer``s in one pass (``torch_generation.grow_many``): the pass's new
     keys and values are split by generation and each part written into its own arena. Each
     generation's keys and values stay in ``parts`` for ``JoinedPass.attend``, which attends each
     generation's queries over its own only; nothing is copied side by side. What ``update`` returns
@@ -172,7 +173,7 @@ class JoinedLayer(DynamicLayer):
 
 @dataclass(frozen=True, eq=False)
 class JoinedPass:
-    """What a joined pass's attention needs (``TorchBackend._grow_many``): its ``JoinedLayer``s (each
+    """What a joined pass's attention needs (``torch_generation.grow_many``): its ``JoinedLayer``s (each
     knows how many of the pass's tokens each generation has) and each generation's own masks (a
     tensor, or one per attention type). The model passes it to the attention function as a keyword
     argument.
@@ -292,7 +293,7 @@ class StemMemo:
 
 
 class BatchLayer(DynamicLayer):
-    """A batch of groups' pass (``TorchBackend._batched_hidden``). Batch row b attends over the prefix
+    """A batch of groups' pass (``torch_batched.batched_hidden``). Batch row b attends over the prefix
     (one tensor, broadcast), then over its slots: the first ``reused[b][1]`` keys of a kept path
     (``StemMemo``), then its new tokens. ``order`` ([batch, 1, slots, 1]) picks each slot from the
     kept keys padded to the longest (first) and the pass's new keys (after). The new keys and values

@@ -5,7 +5,7 @@ probability row, the candidate mass and the gold index; it also runs the bench's
 baseline (``pcd_core/bench/baselines.py``) on the same prompt, head and model. Every variant the report
 compares (raw, debiased, calibrated) is computed from those same rows, so they differ only in the
 post-processing: ``p / prior`` for debiasing (pcd_core/trust/debias.py), ``softmax(log p / T + b)`` for
-calibration (pcd_core/trust/calibration.py). ``tests/test_eval.py`` runs it on the oracle engine.
+calibration (pcd_core/trust/calibration_fitting.py). ``tests/test_eval.py`` runs it on the oracle engine.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from pcd_core.errors import PcdError, PromptError, RequestError, TokenizationErr
 from pcd_core.evaluation import metrics
 from pcd_core.evaluation.cache import AnswerCache, CachedAnswer, answer_key
 from pcd_core.request.schema import Schema, parse_schema
-from pcd_core.trust.calibration import BIAS_SD, Calibration, FieldCalibration, fit
+from pcd_core.trust.calibration import Calibration, FieldCalibration
+from pcd_core.trust.calibration_fitting import BIAS_SD, fit
 from pcd_core.trust.debias import PRIOR_FLOOR
 
 logger = logging.getLogger(__name__)
@@ -323,7 +324,7 @@ def fit_calibration(
 ) -> Calibration:
     """Per field, a temperature (and with ``bias``, per-label biases under a ``N(0, bias_sd**2)``
     prior) fitted on the raw or the debiased answers; with ``top_label``, then scaled to fit the
-    confidence (pcd_core/trust/calibration.py).
+    confidence (pcd_core/trust/calibration_fitting.py).
     """
     fields = {}
     for name, out in answers.fields.items():

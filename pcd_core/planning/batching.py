@@ -46,7 +46,7 @@ from pcd_core.reading.readout import Readout
 from pcd_core.reading.rounds import DecisionTask, Decoded, RoundStats, plan_rows
 from pcd_core.request.questions import DecideResponse
 from pcd_core.result import Extraction
-from pcd_core.trust.calibration import Adjust
+from pcd_core.trust.calibration_applying import Adjust
 
 _P = TypeVar("_P")
 
@@ -263,7 +263,7 @@ def _groups(joined: Sequence[int], stems: Sequence[int], budget: int | None = No
     shortest stem first, in groups whose stems sum to at most ``budget`` (``BATCH_STEM_TOKENS``),
     each group read in its own passes; a group of one is left out, to run solo. Taken by length, a
     group's requests are alike in length, and a pass that reads them side by side as a batch (the
-    torch backend's ``_batched_hidden``) pads each to the longest.
+    torch backend's ``torch_batched.batched_hidden``) pads each to the longest.
     """
     budget = BATCH_STEM_TOKENS if budget is None else budget
     groups: list[list[int]] = [[]]

@@ -40,7 +40,7 @@ from pcd_core.request.questions import (
 )
 from pcd_core.result import low_mass_warnings
 from pcd_core.tokenizer import TextTokenizer
-from pcd_core.trust.calibration import Adjust
+from pcd_core.trust.calibration_applying import Adjust
 
 
 class DecideKeywords(TypedDict, total=False):
@@ -180,7 +180,7 @@ def rotation_shifts(question: Any, order_samples: int) -> list[int]:
 
 
 def _named(flags: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
-    """An answer's flags with its answer set's label indices (``calibration.decision_flags``) as names,
+    """An answer's flags with its answer set's label indices (``calibration_applying.decision_flags``) as names,
     and a head's ``zero_shot`` probabilities keyed by them.
     """
     named = dict(flags)

@@ -31,7 +31,7 @@ from pcd_core.reading.rounds import DecisionTask, Decoded, DecodeOptions, RoundS
 from pcd_core.request.schema import Field, open_waves
 from pcd_core.result import Extraction, FieldResult, Method, gather_memberships, mass_warnings
 from pcd_core.tokenizer import TextTokenizer
-from pcd_core.trust.calibration import Adjust
+from pcd_core.trust.calibration_applying import Adjust
 
 
 class FillKeywords(TypedDict, total=False):
@@ -282,7 +282,7 @@ def field_result(
     zero_shot: list[float] | None = None,
     hidden: np.ndarray | None = None,
 ) -> FieldResult:
-    """A closed field's result from its readout. ``answer_set`` holds label indices (``calibration.decision_flags``); the result holds their
+    """A closed field's result from its readout. ``answer_set`` holds label indices (``calibration_applying.decision_flags``); the result holds their
     values. ``zero_shot`` is in label order, as the readout's probabilities.
     """
     ranked = readout.ranked()

@@ -30,7 +30,8 @@ from pcd_core.request.conversation import Conversation, check_conversation
 from pcd_core.request.limits import DEFAULT_LIMITS, Limits, check_decide, check_fill, check_order_samples
 from pcd_core.request.schema import parse_schema
 from pcd_core.tokenizer import TextTokenizer
-from pcd_core.trust.calibration import Adjust, Calibration, adjuster
+from pcd_core.trust.calibration import Calibration
+from pcd_core.trust.calibration_applying import Adjust, adjuster
 from pcd_core.trust.debias import content_free_priors
 
 #: what a prior's read returns for one content-free input: per field or question, its distribution
@@ -161,7 +162,7 @@ class Planner:
     def _adjuster(
         self, names: Mapping[str, Sequence[str]], keywords: FillKeywords | DecideKeywords, priors: Callable[[], Priors]
     ) -> Adjust | None:
-        """A call's debias / calibration step (``calibration.adjuster``), None when it does neither;
+        """A call's debias / calibration step (``calibration_applying.adjuster``), None when it does neither;
         the priors are measured here, before the request's passes are counted.
         """
         debias = keywords.get("debias")

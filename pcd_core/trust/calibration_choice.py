@@ -10,7 +10,7 @@ or no fit at all) is scored by its mean held-out negative log-likelihood over ``
 train split, and the simplest one whose score is within one standard error of the best one's (the
 paired per-example difference) is kept: with few examples that is the reading closest to the raw one.
 The fits themselves shrink toward the raw reading too: ``1/T`` under a ``N(1, TEMPERATURE_SD**2)``
-prior and the biases under ``N(0, BIAS_SD**2)`` (pcd_core/trust/calibration.py), priors that weigh less as
+prior and the biases under ``N(0, BIAS_SD**2)`` (pcd_core/trust/calibration_fitting.py), priors that weigh less as
 the train split grows.
 
 ``tests/test_calibration_choice.py`` checks that a leaning model gets a debiased or biased fit and an
@@ -24,7 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pcd_core.trust.calibration import BIAS_SD, LOG_FLOOR, fit
+from pcd_core.trust.calibration import LOG_FLOOR
+from pcd_core.trust.calibration_fitting import BIAS_SD, fit
 
 #: the prior standard deviation of 1/T: at 100 examples it weighs like one example at T = 2
 TEMPERATURE_SD = 1.0

@@ -48,7 +48,7 @@ from pcd_core.evaluation.runner import (
     read_question_answers,
 )
 from pcd_core.request.limits import MAX_ORDER_SAMPLES
-from pcd_core.trust.calibration import BIAS_SD
+from pcd_core.trust.calibration_fitting import BIAS_SD
 from pcd_core.trust.selective import CONFIDENCE, DEFAULT_CONFIDENCE
 from pcd_integrations.commands import common
 from pcd_integrations.commands.eval_output import held_out_summary, write_decisions, write_plot, write_table
