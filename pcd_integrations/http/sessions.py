@@ -35,12 +35,19 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from pcd_core import DecideResponse, Extraction, Session
+from pcd_core import Session
 from pcd_core.request.triggers import Fired
 from pcd_integrations.http.calls import in_engine, served_engine
 from pcd_integrations.http.errors import ApiError
 from pcd_integrations.serving.engine_loader import EngineLoader
-from pcd_integrations.wire.sessions import SessionBody, SessionCreate, SessionCreated, SessionTurnBody, TurnRequest
+from pcd_integrations.wire.sessions import (
+    SessionBody,
+    SessionCreate,
+    SessionCreated,
+    SessionTurnBody,
+    TurnRequest,
+    append_record,
+)
 
 if TYPE_CHECKING:
     from fastapi import FastAPI, Request
@@ -107,13 +114,6 @@ def owner_of(request: "Request") -> str:
     return hashlib.sha256(request.headers.get("authorization", "").encode()).hexdigest()
 
 
-def result_record(result: Extraction | DecideResponse) -> dict[str, Any]:
-    """An append's body: the fill's record or the System One body, with the fired triggers."""
-    body = result.to_dict() if isinstance(result, Extraction) else result.to_wire()
-    body["triggers"] = [fired.to_dict() for fired in result.triggers]
-    return body
-
-
 def add_session_routes(
     app: "FastAPI", loader: EngineLoader, checked: list[Any], guarded: list[Any], errors: dict[int | str, Any]
 ) -> SessionTable:
@@ -154,7 +154,7 @@ def add_session_routes(
         for fired in result.triggers:
             for queue in served.listeners:
                 queue.put_nowait(fired)
-        return JSONResponse(result_record(result))
+        return JSONResponse(append_record(result))
 
     @app.get("/v1/sessions/{sid}", dependencies=guarded, responses=errors)
     async def read_session(sid: str, http: Request) -> SessionBody:
@@ -163,7 +163,7 @@ def add_session_routes(
         last = served.session.result
         turns = [SessionTurnBody(role=t.role, text=t.text) for t in served.session.turns]
         return SessionBody(
-            id=sid, kind=served.kind, turns=turns, result=result_record(last) if last is not None else None
+            id=sid, kind=served.kind, turns=turns, result=append_record(last) if last is not None else None
         )
 
     @app.delete("/v1/sessions/{sid}", dependencies=guarded, status_code=204, responses=errors)

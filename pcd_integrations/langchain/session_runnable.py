@@ -31,6 +31,7 @@ from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 from pcd_core import BackendUnavailableError, DecideResponse, Engine, Extraction, OptionError, Session
+from pcd_integrations.wire.sessions import append_record
 
 try:
     from langchain_core.runnables import RunnableConfig, RunnableSerializable
@@ -60,13 +61,6 @@ def turn_of(turn: Any) -> tuple[str, str]:
             raise OptionError(f"a turn's role is a string, not {role!r}")
         return turn["text"], role
     raise OptionError(f"a turn is its text or {{'text': ..., 'role': ...}}, not {turn!r}")
-
-
-def result_json(result: Extraction | DecideResponse) -> dict[str, Any]:
-    """An append's JSON record: the fill's record or the System One body, with the fired triggers."""
-    body = result.to_dict() if isinstance(result, Extraction) else result.to_wire()
-    body["triggers"] = [fired.to_dict() for fired in result.triggers]
-    return body
 
 
 class PCDSessionRunnable(RunnableSerializable[SessionInput, SessionOutput]):
@@ -122,7 +116,7 @@ class PCDSessionRunnable(RunnableSerializable[SessionInput, SessionOutput]):
         return self._shaped(await self.session.aappend(text, role=role))
 
     def _shaped(self, result: Extraction | DecideResponse) -> SessionOutput:
-        return result_json(result) if self.output == "json" else result
+        return append_record(result) if self.output == "json" else result
 
     # -- many turns of the one conversation: in order, never in parallel ---------------------------
     def batch(

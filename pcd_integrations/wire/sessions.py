@@ -2,8 +2,8 @@
 
 A session is opened with a schema (each turn's result is a fill: the ``Extraction`` record) or a
 question set (each turn's result is a decide: the System One response), the keywords of that call,
-and triggers; every model here is shared by ``pcd_integrations/http/sessions.py`` and nothing else
-builds these shapes. ``tests/test_http_sessions.py`` drives them with a real ``httpx`` client.
+and triggers; the HTTP routes (``pcd_integrations/http/sessions.py``) and the LangChain runnable
+(``append_record``) build these shapes from here. ``tests/test_http_sessions.py`` drives them with a real ``httpx`` client.
 """
 
 from __future__ import annotations
@@ -11,6 +11,17 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from pcd_core import DecideResponse, Extraction
+
+
+def append_record(result: Extraction | DecideResponse) -> dict[str, Any]:
+    """An append's JSON body, as the HTTP route and the LangChain runnable return it: the fill's
+    record or the System One body, with the triggers that fired (an empty list when none did).
+    """
+    body = result.to_dict() if isinstance(result, Extraction) else result.to_wire()
+    body["triggers"] = [fired.to_dict() for fired in result.triggers]
+    return body
 
 
 class TriggerSpec(BaseModel):
