@@ -53,6 +53,12 @@ def test_a_probability_off_by_more_than_1e_6_or_a_count_off_by_one_differs(tmp_p
     passes.mkdir()
     assert same_answers.compare(*_runs(passes, _changed(forward_passes=2))) == 1
     assert "forward_passes: 1 against 2" in capsys.readouterr().out
+    steps = tmp_path / "steps"  # a count whose name holds "_s" is a count, not seconds
+    steps.mkdir()
+    first, second = _runs(steps, _changed(open_steps=3))
+    (first / "reads_torch.json").write_text(json.dumps(_changed(open_steps=2)))
+    assert same_answers.compare(first, second) == 1
+    assert "open_steps: 2 against 3" in capsys.readouterr().out
 
 
 def test_rounding_below_1e_6_is_the_same_answer(tmp_path):
