@@ -38,9 +38,9 @@ TURNS = [
 ]
 
 
-def assert_same_decisions(got: DecideResponse, want: DecideResponse, tolerance: float = 1e-6) -> None:
+def assert_same_decisions(got: DecideResponse, want: DecideResponse) -> None:
     assert got.answers.keys() == want.answers.keys()
-    assert_same_json(got.to_wire()["answers"], want.to_wire()["answers"], tolerance)
+    assert_same_json(got.to_wire()["answers"], want.to_wire()["answers"])
 
 
 def assert_same_probabilities(got: DecideResponse, want: DecideResponse) -> None:
