@@ -38,6 +38,7 @@ from pcd_core.errors import OptionError, PcdError
 from pcd_core.request.questions import Answer, DecideResponse, NoulAnswer
 from pcd_core.request.schema import Schema, parse_schema
 from pcd_core.result import Extraction, FieldResult
+from pcd_core.trust.calibration import Calibration
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +69,22 @@ class EscalationRule:
         for name, bound in (("probability_below", self.probability_below), ("mass_below", self.mass_below)):
             if bound is not None and not 0 <= bound <= 1:
                 raise OptionError(f"an escalation rule's {name} lies in [0, 1], not {bound!r}")
+
+    @classmethod
+    def fitted(cls, calibration: Calibration | None, **conditions: Any) -> EscalationRule:
+        """The rule ``conditions`` give, with the threshold ``pcd calibrate --cascade`` fitted for each
+        field it names (``Calibration.escalation``) as that field's ``probability_below``: the first
+        engine must be loaded with the same calibration, whose probabilities the thresholds were
+        fitted on. A threshold above 1 (escalate every example) is applied as 1.
+        """
+        base = cls(**conditions)
+        if calibration is None or calibration.escalation is None:
+            return base
+        per_field = {
+            name: replace(base, probability_below=min(below, 1.0))
+            for name, below in calibration.escalation.below.items()
+        }
+        return replace(base, per_field=per_field)
 
     def for_field(self, name: str) -> EscalationRule:
         return self.per_field.get(name, self)

@@ -86,7 +86,7 @@ def test_a_calibration_file_round_trips(tmp_path):
     path = tmp_path / "cal.json"
     original.save(path)
     assert Calibration.load(path) == original
-    assert json.loads(path.read_text())["version"] == CALIBRATION_VERSION == 4
+    assert json.loads(path.read_text())["version"] == CALIBRATION_VERSION == 5
 
 
 def test_a_version_3_file_keeps_each_fields_choice_and_thresholds(tmp_path):

@@ -11,7 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pcd_core.evaluation.cascade_curve import cascade_curve, escalation_threshold
+from pcd_core.evaluation.cascade_curve import cascade_curve, escalation_threshold, fit_escalation
+from pcd_core.trust.calibration import Calibration, FieldCalibration
 
 
 def _draw(n: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -57,3 +58,28 @@ def test_a_threshold_fitted_for_a_target_holds_about_it_on_fresh_answers():
     assert escalation_threshold(points, accuracy=0.99) is None  # beyond what either engine does
     with pytest.raises(ValueError, match="one of the two"):
         escalation_threshold(points)
+
+
+def test_fit_escalation_meets_each_target_at_a_distinct_top_probability_and_the_file_keeps_it(tmp_path):
+    first, second, gold = _draw(2000, 4)
+    escalation, short = fit_escalation({"a": first}, {"a": second}, {"a": gold}, "bigger", accuracy=0.85)
+    assert short == [] and escalation.next_model == "bigger" and escalation.accuracy == 0.85
+    below = escalation.below["a"]
+    assert below in set(first.max(axis=1).tolist())  # not a grid point: the exact cut
+    # the point it keeps is the count it names, and no smaller escalation reaches the target
+    kept = cascade_curve(first, second, gold, 0.0, 0.0, thresholds=(below,))[0]
+    assert kept.accuracy >= 0.85 and escalation.on_train["a"]["escalated"] == pytest.approx(kept.escalated)
+    lower = [t for t in set(first.max(axis=1).tolist()) if t < below]
+    assert all(p.accuracy < 0.85 for p in cascade_curve(first, second, gold, 0.0, 0.0, thresholds=tuple(lower)))
+    by_share, _ = fit_escalation({"a": first}, {"a": second}, {"a": gold}, "bigger", max_escalated=0.3)
+    within = [p for p in cascade_curve(first, second, gold, 0.0, 0.0, thresholds=(0.0, 0.6, 0.7)) if p.escalated <= 0.3]
+    assert by_share.on_train["a"]["escalated"] <= 0.3
+    assert by_share.on_train["a"]["accuracy"] >= max(p.accuracy for p in within)
+    # out of reach: the most accurate point, and a line that says so
+    out_of_reach, short = fit_escalation({"a": first}, {"a": second}, {"a": gold}, "bigger", accuracy=0.99)
+    assert len(short) == 1 and "out of reach" in short[0]
+    assert out_of_reach.on_train["a"]["accuracy"] < 0.99
+    field = FieldCalibration(("x", "y"), 1.0, (0.0, 0.0))
+    path = tmp_path / "cal.json"
+    Calibration("m", False, {"a": field}, escalation=escalation).save(path)
+    assert Calibration.load(path).escalation == escalation

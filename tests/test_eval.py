@@ -118,7 +118,7 @@ def test_calibrate_with_bias_saves_a_fixed_fit_and_reports_the_fits_it_did_not_s
         == 0
     )
     saved = json.loads(out.read_text())
-    assert saved["version"] == 4 and saved["heads"] == {} and saved["bias_sd"] == 0.5
+    assert saved["version"] == 5 and saved["heads"] == {} and saved["escalation"] is None and saved["bias_sd"] == 0.5
     assert all(spec["fit"] == "" and spec["debias"] is None for spec in saved["fields"].values())
     assert all(sum(spec["bias"]) == pytest.approx(0.0, abs=1e-6) for spec in saved["fields"].values())
     report = json.loads(report_path.read_text())

@@ -203,7 +203,7 @@ def test_version_4_round_trips_its_heads_and_version_3_still_loads(head: Head, t
     path = tmp_path / "v4.json"
     calibration.save(path)
     data = json.loads(path.read_text())
-    assert data["version"] == 4 and set(data["heads"]) == {"sentiment"}
+    assert data["version"] == 5 and set(data["heads"]) == {"sentiment"}
     again = Calibration.load(path)
     states = np.stack([head.mean, head.mean + head.scale])
     np.testing.assert_allclose(again.heads["sentiment"].probabilities(states), head.probabilities(states))

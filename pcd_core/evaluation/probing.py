@@ -170,3 +170,15 @@ def write_curve_plot(
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)
+
+
+def heads_out_of_fold(answers: Answers, heads: Mapping[str, Head], seed: int = 0) -> dict[str, np.ndarray]:
+    """Per field with a head, each train answer's probabilities from the head's fold that left it out:
+    what the head says of an example it never saw, the probabilities a threshold fitted on the train
+    split must be fitted on (a cascade's escalation, pcd_core/evaluation/cascade_curve.py).
+    """
+    return {
+        name: out_of_fold(out.states(), out.gold, heads[name], seed=seed, groups=_groups(out, len(out.gold)))
+        for name, out in answers.fields.items()
+        if name in heads and out.gold
+    }

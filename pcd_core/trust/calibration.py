@@ -16,6 +16,11 @@ is read zero-shot as before. A head names its model; ``check_heads`` refuses ano
 head's answer abstains and reports its answer set by the head's own thresholds (``Head.abstain_below``,
 ``Head.set_threshold``), which live in the head's entry: the version-4 layout had room for them, and
 a head saved without them never abstains. ``tests/test_heads_engine.py`` checks both on the real model.
+
+Version 5 adds ``escalation`` (``Escalation``): per field, the top probability below which a cascade
+sends the field to the next engine, fitted for a target by ``pcd calibrate --cascade MODEL``
+(pcd_core/evaluation/cascade_curve.py). It lives here because it is fitted on the probabilities this
+calibration gives: applied to other ones it would escalate another share of the fields.
 """
 
 from __future__ import annotations
@@ -43,9 +48,9 @@ from pcd_core.trust.heads import Head
 #: debiases every field or none, as its top-level ``debias`` says, and never abstains.
 #: Version 4 adds ``heads``: per field, a trained head (``Head.to_dict``); none in a version-3 file. A
 #: head's ``abstain_below`` and ``set_threshold`` came later in the same version; a head without them
-#: never abstains and has no answer set.
-CALIBRATION_VERSION = 4
-READABLE_VERSIONS = (1, 2, 3, 4)
+#: never abstains and has no answer set. Version 5 adds ``escalation``; none in a version-4 file.
+CALIBRATION_VERSION = 5
+READABLE_VERSIONS = (1, 2, 3, 4, 5)
 
 #: the confidence level of the abstention bound before it was a choice: a file without
 #: ``abstain_confidence`` had its thresholds fitted at it
@@ -76,6 +81,47 @@ class FieldCalibration:
 
 
 @dataclass(frozen=True)
+class Escalation:
+    """Where a cascade sends each field on: below ``below[name]``, the field's top probability (as this
+    calibration gives it) is too low to keep. Fitted on the train split for one target, an accuracy to
+    reach or a share of examples to escalate at most, against ``next_model``'s answers there;
+    ``on_train`` keeps, per field, what the fitted point did there (share escalated, accuracy, examples).
+    """
+
+    next_model: str
+    below: Mapping[str, float]
+    accuracy: float | None = None
+    max_escalated: float | None = None
+    on_train: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "next_model": self.next_model,
+            "below": dict(self.below),
+            "accuracy": self.accuracy,
+            "max_escalated": self.max_escalated,
+            "on_train": {name: dict(point) for name, point in self.on_train.items()},
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Escalation:
+        below = {str(name): float(value) for name, value in data["below"].items()}
+        for name, value in below.items():
+            if not 0 <= value <= 1.01:
+                raise PcdError(f"escalation of field {name!r}: a threshold lies in [0, 1.01], not {value!r}")
+        return cls(
+            str(data["next_model"]),
+            below,
+            _optional_float(data.get("accuracy")),
+            _optional_float(data.get("max_escalated")),
+            {
+                str(name): {str(k): float(v) for k, v in point.items()}
+                for name, point in data.get("on_train", {}).items()
+            },
+        )
+
+
+@dataclass(frozen=True)
 class Calibration:
     model: str
     debias: bool  # whether it was fitted on debiased probabilities, as it must then be applied
@@ -88,6 +134,7 @@ class Calibration:
     abstain_confidence: float | None = None
     coverage: float | None = None  # the answer sets' target coverage (--coverage)
     heads: Mapping[str, Head] = field(default_factory=dict)  # per field, a trained head (version 4)
+    escalation: Escalation | None = None  # per field, where a cascade escalates (version 5)
 
     def for_field(self, name: str, labels: Sequence[str]) -> FieldCalibration | None:
         found = self.fields.get(name)
@@ -148,6 +195,7 @@ class Calibration:
             },
             "fitted_on": dict(self.fitted_on),
             "heads": {name: head.to_dict() for name, head in self.heads.items()},
+            "escalation": self.escalation.to_dict() if self.escalation is not None else None,
         }
 
     def save(self, path: str | Path) -> None:
@@ -190,6 +238,7 @@ class Calibration:
             abstain_risk, coverage = _optional_float(data.get("abstain_risk")), _optional_float(data.get("coverage"))
             confidence = _optional_float(data.get("abstain_confidence", OLD_CONFIDENCE if abstain_risk else None))
             heads = {str(name): Head.from_dict(spec) for name, spec in (data.get("heads") or {}).items()}
+            escalation = Escalation.from_dict(data["escalation"]) if data.get("escalation") else None
         except (KeyError, TypeError, ValueError, AttributeError) as error:
             raise PcdError(f"a calibration file's fields are malformed: {error!r}") from error
         for name, f in fields.items():
@@ -215,6 +264,7 @@ class Calibration:
             confidence,
             coverage,
             heads,
+            escalation,
         )
 
     @classmethod

@@ -6,7 +6,9 @@ loaded as the first model is (same backend and flags, its own ``--then-calibrati
 ``http(s)://`` URL is a ``/v1/decisions`` endpoint spoken through the ``openai`` client
 (pcd_integrations/remote_decisions.py; ``--then-model`` names the model it serves, ``--then-timeout``
 bounds its wait). The escalation rule is the same for every stage: abstained (unless
-``--no-escalate-abstained``), ``--escalate-below P``, ``--escalate-mass M``, ``--escalate-set``. Every
+``--no-escalate-abstained``), ``--escalate-below P``, ``--escalate-mass M``, ``--escalate-set``; without
+``--escalate-below``, a ``--calibration`` file with escalation thresholds (``pcd calibrate --cascade``)
+gives each of its fields its own (``EscalationRule.fitted``). Every
 value and file is checked before any model loads (``check_cascade_args``). ``tests/test_cascade_doors.py``
 drives each door.
 """
@@ -97,13 +99,19 @@ def check_cascade_args(args: argparse.Namespace) -> None:
     rule(args)  # its bounds
 
 
-def rule(args: argparse.Namespace) -> EscalationRule:
-    return EscalationRule(
-        abstained=args.escalate_abstained,
-        probability_below=args.escalate_below,
-        mass_below=args.escalate_mass,
-        set_larger_than_one=args.escalate_set,
-    )
+def rule(args: argparse.Namespace, calibration: str | None = None) -> EscalationRule:
+    """The flags' rule; without ``--escalate-below``, with the thresholds ``calibration`` (the file of
+    the engine whose answers the rule looks at) fitted per field, where it has them.
+    """
+    conditions = {
+        "abstained": args.escalate_abstained,
+        "probability_below": args.escalate_below,
+        "mass_below": args.escalate_mass,
+        "set_larger_than_one": args.escalate_set,
+    }
+    if args.escalate_below is not None or calibration is None:
+        return EscalationRule(**conditions)
+    return EscalationRule.fitted(Calibration.load(calibration), **conditions)
 
 
 def stages(args: argparse.Namespace) -> list[Stage]:
@@ -111,7 +119,10 @@ def stages(args: argparse.Namespace) -> list[Stage]:
     from pcd_core import Engine
 
     found = []
+    # stage k looks at the answers of the engine before it: the first one's, then stage k - 1's
+    looked_at = [getattr(args, "calibration", None), *args.then_calibration]
     for k, target in enumerate(args.then):
+        escalation = rule(args, looked_at[k] if k < len(looked_at) else None)
         if _is_url(target):
             from pcd_integrations.remote_decisions import RemoteDecisions
 
@@ -121,9 +132,9 @@ def stages(args: argparse.Namespace) -> list[Stage]:
             calibration = args.then_calibration[k] if k < len(args.then_calibration) else None
             engine = Engine.load(common.options_from_args(args, model=target, calibration=calibration))
             if target == args.model:  # the same model again (another calibration): say which stage answered
-                found.append(Stage(engine, rule(args), name=f"{target} (stage {k + 2})"))
+                found.append(Stage(engine, escalation, name=f"{target} (stage {k + 2})"))
                 continue
-        found.append(Stage(engine, rule(args)))
+        found.append(Stage(engine, escalation))
     return found
 
 

@@ -24,8 +24,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from pcd_core import Calibration, PcdError, parse_schema
 from pcd_core.evaluation import datasets
 from pcd_core.evaluation.cache import AnswerCache
@@ -50,7 +48,7 @@ from pcd_core.evaluation.runner import (
 from pcd_core.request.limits import MAX_ORDER_SAMPLES
 from pcd_core.trust.calibration_fitting import BIAS_SD
 from pcd_core.trust.selective import CONFIDENCE, DEFAULT_CONFIDENCE
-from pcd_integrations.commands import common
+from pcd_integrations.commands import cascade_eval, common
 from pcd_integrations.commands.eval_output import held_out_summary, write_decisions, write_plot, write_table
 
 
@@ -127,12 +125,7 @@ def add_eval_parsers(subparsers: Any) -> None:
     evaluate.add_argument("--calibration", metavar="FILE", help="also report with this calibration applied")
     evaluate.add_argument("--risk-plot", metavar="PNG", help="write the risk-coverage curve")
     evaluate.add_argument("--fetch", action="store_true", help="only build the bundled --data set and exit")
-    evaluate.add_argument(
-        "--cascade",
-        metavar="MODEL",
-        help="also read the examples with MODEL (same flags) and report the cascade's curve: accuracy, share "
-        "escalated and time per example when the fields below each top probability go to MODEL",
-    )
+    cascade_eval.add_eval_options(evaluate)
     evaluate.set_defaults(run=run_eval)
 
     calibrate = subparsers.add_parser(
@@ -214,6 +207,7 @@ def add_eval_parsers(subparsers: Any) -> None:
         help=f"with --head: plot held-out accuracy of heads fitted on {', '.join(map(str, CURVE_SIZES))} train "
         "examples (the learning curve, also in the --json report)",
     )
+    cascade_eval.add_calibrate_options(calibrate)
     calibrate.set_defaults(run=run_calibrate)
 
 
@@ -325,12 +319,22 @@ def _finish(args: argparse.Namespace, report: dict[str, Any], answers: Any, cali
         write_risk_plot(answers, calibration, args.risk_plot, title)
 
 
+def _reader(args: argparse.Namespace, source: Any, cache: AnswerCache | None) -> cascade_eval.Read:
+    """How the ``--cascade`` model reads records: as the first one does, raw, without the AR baseline."""
+
+    def read(engine: Any, records: list[dict[str, Any]]) -> Answers:
+        return _read(args, engine, source, records, 0, cache)
+
+    return read
+
+
 def run_eval(args: argparse.Namespace) -> int:
     if args.fetch:
         if args.data not in datasets.NAMES:
             raise PcdError(f"--fetch builds a bundled set: {', '.join(datasets.NAMES)}")
         print(datasets.fetch(args.data))
         return 0
+    cascade_eval.check_args(args)
     calibration = Calibration.load(args.calibration) if args.calibration else None
     if calibration is not None:
         print(fitted_on_line(calibration), file=sys.stderr)
@@ -344,51 +348,9 @@ def run_eval(args: argparse.Namespace) -> int:
     answers = _read(args, engine, schema, chosen, args.constrained_limit, cache, hidden=heads)
     report = {"meta": _meta(args, engine, args.split, len(chosen)), **build_report(answers, calibration)}
     if args.cascade:
-        report["cascade"] = _cascade_report(args, schema, chosen, answers, calibration, cache)
+        report["cascade"] = cascade_eval.report(args, chosen, answers, calibration, _reader(args, schema, cache))
     _finish(args, report, answers, calibration)
     return 0
-
-
-def _cascade_report(
-    args: argparse.Namespace,
-    schema: Any,
-    chosen: list[dict[str, Any]],
-    answers: Answers,
-    calibration: Calibration | None,
-    cache: AnswerCache | None,
-) -> dict[str, Any]:
-    """Per field, the cascade's curve from these answers (calibrated where the file covers the field)
-    to ``--cascade MODEL``'s, read now on the same examples; printed as a table on stderr.
-    """
-    from pcd_core.evaluation.cascade_curve import cascade_curve
-    from pcd_core.evaluation.runner import variants
-
-    second = common.load_engine(argparse.Namespace(**{**vars(args), "model": args.cascade, "calibration": None}))
-    later = _read(args, second, schema, chosen, 0, cache)
-    report: dict[str, Any] = {"model": args.cascade, "fields": {}}
-    first_s, second_s = answers.seconds / max(len(chosen), 1), later.seconds / max(len(chosen), 1)
-    for name, out in answers.fields.items():
-        if not out.gold or name not in later.fields:
-            continue
-        rows = variants(answers, name, calibration)
-        first = rows.get("head", rows.get("calibrated", rows["raw"]))
-        curve = cascade_curve(first, later.fields[name].array(), np.asarray(out.gold), first_s, second_s)
-        report["fields"][name] = {
-            "first_seconds": first_s,
-            "second_seconds": second_s,
-            "curve": [p.to_dict() for p in curve],
-        }
-        print(
-            f"{name}: cascade to {args.cascade} (time per example: {first_s:.2f} s, then {second_s:.2f} s)",
-            file=sys.stderr,
-        )
-        for p in curve:
-            print(
-                f"  below {p.threshold:.2f}: escalated {p.escalated:.3f}, accuracy {p.accuracy:.3f}, "
-                f"{p.seconds_per_example:.2f} s/example ({p.seconds_per_example / second_s:.2f}x the second alone)",
-                file=sys.stderr,
-            )
-    return report
 
 
 def run_calibrate(args: argparse.Namespace) -> int:
@@ -404,6 +366,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
         raise PcdError("--head fits heads on schema fields; it does not take --questions")
     if args.curve is not None and args.head is None:
         raise PcdError("--curve plots the heads' learning curve: it needs --head probe")
+    cascade_eval.check_args(args)
     schema, records = _load_data(args)
     train = _selected(args, records, "train", args.train_limit)
     test = _selected(args, records, "test", args.limit)
@@ -412,7 +375,9 @@ def run_calibrate(args: argparse.Namespace) -> int:
     fitted_on = {"data": args.data, "split": "train", "seed": args.seed, "n": len(train), "top_label": args.top_label}
     hidden = args.head is not None
     train_answers = _read(args, engine, schema, train, 0, cache, hidden)
-    thresholds = args.abstain_risk is not None or args.coverage is not None
+    decisions = args.abstain_risk is not None or args.coverage is not None
+    # an escalation threshold is a threshold too: fitted on the part the calibration did not see
+    thresholds = decisions or args.cascade is not None
     # the calibration is fitted on one part of the train split and the thresholds on the other, so
     # that the thresholds see answers as new to the calibration as held-out ones (pcd_core/trust/selective.py)
     parted = threshold_split(train_answers, args.threshold_share) if thresholds else None
@@ -423,7 +388,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
         print(
             f"train split: {n_fit} examples fit the calibration, the other {n_thresholds} the thresholds "
             f"(--threshold-share {args.threshold_share}: risk {args.abstain_risk} at confidence "
-            f"{args.abstain_confidence}, coverage {args.coverage})",
+            f"{args.abstain_confidence}, coverage {args.coverage}, escalation to {args.cascade})",
             file=sys.stderr,
         )
 
@@ -445,7 +410,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
     else:
         calibration = choose_calibration(fit_answers, engine.model_name, fitted_on, args.seed)
     level = args.abstain_confidence
-    if parted is not None:
+    if parted is not None and decisions:
         calibration = with_decisions(calibration, parted.thresholds, args.abstain_risk, args.coverage, level)
     if hidden:
         heads = fit_heads(
@@ -459,6 +424,10 @@ def run_calibrate(args: argparse.Namespace) -> int:
         )
         calibration = replace(calibration, heads=heads)
     fit_seconds = time.perf_counter() - fitting  # the fits and thresholds saved, heads included
+    if args.cascade:  # after the clock: it reads the train split with the second model
+        parts = parted.thresholds if parted is not None else None
+        escalation = cascade_eval.fit(args, train, train_answers, parts, calibration, _reader(args, schema, cache))
+        calibration = replace(calibration, escalation=escalation)
     calibration.save(args.out)
     for name, found in calibration.fields.items():
         biases = f", biases {', '.join(f'{b:+.2f}' for b in found.bias)}" if any(found.bias) else ""
