@@ -2,8 +2,9 @@
 
 The reference for each append is the engine's own ``fill``/``decide`` of ``session.text`` with
 ``fence_nonce=session.nonce``: the same prompt read in one piece from the cached head, while the
-session reads only the new turn after its kept KV. Torch float32 on SmolLM2-135M: the two agree to
-1e-5 in every probability, and open fields write the same text.
+session reads only the new turn after its kept KV. Torch float32 on SmolLM2-135M, and on Gemma 3
+270M for the two equality tests (another tokenizer, a base model without a chat template): the two
+agree to 1e-5 in every probability, and open fields write the same text.
 """
 
 from __future__ import annotations
@@ -64,7 +65,14 @@ def _same_decide(session_result, fresh) -> None:
                 assert mine.probabilities[name] == pytest.approx(p, abs=TOLERANCE), (qid, name)
 
 
-def test_every_append_equals_a_fresh_fill_and_reads_only_the_new_turn(engine):
+#: the equality tests run on both embedded models, so that nothing holds for one tokenizer only
+BOTH_MODELS = pytest.mark.parametrize("loaded", ["engine", "gemma_engine"])
+
+
+@pytest.mark.model  # the model fixtures are asked for by name, which the conftest's marking does not see
+@BOTH_MODELS
+def test_every_append_equals_a_fresh_fill_and_reads_only_the_new_turn(loaded, request):
+    engine = request.getfixturevalue(loaded)
     caps = {"summary": 6}
     session = engine.session(SCHEMA, max_new_tokens=caps)
     for index, (role, text) in enumerate(TURNS[:3]):
@@ -84,7 +92,10 @@ def test_every_append_equals_a_fresh_fill_and_reads_only_the_new_turn(engine):
         assert result.stats.input_tokens == fresh.stats.input_tokens  # the same prompt, however it was read
 
 
-def test_every_append_equals_a_fresh_decide(engine):
+@pytest.mark.model  # the model fixtures are asked for by name, which the conftest's marking does not see
+@BOTH_MODELS
+def test_every_append_equals_a_fresh_decide(loaded, request):
+    engine = request.getfixturevalue(loaded)
     session = engine.session(QUESTIONS)
     for role, text in TURNS[:3]:
         result = session.append(text, role=role)
