@@ -15,7 +15,8 @@ or an input over a smaller context) leaves the earlier answers, marked as not es
 cascade never loses a field to a later engine. The cost record gives passes, tokens and time per
 engine (``StageCost``), and ``stats`` sums them.
 
-A ``Cascade`` has the engine's interface (``fill``, ``decide``, their ``_many`` and async twins), and
+A ``Cascade`` has the engine's interface (``fill``, ``decide``, their ``_many`` and async twins, and
+``session``, whose every append is cascaded: ``pcd_core/cascade_session.py``), and
 every other attribute (``model_name``, ``tokenizer``, ``generate``, ...) is the first engine's, so a
 door that takes an ``Engine`` takes a cascade unchanged. A multi-label list and the open (generated)
 fields stay with the first engine. ``tests/test_cascade.py`` checks it on the embedded model cascading

@@ -13,6 +13,9 @@ from __future__ import annotations
 import socket
 
 import pytest
+from test_cascade import QUESTIONS, SCHEMA
+from test_cascade import _abstaining as always_abstaining
+from test_session import TURNS
 
 from pcd_core import Engine
 from pcd_core.cascade import Cascade, CascadeDecideResponse, Stage
@@ -20,42 +23,15 @@ from pcd_core.cascade_asking import sub_schema
 from pcd_core.errors import SessionClosedError
 from pcd_core.request.schema import parse_schema
 from pcd_core.sessions.session import SessionTurn
-from pcd_core.trust.calibration import Calibration, FieldCalibration
-from pcd_core.trust.selective import NEVER
 
 TOLERANCE = 1e-5
-SCHEMA = {
-    "urgent": {"type": "boolean", "description": "Does it need an answer today?"},
-    "sentiment": {"enum": ["angry", "calm", "happy"], "description": "How the customer feels"},
-    "team": {"enum": ["billing", "shipping", "sales"], "description": "Who handles it", "depends_on": "sentiment"},
-    "refund": {"type": "boolean", "description": "Does the customer ask for money back?"},
-}
-QUESTIONS = {
-    "refund": {"type": "noul", "instructions": "Does the customer ask for money back?"},
-    "team": {"type": "choice", "instructions": "Which team?", "criteria": {"billing": None, "shipping": None}},
-    "urgency": {"type": "score", "instructions": "How urgent is this?", "criteria": ["low", "medium", "high"]},
-}
-TURNS = [
-    ("customer", "Hi, my order 1234 has not arrived and I am annoyed."),
-    ("agent", "Sorry to hear that. Let me check the tracking for you."),
-    ("customer", "This is the third time!\nI want a refund now."),
-    ("agent", "I understand. I can offer a refund or a new delivery tomorrow."),
-]
 ESCALATED_FIELDS = ("sentiment", "team", "refund")  # team depends on sentiment
-
-
-def _always_abstaining(names_labels: dict[str, tuple[str, ...]]) -> Calibration:
-    fields = {
-        name: FieldCalibration(labels, 1.0, tuple(0.0 for _ in labels), abstain_below=NEVER)
-        for name, labels in names_labels.items()
-    }
-    return Calibration("smollm2-135m", False, fields, abstain_risk=0.1, abstain_confidence=0.9)
 
 
 @pytest.fixture(scope="module")
 def first() -> Engine:
     labels = {"sentiment": ("angry", "calm", "happy"), "refund": ("true", "false"), "urgency": ("0", "1", "2")}
-    return Engine.load("smollm2-135m", calibration=_always_abstaining(labels))
+    return Engine.load("smollm2-135m", calibration=always_abstaining(labels))
 
 
 @pytest.fixture(scope="module")
