@@ -52,7 +52,7 @@ from pcd_core.request.questions import (
 )
 from pcd_core.request.schema import Field, Label, Schema, parse_schema
 from pcd_core.result import Extraction, FieldResult, Generation, MembershipResult
-from pcd_core.sessions.session import Session, SessionTurn
+from pcd_core.sessions.session import Session, SessionInterface, SessionTurn
 from pcd_core.tools import (
     NO_TOOL,
     ToolChoice,
@@ -74,6 +74,7 @@ __all__ = [
     "Cascade",
     "EscalationRule",
     "Session",
+    "SessionInterface",
     "SessionTurn",
     "Stage",
     "__version__",

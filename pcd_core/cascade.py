@@ -15,7 +15,8 @@ or an input over a smaller context) leaves the earlier answers, marked as not es
 cascade never loses a field to a later engine. The cost record gives passes, tokens and time per
 engine (``StageCost``), and ``stats`` sums them.
 
-A ``Cascade`` has the engine's interface (``fill``, ``decide``, their ``_many`` and async twins), and
+A ``Cascade`` has the engine's interface (``fill``, ``decide``, their ``_many`` and async twins, and
+``session``, whose every append is cascaded: ``pcd_core/cascade_session.py``), and
 every other attribute (``model_name``, ``tokenizer``, ``generate``, ...) is the first engine's, so a
 door that takes an ``Engine`` takes a cascade unchanged. A multi-label list and the open (generated)
 fields stay with the first engine. ``tests/test_cascade.py`` checks it on the embedded model cascading
@@ -28,16 +29,27 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
+from functools import partial
 from typing import Any, Protocol
 
 from pydantic import BaseModel, Field
 
+from pcd_core.cascade_asking import (
+    Ask,
+    decide_statelessly,
+    dependants,
+    fill_statelessly,
+    stage_keywords,
+    stage_schema,
+)
+from pcd_core.cascade_session import CascadedSession, SessionPlan, opens_sessions
 from pcd_core.concurrency.model_lock import in_thread
 from pcd_core.cost import Stats
 from pcd_core.errors import OptionError, PcdError
 from pcd_core.request.questions import Answer, DecideResponse, NoulAnswer
 from pcd_core.request.schema import Schema, parse_schema
 from pcd_core.result import Extraction, FieldResult
+from pcd_core.sessions.session import is_question_set
 from pcd_core.trust.calibration import Calibration
 
 logger = logging.getLogger(__name__)
@@ -231,27 +243,6 @@ def _cost(name: str, asked: int, stats: Stats, error: str | None = None) -> Stag
     )
 
 
-def dependants(schema: Schema, names: set[str]) -> set[str]:
-    """``names`` with every closed field that depends on one of them, directly or not."""
-    grown = set(names)
-    changed = True
-    while changed:
-        changed = False
-        for f in schema.fields:
-            if f.name not in grown and f.member_of is None and set(f.depends_on) & grown:
-                grown.add(f.name)
-                changed = True
-    return grown
-
-
-def sub_schema(schema: Schema, names: set[str]) -> Schema:
-    """The closed fields in ``names``, in schema order, depending only on each other: what the next engine is asked."""
-    kept = tuple(
-        replace(f, depends_on=tuple(d for d in f.depends_on if d in names)) for f in schema.fields if f.name in names
-    )
-    return Schema(kept, title=schema.title)
-
-
 class Cascade:
     """A first engine and later stages: the module docstring says what it does."""
 
@@ -268,17 +259,47 @@ class Cascade:
             raise AttributeError(name)
         return getattr(self.first, name)
 
+    @property
+    def opens_sessions(self) -> bool:
+        """Whether this cascade can follow a conversation in a session: when its first engine can."""
+        return opens_sessions(self.first)
+
+    def session(
+        self, schema_or_questions: Any, *, keep_last_tokens: int | None = None, **keywords: Any
+    ) -> CascadedSession:
+        """``Engine.session`` cascaded: the first engine's session answers each append, and the fields
+        the stages' rules send on are answered by them (``cascade_session.py`` says how, and its cost).
+        """
+        if not opens_sessions(self.first):
+            raise OptionError(f"the cascade's first engine {self.first_name!r} has no sessions; open them on an Engine")
+        first = self.first.session(schema_or_questions, keep_last_tokens=keep_last_tokens, **keywords)
+        if is_question_set(schema_or_questions):
+            ask = partial(decide_statelessly, questions=schema_or_questions)
+            plan = SessionPlan(self._escalate_decide, ask, schema_or_questions, {}, keep_last_tokens)
+        else:
+            schema = parse_schema(schema_or_questions)
+            ask = partial(fill_statelessly, schema, keywords=keywords)
+            spec = stage_schema(schema_or_questions, schema)
+            plan = SessionPlan(
+                partial(self._escalate_fill, schema), ask, spec, stage_keywords(keywords), keep_last_tokens
+            )
+        return CascadedSession(first, self.stages, plan)
+
     # -- fill ---------------------------------------------------------------------------------
     def fill(self, schema: Any, text: str, **keywords: Any) -> CascadeExtraction:
         started = time.perf_counter()
         result = self.first.fill(schema, text, **keywords)
-        return self._escalate_fill(parse_schema(schema), text, result, keywords, started)
+        parsed = parse_schema(schema)
+        return self._escalate_fill(parsed, result, fill_statelessly(parsed, text, keywords), started)
 
     def fill_many(self, schema: Any, texts: list[str], **keywords: Any) -> list[CascadeExtraction]:
         started = time.perf_counter()
         results = self.first.fill_many(schema, texts, **keywords)
         parsed = parse_schema(schema)
-        return [self._escalate_fill(parsed, t, r, keywords, started) for t, r in zip(texts, results)]
+        return [
+            self._escalate_fill(parsed, r, fill_statelessly(parsed, t, keywords), started)
+            for t, r in zip(texts, results)
+        ]
 
     async def afill(self, schema: Any, text: str, **keywords: Any) -> CascadeExtraction:
         return await in_thread(self.fill, schema, text, **keywords)
@@ -286,9 +307,8 @@ class Cascade:
     async def afill_many(self, schema: Any, texts: list[str], **keywords: Any) -> list[CascadeExtraction]:
         return await in_thread(self.fill_many, schema, texts, **keywords)
 
-    def _escalate_fill(
-        self, schema: Schema, text: str, result: Extraction, keywords: Mapping[str, Any], started: float
-    ) -> CascadeExtraction:
+    def _escalate_fill(self, schema: Schema, result: Extraction, ask: Ask, started: float) -> CascadeExtraction:
+        """``result`` (the first engine's) with the fields each stage's rule sends on answered by ``ask``."""
         fields_now = dict(result.fields)
         for name, found in fields_now.items():
             if isinstance(found, FieldResult):
@@ -309,11 +329,9 @@ class Cascade:
             asked = dependants(schema, set(reasons))
             for name in asked - set(reasons):
                 reasons[name] = (f"depends on {sorted(set(schema.field(name).depends_on) & asked)[0]!r}",)
-            sub = sub_schema(schema, asked)
-            task = {"task": keywords["task"]} if keywords.get("task") else {}
             clock = time.perf_counter()
             try:
-                later = stage.engine.fill(sub, text, **task)
+                later = ask(index, stage, tuple(f.name for f in schema.fields if f.name in asked))
             except PcdError as error:
                 failure = _stage_failed(stage.label, error, clock, len(asked), warnings, costs)
                 for name in asked:
@@ -346,12 +364,12 @@ class Cascade:
     def decide(self, state: Any, questions: dict[str, Any], **keywords: Any) -> CascadeDecideResponse:
         started = time.perf_counter()
         response = self.first.decide(state, questions, **keywords)
-        return self._escalate_decide(state, questions, response, started)
+        return self._escalate_decide(response, decide_statelessly(state, questions), started)
 
     def decide_many(self, states: Sequence[Any], questions: dict[str, Any], **keywords: Any) -> list[Any]:
         started = time.perf_counter()
         responses = self.first.decide_many(states, questions, **keywords)
-        return [self._escalate_decide(s, questions, r, started) for s, r in zip(states, responses)]
+        return [self._escalate_decide(r, decide_statelessly(s, questions), started) for s, r in zip(states, responses)]
 
     async def adecide(self, state: Any, questions: dict[str, Any], **keywords: Any) -> CascadeDecideResponse:
         return await in_thread(self.decide, state, questions, **keywords)
@@ -359,9 +377,8 @@ class Cascade:
     async def adecide_many(self, states: Sequence[Any], questions: dict[str, Any], **keywords: Any) -> list[Any]:
         return await in_thread(self.decide_many, states, questions, **keywords)
 
-    def _escalate_decide(
-        self, state: Any, questions: dict[str, Any], response: DecideResponse, started: float
-    ) -> CascadeDecideResponse:
+    def _escalate_decide(self, response: DecideResponse, ask: Ask, started: float) -> CascadeDecideResponse:
+        """``response`` (the first engine's) with the questions each stage's rule sends on answered by ``ask``."""
         answers = {qid: a.model_copy(update={"engine": self.first_name}) for qid, a in response.answers.items()}
         answered_by = {qid: 0 for qid in answers}
         costs = [_cost(self.first_name, len(answers), response.stats)]
@@ -374,10 +391,10 @@ class Cascade:
             }
             if not reasons:
                 break
-            sub = {qid: questions[qid] for qid in questions if qid in reasons}
+            sub = tuple(reasons)  # in the questions' order, as the answers come
             clock = time.perf_counter()
             try:
-                later = stage.engine.decide(state, sub)
+                later = ask(index, stage, sub)
             except PcdError as error:
                 failure = _stage_failed(stage.label, error, clock, len(sub), warnings, costs)
                 for qid in sub:

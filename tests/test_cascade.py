@@ -13,7 +13,8 @@ import asyncio
 import pytest
 
 from pcd_core import Engine
-from pcd_core.cascade import Cascade, EscalationRule, Reading, Stage, dependants, sub_schema
+from pcd_core.cascade import Cascade, EscalationRule, Reading, Stage
+from pcd_core.cascade_asking import dependants, sub_schema
 from pcd_core.errors import OptionError
 from pcd_core.request.schema import parse_schema
 from pcd_core.result import FieldResult

@@ -23,7 +23,8 @@ from fastapi.responses import JSONResponse  # noqa: E402
 from loopback import serving  # noqa: E402
 
 from pcd_core import Engine  # noqa: E402
-from pcd_core.cascade import Cascade, Stage, sub_schema  # noqa: E402
+from pcd_core.cascade import Cascade, Stage  # noqa: E402
+from pcd_core.cascade_asking import sub_schema  # noqa: E402
 from pcd_core.request.schema import parse_schema  # noqa: E402
 from pcd_core.trust.calibration import Calibration, FieldCalibration  # noqa: E402
 from pcd_core.trust.selective import NEVER  # noqa: E402

@@ -22,6 +22,10 @@ reads them again on its next append. A conversation over the model's context or
 with ``keep_last_tokens=N``, which drops whole early turns to keep at most N tokens of conversation
 and says so in the result's warnings. ``tests/test_session.py`` checks that every append, fork and
 evicted session equals a fresh fill/decide of the whole conversation on the real model.
+
+``add`` records a turn without reading it: the next ``append`` reads every unread turn in its one pass,
+since it extends the kept KV up to the whole prompt's end however many turns that is. A cascade's later
+stage (``pcd_core/cascade_session.py``) follows the conversation so, reading only when it is asked.
 """
 
 from __future__ import annotations
@@ -30,9 +34,10 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from functools import partial
+from typing import Any, Protocol, runtime_checkable
 
 from pcd_core.backends.base import Prefix
 from pcd_core.concurrency.model_lock import in_thread
@@ -43,7 +48,7 @@ from pcd_core.planning.filling import FillKeywords
 from pcd_core.prompting.prompt import new_fence_nonce, normalise_input
 from pcd_core.reading.read_path import count_request, ms_since
 from pcd_core.request.questions import ChoiceQuestion, NoulQuestion, ScoreQuestion
-from pcd_core.request.triggers import Fired, Trigger, TriggerState
+from pcd_core.request.triggers import Fired, Observation, Trigger, TriggerState
 from pcd_core.sessions.reading import DecideReader, FillReader, Result, SessionHost
 
 logger = logging.getLogger(__name__)
@@ -97,6 +102,63 @@ def common_start(a: tuple[int, ...], b: tuple[int, ...]) -> int:
     return next((i for i in range(n) if a[i] != b[i]), n)
 
 
+def watching(trigger: Trigger, last: Observation | None) -> TriggerState:
+    """A new trigger's state, started from the reading so far (``last``), so that a later change is a change."""
+    state = TriggerState(trigger, last)
+    if last is None or last.probability is None:
+        return state
+    if trigger.above is not None:
+        return replace(state, armed=last.probability < trigger.above)
+    if trigger.below is not None:
+        return replace(state, armed=last.probability > trigger.below)
+    return state
+
+
+def fire(
+    states: list[TriggerState], observe: Callable[[Trigger], Observation], turn: int
+) -> tuple[list[TriggerState], list[Fired]]:
+    """Every trigger stepped with this append's reading (``observe``), and the ones that fired."""
+    fired: list[Fired] = []
+    stepped = []
+    for state in states:
+        state, one = state.step(observe(state.trigger), turn)
+        stepped.append(state)
+        if one is not None:
+            fired.append(one)
+    return stepped, fired
+
+
+@runtime_checkable
+class SessionInterface(Protocol):
+    """What the doors (HTTP, MCP, LangChain) use of a session once it is open: a ``Session``, or a
+    cascade's ``CascadedSession`` (``pcd_core/cascade_session.py``). Both also take triggers with
+    ``when(field, ...)``, whose keywords are ``Trigger``'s.
+    """
+
+    @property
+    def nonce(self) -> str: ...
+
+    @property
+    def turns(self) -> tuple[SessionTurn, ...]: ...
+
+    @property
+    def text(self) -> str: ...
+
+    @property
+    def result(self) -> Result | None: ...
+
+    @property
+    def kv_tokens(self) -> int: ...
+
+    def append(self, text: str, role: str = "user") -> Result: ...
+
+    async def aappend(self, text: str, role: str = "user") -> Result: ...
+
+    def fork(self) -> SessionInterface: ...
+
+    def close(self) -> None: ...
+
+
 class Session:
     """One conversation and the decisions read over it; ``Engine.session`` opens one.
 
@@ -122,6 +184,7 @@ class Session:
         self._turns: tuple[SessionTurn, ...] = ()
         self._turn_tokens: tuple[int, ...] = ()  # each kept turn's line, tokenized alone (keep_last_tokens)
         self._dropped = 0  # early turns dropped by keep_last_tokens
+        self._unread_dropped = 0  # of those, the ones dropped by ``add`` since the last read
         self._n_appends = 0
         self._prefix: Prefix | None = None  # the KV of the prompt up to the conversation's end
         self._triggers: list[TriggerState] = []
@@ -162,6 +225,15 @@ class Session:
     def closed(self) -> bool:
         return self._closed
 
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The schema's keys or the question ids: what a trigger can watch."""
+        return self._reader.names(self._host)
+
+    def observe(self, result: Result, trigger: Trigger) -> Observation:
+        """What ``trigger`` sees of ``result`` (this session's or a cascade's over it)."""
+        return self._reader.observe(result, trigger)
+
     def release_kv(self) -> None:
         """Drop the KV (``SessionMemory`` evicts with it); the turns stay, and the next append reads
         them again. A plain reference swap, so it never waits for an append in progress.
@@ -185,19 +257,16 @@ class Session:
         ``triggers`` the ones that fired (``triggers.py`` says each condition).
         """
         self._check_open()
-        names = self._reader.names(self._host)
-        if field not in names:
-            raise OptionError(f"no key or question {field!r} to watch; there are {', '.join(names)}")
-        trigger = Trigger(field, changed, above, below, abstained, label, hysteresis, name)
-        state = TriggerState(trigger)
-        if self._last is not None:  # start from the reading so far, so a later change is a change
-            state = TriggerState(trigger, self._reader.observe(self._last, trigger))
-            if trigger.above is not None and state.last is not None and state.last.probability is not None:
-                state = replace(state, armed=state.last.probability < trigger.above)
-            if trigger.below is not None and state.last is not None and state.last.probability is not None:
-                state = replace(state, armed=state.last.probability > trigger.below)
-        self._triggers.append(state)
+        trigger = Trigger(self.watchable(field), changed, above, below, abstained, label, hysteresis, name)
+        last = self._reader.observe(self._last, trigger) if self._last is not None else None
+        self._triggers.append(watching(trigger, last))
         return trigger
+
+    def watchable(self, field: str) -> str:
+        """``field``, where a trigger can watch it; else an ``OptionError`` naming what can be watched."""
+        if field not in self.names:
+            raise OptionError(f"no key or question {field!r} to watch; there are {', '.join(self.names)}")
+        return field
 
     # -- append -----------------------------------------------------------------------------------
     def append(self, text: str, role: str = "user") -> Result:
@@ -205,18 +274,33 @@ class Session:
         append's own cost; ``triggers``: what fired). A turn the session cannot take (over a bound)
         leaves the session as it was.
         """
-        turn = SessionTurn(role, text)
         with self._lock:
-            self._check_open()
-            n_line = len(self._host.model.tokenizer.encode_head(turn.line))
-            turns, counts, dropped = self._kept(self._turns + (turn,), self._turn_tokens + (n_line,))
-            result = self._read(turns, dropped)
-            states, result.triggers = self._fire(result, self._n_appends + 1)  # a bad label raises here
+            turns, counts, dropped = self._with(SessionTurn(role, text))
+            result = self._read(turns, self._unread_dropped + dropped)
+            observe = partial(self._reader.observe, result)
+            states, result.triggers = fire(self._triggers, observe, self._n_appends + 1)  # a bad label raises here
             self._turns, self._turn_tokens = turns, counts
             self._dropped += dropped
+            self._unread_dropped = 0
             self._n_appends += 1
             self._triggers, self._last = states, result
             return result
+
+    def add(self, text: str, role: str = "user") -> None:
+        """Record a turn without reading it: no pass, and ``result`` stays the last append's. The next
+        ``append`` reads it with its own turn, in one pass after the kept KV.
+        """
+        with self._lock:
+            turns, counts, dropped = self._with(SessionTurn(role, text))
+            self._turns, self._turn_tokens = turns, counts
+            self._dropped += dropped
+            self._unread_dropped += dropped
+
+    def _with(self, turn: SessionTurn) -> tuple[tuple[SessionTurn, ...], tuple[int, ...], int]:
+        """The turns with ``turn`` added, kept under ``keep_last_tokens``; called under the lock."""
+        self._check_open()
+        n_line = len(self._host.model.tokenizer.encode_head(turn.line))
+        return self._kept(self._turns + (turn,), self._turn_tokens + (n_line,))
 
     async def aappend(self, text: str, role: str = "user") -> Result:
         """``append`` in a worker thread, so that the event loop runs while the model reads."""
@@ -231,6 +315,7 @@ class Session:
             branch = Session(self._host, self._reader, keep_last_tokens=self.keep_last_tokens, nonce=self._nonce)
             branch._turns, branch._turn_tokens = self._turns, self._turn_tokens
             branch._dropped, branch._n_appends = self._dropped, self._n_appends
+            branch._unread_dropped = self._unread_dropped
             branch._prefix, branch._last = self._prefix, self._last
             branch._triggers = list(self._triggers)
         if branch._prefix is not None:
@@ -371,17 +456,6 @@ class Session:
             head, hit, _ = self._host.model.head(head_ids, True)
             return head, len(head_ids) if hit else 0, note
         return None, 0, note
-
-    def _fire(self, result: Result, turn: int) -> tuple[list[TriggerState], list[Fired]]:
-        """Every trigger stepped with this append's reading, and the ones that fired."""
-        fired: list[Fired] = []
-        states = []
-        for state in self._triggers:
-            state, one = state.step(self._reader.observe(result, state.trigger), turn)
-            states.append(state)
-            if one is not None:
-                fired.append(one)
-        return states, fired
 
 
 def open_session(

@@ -13,7 +13,9 @@ memory and expire ``ttl_s`` after their last use; after a restart every old id i
 session are applied in the order the server accepted them (an ``asyncio.Lock`` is first come, first
 served), each in a worker thread under the engine's model lock like any other request, and a client
 that goes away stops its append at the next pass boundary, leaving the session as it was. Engine
-errors map as on every route (a turn over a bound: 422 naming it).
+errors map as on every route (a turn over a bound: 422 naming it). Over a cascade (``pcd serve
+--then``) ``engine.session`` is the cascade's (``pcd_core/cascade_session.py``), so each turn is
+cascaded and its result carries ``x_cascade`` as ``/v1/systemone`` does.
 
 Opening a session and appending a turn are admitted as every model request is
 (``pcd_integrations/serving/operations.py``, through ``SESSION_MODEL_ROUTES``): each takes a place in
@@ -35,7 +37,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from pcd_core import Session
+from pcd_core import SessionInterface
 from pcd_core.request.triggers import Fired
 from pcd_integrations.http.calls import in_engine, served_engine
 from pcd_integrations.http.errors import ApiError
@@ -64,7 +66,7 @@ SESSION_MODEL_ROUTES: tuple[tuple[str, re.Pattern[str]], ...] = (
 @dataclass
 class ServedSession:
     owner: str
-    session: Session
+    session: SessionInterface
     kind: Literal["fill", "decide"]
     expires_at: float
     order: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -78,7 +80,7 @@ class SessionTable:
         self.ttl_s, self._clock = ttl_s, clock
         self._open: dict[str, ServedSession] = {}
 
-    def add(self, owner: str, session: Session, kind: Literal["fill", "decide"]) -> str:
+    def add(self, owner: str, session: SessionInterface, kind: Literal["fill", "decide"]) -> str:
         self._sweep()
         sid = "sess_" + secrets.token_hex(12)
         self._open[sid] = ServedSession(owner, session, kind, self._clock() + self.ttl_s)
@@ -133,7 +135,7 @@ def add_session_routes(
         spec = body.json_schema if body.json_schema is not None else body.questions
         keywords = {"task": body.task} if body.task else {}
 
-        def open_one() -> Session:
+        def open_one() -> SessionInterface:
             session = engine.session(spec, keep_last_tokens=body.keep_last_tokens, **keywords)
             for t in body.triggers:
                 session.when(t.field, **t.model_dump(exclude={"field"}))

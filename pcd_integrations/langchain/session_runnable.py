@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any, Literal
 
-from pcd_core import BackendUnavailableError, DecideResponse, Engine, Extraction, OptionError, Session
+from pcd_core import BackendUnavailableError, DecideResponse, Engine, Extraction, OptionError, SessionInterface
 from pcd_integrations.wire.sessions import append_record
 
 try:
@@ -68,8 +68,9 @@ class PCDSessionRunnable(RunnableSerializable[SessionInput, SessionOutput]):
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
-    session: Session
-    """The session every ``invoke`` appends to; ``session.text`` and ``session.nonce`` reproduce it."""
+    session: SessionInterface
+    """The session every ``invoke`` appends to (an engine's or a cascade's); ``session.text`` and
+    ``session.nonce`` reproduce it."""
     output: Literal["result", "json"] = "result"
     """``result``: the ``Extraction`` or ``DecideResponse``; ``json``: its JSON record."""
 
