@@ -78,6 +78,7 @@ PINNED = [
     "ScoreAnswer",
     "ScoreQuestion",
     "Session",
+    "SessionInterface",
     "SessionTurn",
     "Stage",
     "Stats",
