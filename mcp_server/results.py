@@ -1,7 +1,9 @@
 """The typed results of the MCP tools: each becomes a tool's `outputSchema` and `structured_content`.
 
 Every result carries `model` and `usage` (`pcd_core.request.questions.Usage`, rendered from the engine's one
-cost record, `pcd_core.cost.Stats`), so that an agent can see what answered and what it cost. The `decide` answers are the System One answer models of
+cost record, `pcd_core.cost.Stats`), so that an agent can see what answered and what it cost. Behind a
+cascade (`pcd-mcp --then ...`) every answer and decided field also names the engine that gave it and its
+escalation record, and `cascade` gives each engine's cost; outside one they are left out. The `decide` answers are the System One answer models of
 `pcd_core.request.questions` themselves, so they are the `POST /v1/systemone` wire format by construction;
 `tests/test_mcp_server.py` checks the schemas and the numbers.
 """
@@ -13,7 +15,17 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, Field, JsonValue
 
 from pcd_core import Answer, Usage
-from pcd_core.request.questions import ABSTAINED, ANSWER_SET, CALIBRATED, DEBIASED, METHOD, ORDER_SPREAD, ZERO_SHOT
+from pcd_core.request.questions import (
+    ABSTAINED,
+    ANSWER_SET,
+    CALIBRATED,
+    DEBIASED,
+    ENGINE,
+    ESCALATION,
+    METHOD,
+    ORDER_SPREAD,
+    ZERO_SHOT,
+)
 
 __all__ = [
     "NO_AT",
@@ -38,6 +50,14 @@ YES_AT = 0.65
 NO_AT = 0.35
 
 
+#: in a cascade, what each engine spent on the request (``pcd_core.cascade.StageCost``); absent outside one
+STAGES = "In a cascade: per engine, the fields or questions it was asked and its passes, tokens and time."
+
+
+def _absent(value: Any) -> bool:
+    return value is None
+
+
 def verdict_of(noul: float) -> Literal["yes", "no", "uncertain"]:
     """The verdict for P(yes) = `noul`, by the band above."""
     if noul >= YES_AT:
@@ -60,6 +80,8 @@ class Trust(BaseModel):
     order_spread: float | None = Field(default=None, description=ORDER_SPREAD)
     method: str = Field(default="trie", description=METHOD)
     zero_shot: dict[str, float] | None = Field(default=None, description=ZERO_SHOT)
+    engine: str | None = Field(default=None, description=ENGINE, exclude_if=_absent)
+    escalation: dict[str, JsonValue] | None = Field(default=None, description=ESCALATION, exclude_if=_absent)
 
 
 class NoulResult(Trust):
@@ -108,6 +130,7 @@ class DecideResult(BaseModel):
     model: str
     answers: dict[str, Answer] = Field(description="Question id to answer, in the System One format.")
     usage: Usage
+    cascade: list[dict[str, JsonValue]] | None = Field(default=None, description=STAGES, exclude_if=_absent)
 
 
 class FieldDecision(Trust):
@@ -152,3 +175,4 @@ class FillResult(BaseModel):
     warnings: list[str] = Field(description="Soft problems, such as a field with low candidate mass.")
     model: str
     usage: Usage
+    cascade: list[dict[str, JsonValue]] | None = Field(default=None, description=STAGES, exclude_if=_absent)

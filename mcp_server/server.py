@@ -145,8 +145,16 @@ def _trust(answer: Any) -> dict[str, Any]:
     spread, for its tool result.
     """
     flags = ("debiased", "calibrated", "abstained", "answer_set", "method", "zero_shot")
-    # a fill's field is read in one order: only a question's answer has an order spread
-    return {flag: getattr(answer, flag) for flag in flags} | {"order_spread": getattr(answer, "order_spread", None)}
+    # a fill's field is read in one order: only a question's answer has an order spread; only a
+    # cascade's answers name their engine and escalation
+    later = ("order_spread", "engine", "escalation")
+    return {flag: getattr(answer, flag) for flag in flags} | {flag: getattr(answer, flag, None) for flag in later}
+
+
+def _stage_costs(result: Any) -> list[dict[str, Any]] | None:
+    """A cascade's cost per engine (``stages`` of its result); None for an engine's own result."""
+    stages = getattr(result, "stages", None)
+    return [stage.model_dump() for stage in stages] if stages else None
 
 
 def _reported(answer: Any, model: str, usage: Usage) -> dict[str, Any]:
@@ -347,7 +355,7 @@ def build_server(
     ) -> DecideResult:
         _checked(lambda: check_decide(limits, state, questions))
         resp = await decide_on(ctx, state, questions)
-        return DecideResult(model=resp.model, answers=resp.answers, usage=resp.usage)
+        return DecideResult(model=resp.model, answers=resp.answers, usage=resp.usage, cascade=_stage_costs(resp))
 
     @server.tool(
         title="Fill a JSON object",
@@ -381,6 +389,7 @@ def build_server(
             warnings=list(ex.warnings),
             model=engine.model_name,
             usage=Usage.of(ex.stats),
+            cascade=_stage_costs(ex),
         )
 
     async def run_checked(call: Callable[[], Any]) -> Any:

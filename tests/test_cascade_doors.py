@@ -133,11 +133,23 @@ def test_pcd_mcp_serves_a_cascade_and_takes_then(cascade, direct):
 
     async def call() -> Any:
         async with Client(build_server(cascade), raise_exceptions=True) as client:
-            return await client.call_tool("fill", {"state": TEXT, "schema": SCHEMA})
+            filled = await client.call_tool("fill", {"state": TEXT, "schema": SCHEMA})
+            decided = await client.call_tool("decide", {"state": TEXT, "questions": QUESTIONS})
+            return filled, decided
 
-    result = asyncio.run(call())
-    assert not result.is_error
-    assert result.structured_content["value"] == direct[0].values
+    result, decided = asyncio.run(call())
+    assert not result.is_error and not decided.is_error
+    filled = result.structured_content
+    assert filled["value"] == direct[0].values
+    # every decided field names the engine that gave it; an escalated one carries its record
+    for name, found in direct[0].fields.items():
+        assert filled["fields"][name]["engine"] == found.engine, name
+        assert ("escalation" in filled["fields"][name]) == (found.escalation is not None), name
+    assert filled["fields"]["team"]["escalation"]["to"] == "smollm2-raw"
+    assert [c["engine"] for c in filled["cascade"]] == ["smollm2-abstaining", "smollm2-raw"]
+    answers = decided.structured_content["answers"]
+    assert answers["refund"]["x_engine"] == "smollm2-raw" and answers["refund"]["x_escalation"]["escalated"]
+    assert [c["engine"] for c in decided.structured_content["cascade"]] == ["smollm2-abstaining", "smollm2-raw"]
 
 
 def test_the_framework_adapters_take_a_cascade(cascade, direct):
