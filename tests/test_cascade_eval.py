@@ -9,6 +9,7 @@ against answers read again here.
 
 import argparse
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -129,3 +130,42 @@ def test_then_applies_the_fitted_thresholds_of_the_engine_each_stage_looks_at(tm
     # --escalate-below is the user's word over the file's
     explicit = cascading.rule(argparse.Namespace(**{**flags, "escalate_below": 0.3}), str(path))
     assert explicit == EscalationRule(probability_below=0.3)
+
+
+ROOT = Path(__file__).resolve().parents[1]
+POLARITY = ROOT / "docs" / "eval" / "cascade" / "smollm2-135m-then-qwen2.5-coder-1.5b.polarity.json"
+
+
+def _curve_row(label: str, point: dict, second_seconds: float, alone: float) -> str:
+    cells = [
+        label,
+        f"{point['escalated']:.4f}",
+        f"{point['accuracy']:.4f}",
+        f"{100 * point['accuracy'] / alone:.2f}%",
+        f"{point['seconds_per_example']:.2f} s",
+        f"{point['seconds_per_example'] / second_seconds:.2f}x",
+    ]
+    return "| " + " | ".join(cells) + " |"
+
+
+def test_the_polarity_table_is_the_recorded_run():
+    """Every row of docs/cascades.md's polarity table is a point of the recorded ``pcd eval --cascade``
+    run, as that run measured it; the fitted row is the calibration file's threshold."""
+    text = (ROOT / "docs" / "cascades.md").read_text()
+    entry = json.loads(POLARITY.read_text())["cascade"]["fields"]["sentiment"]
+    points = {p["threshold"]: p for p in entry["curve"]}
+    alone, second = points[1.01]["accuracy"], entry["second_seconds"]
+    calibration = Calibration.load(POLARITY.parent / "smollm2-135m.polarity.calibration.json")
+    assert entry["fitted"]["threshold"] == calibration.escalation.below["sentiment"]
+    rows = [
+        _curve_row("never", points[0.0], second, alone),
+        _curve_row(f"{entry['fitted']['threshold']:.3f} (fitted)", entry["fitted"], second, alone),
+        *(_curve_row(f"{t:.2f}", points[t], second, alone) for t in (0.6, 0.65, 0.7, 0.75, 0.85)),
+        _curve_row("always", points[1.01], second, alone),
+    ]
+    for row in rows:
+        assert row in text, row
+    # the operating point the page names meets the issue's three bounds
+    chosen = points[0.7]
+    assert chosen["accuracy"] >= 0.98 * alone and chosen["escalated"] <= 0.5
+    assert chosen["seconds_per_example"] <= 0.6 * second

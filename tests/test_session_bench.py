@@ -33,7 +33,7 @@ def test_a_bad_conversation_file_is_refused_before_any_load(tmp_path):
         load_conversation(tmp_path / "missing.json")
 
 
-@pytest.mark.parametrize("name", ["session_torch.json", "session_torch_again.json"])
+@pytest.mark.parametrize("name", ["session_torch.json", "session_torch_again.json", "session_torch_quiet.json"])
 def test_the_sessions_page_table_is_the_recorded_run(name):
     path = ROOT / "docs" / "bench" / name
     if not path.exists():
