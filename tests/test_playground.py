@@ -528,7 +528,7 @@ def test_a_refused_turn_shows_the_api_body_and_a_question_set_conversation_draws
     assert sid and read_session(base_url, sid)["turns"] == []  # opened, and the refused turn left it as it was
     own = httpx.post(f"{base_url}/v1/sessions", json={"questions": REFUND_ONLY["questions"]}).json()["id"]
     refused = httpx.post(f"{base_url}/v1/sessions/{own}/turns", json=blank)
-    assert refused.status_code == 422
+    assert refused.status_code == 422 and httpx.delete(f"{base_url}/v1/sessions/{own}").status_code == 204
     assert panel["kind"] == "error" and panel["status"] == "422" and "HTTP 422" in panel["title"]
     assert f"POST /v1/sessions/{sid}/turns" in panel["title"]
     assert json.loads(panel["error"]) == refused.json()

@@ -203,6 +203,7 @@ function startConversation() {
   byId("new-conversation").addEventListener("click", newConversation);
   byId("load-conversation").addEventListener("click", loadConversationExample);
   drawConversation();
+  showMode(); // a reload may bring the mode buttons back as they were
 }
 
 document.addEventListener("DOMContentLoaded", startConversation);
