@@ -34,7 +34,7 @@ from loopback import serving  # noqa: E402
 from pcd_core import Engine  # noqa: E402
 from pcd_integrations.commands.main import main  # noqa: E402
 from pcd_integrations.http import create_app  # noqa: E402
-from pcd_integrations.http.playground import bundled_examples  # noqa: E402
+from pcd_integrations.http.playground import bundled_conversation, bundled_examples  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -69,6 +69,10 @@ MIXED = {
     "required": ["urgent", "tags", "summary"],
 }
 TICKET, REFUND = bundled_examples()[:2]
+CONVERSATION = bundled_conversation()
+# the third turn is typed, not the example's: it asks for money back and threatens to leave
+TYPED_TURN = {"role": "customer", "text": "Refund the double charge today or I cancel the whole plan."}
+REFUND_ONLY = {"questions": {"refund": {"type": "noul", "instructions": "Does the customer ask for a refund?"}}}
 
 
 # -- what the page should draw, derived from the API's JSON here, independently of the page's script --
@@ -92,6 +96,11 @@ def _argmax(probabilities: dict[str, float]) -> str:
 
 
 def expected_from_chat(body: dict[str, Any]) -> list[Expected]:
+    return expected_from_fields(body["x_pcd"]["fields"])
+
+
+def expected_from_fields(fields: dict[str, Any]) -> list[Expected]:
+    """A fill's decided fields (``FieldResult.to_dict()``, as ``x_pcd.fields`` and a session's record carry them)."""
     return [
         Expected(
             name,
@@ -102,7 +111,7 @@ def expected_from_chat(body: dict[str, Any]) -> list[Expected]:
             field["debiased"],
             field["calibrated"],
         )
-        for name, field in body["x_pcd"]["fields"].items()
+        for name, field in fields.items()
     ]
 
 
@@ -155,6 +164,7 @@ READ_PANELS = """() => [...document.querySelectorAll('#results > *')].map((panel
     cards: [...panel.querySelectorAll('.field')].map((card) => ({
       field: card.dataset.field, value: card.querySelector('.value').textContent,
       changed: card.classList.contains('changed'),
+      moved: card.querySelector('.moved') && card.querySelector('.moved').textContent,
       flags: [...card.querySelectorAll('.flag')].map((flag) => flag.textContent),
       bars: [...card.querySelectorAll('.bars .bar')].map(bar),
       mass: card.querySelector('.bar.mass') && bar(card.querySelector('.bar.mass')),
@@ -163,12 +173,21 @@ READ_PANELS = """() => [...document.querySelectorAll('#results > *')].map((panel
 })"""
 
 
-def decide(page: Any) -> list[dict[str, Any]]:
-    """Press Decide, wait until the page has drawn the answer, and read every panel."""
+READ_CONVERSATION = """() => [...document.querySelectorAll('#conversation .turn')].map((item) => ({
+  role: item.querySelector('.turn-role').textContent, text: item.querySelector('.turn-text').textContent,
+}))"""
+
+
+def press(page: Any, button: str) -> list[dict[str, Any]]:
+    """Press ``button``, wait until the page has drawn what came back, and read every panel."""
     runs = int(page.get_attribute("#results", "data-runs") or 0)
-    page.click("#decide")
+    page.click(button)
     page.wait_for_selector(f"#results[data-runs='{runs + 1}']", timeout=DECIDE_TIMEOUT_MS)
     return list(page.evaluate(READ_PANELS))
+
+
+def decide(page: Any) -> list[dict[str, Any]]:
+    return press(page, "#decide")
 
 
 def assert_bar(drawn: dict[str, Any], label: str, probability: float) -> None:
@@ -178,11 +197,9 @@ def assert_bar(drawn: dict[str, Any], label: str, probability: float) -> None:
     assert abs(drawn["fill"] / drawn["track"]["width"] - probability) <= WIDTH_TOLERANCE, (label, drawn, probability)
 
 
-def assert_panel_matches(panel: dict[str, Any], body: dict[str, Any], expected: list[Expected]) -> None:
-    """Every decision the API returned is drawn as the API returned it, in its order, and nothing else."""
-    assert panel["kind"] == "result", panel
-    assert [card["field"] for card in panel["cards"]] == [e.field for e in expected]
-    for card, want in zip(panel["cards"], expected, strict=True):
+def assert_cards_match(cards: list[dict[str, Any]], expected: list[Expected]) -> None:
+    assert [card["field"] for card in cards] == [e.field for e in expected]
+    for card, want in zip(cards, expected, strict=True):
         assert card["value"] == want.value
         for drawn, (label, probability) in zip(card["bars"], want.bars, strict=True):
             assert_bar(drawn, label, probability)
@@ -193,6 +210,12 @@ def assert_panel_matches(panel: dict[str, Any], body: dict[str, Any], expected: 
         assert ("candidate mass below 0.5" in card["flags"]) == (want.mass < 0.5)
         assert ("debiased" if want.debiased else "not debiased") in card["flags"]
         assert ("calibrated" if want.calibrated else "not calibrated") in card["flags"]
+
+
+def assert_panel_matches(panel: dict[str, Any], body: dict[str, Any], expected: list[Expected]) -> None:
+    """Every decision the API returned is drawn as the API returned it, in its order, and nothing else."""
+    assert panel["kind"] == "result", panel
+    assert_cards_match(panel["cards"], expected)
     pcd = body.get("x_pcd", {})
     warnings = body["x_warnings"] if "x_warnings" in body else pcd["warnings"]
     passes = body["x_forward_passes"] if "x_forward_passes" in body else pcd["forward_passes"]
@@ -399,6 +422,132 @@ def test_abstention_and_an_answer_set_are_drawn_when_the_response_carries_them(o
     assert "abstained" in card["flags"]
     shown_set = page.text_content("article[data-field='team'] .answer-set")
     assert shown_set == "answer set: {returns, product_safety}"
+
+
+# -- conversation mode --------------------------------------------------------------------------
+def read_session(base_url: str, sid: str) -> dict[str, Any]:
+    reply = httpx.get(f"{base_url}/v1/sessions/{sid}", timeout=DECIDE_TIMEOUT_MS / 1000)
+    reply.raise_for_status()
+    return dict(reply.json())
+
+
+def add_turn(page: Any, turn: dict[str, str] | None = None) -> dict[str, Any]:
+    """Press Add turn (typing ``turn`` first, or with what the page offers), and read the one panel."""
+    if turn is not None:
+        page.select_option("#turn-role", turn["role"])
+        page.fill("#turn-text", turn["text"])
+    (panel,) = press(page, "#add-turn")
+    return panel
+
+
+def assert_moved(card: dict[str, Any], now: dict[str, float], before: dict[str, float]) -> None:
+    """The marker under a field's head: the arrow of its top probability since the previous turn,
+    that turn's percentage, and the label that was on top then when it is another.
+    """
+    top, was = _argmax(now), _argmax(before)
+    arrow, direction, rest = card["moved"].split(" ", 2)
+    printed = float(rest.split("%")[0].removeprefix("from "))
+    assert abs(printed - 100 * before[was]) <= PERCENT_TOLERANCE, (card["field"], card["moved"], before)
+    points = 100 * (now[top] - before[was])
+    if abs(points) > PERCENT_TOLERANCE:  # nearer than that, the page may print the same percentage twice
+        assert (arrow, direction) == (("▲", "up") if points > 0 else ("▼", "down")), (card["moved"], points)
+    assert rest.endswith(f" (then {was})") == (was != top), (card["moved"], was, top)
+
+
+def test_a_conversation_is_drawn_turn_by_turn_as_its_session_answers_it(
+    opened: Opened, base_url: str, engine: Engine
+) -> None:
+    page = opened.page
+    page.check("#mode-conversation")
+    assert page.is_hidden("#decide") and page.is_visible("#add-turn")
+    page.click("#load-conversation")
+    assert json.loads(page.input_value("#spec")) == CONVERSATION["schema"]
+    first, second = CONVERSATION["turns"][:2]
+    sent: list[dict[str, str]] = []
+    before: dict[str, dict[str, float]] = {}
+    for turn in (None, None, TYPED_TURN):  # the example's first two turns as the page offers them, then a typed one
+        offered = {"role": page.input_value("#turn-role"), "text": page.input_value("#turn-text")}
+        sent.append(turn or offered)
+        panel = add_turn(page, turn)
+        sid = page.get_attribute("#session-state", "data-session")
+        assert sid and page.get_attribute("#spec", "readonly") is not None  # the session's schema, fixed
+        session = read_session(base_url, sid)
+        assert session["kind"] == "fill" and session["turns"] == sent
+        assert page.evaluate(READ_CONVERSATION) == sent
+        record = session["result"]
+        assert panel["kind"] == "result" and panel["title"] == f"Turn {len(sent)} · POST /v1/sessions/{sid}/turns"
+        decided = {name: field for name, field in record["fields"].items() if "probabilities" in field}
+        assert_cards_match([card for card in panel["cards"] if card["field"] in decided], expected_from_fields(decided))
+        (summary,) = [card for card in panel["cards"] if card["field"] not in decided]
+        assert summary["value"] == record["fields"]["summary"]["value"] and summary["moved"] is None
+        assert panel["warnings"] == record["warnings"]
+        # the append's own cost: the new turn's tokens read after the conversation's cached KV
+        stats = record["stats"]
+        assert f"{stats['forward_passes']} forward passes" in panel["cost"]
+        assert f"this turn: {stats['prompt_tokens']} new tokens read" in panel["cost"], panel["cost"]
+        assert f"{stats['cached_tokens']} cached" in panel["cost"] and "round trip " in panel["cost"]
+        if len(sent) > 1:
+            assert stats["cached_tokens"] > 0  # the earlier turns were not read again
+        for card in panel["cards"]:
+            if card["field"] in before:
+                assert_moved(card, decided[card["field"]]["probabilities"], before[card["field"]])
+            else:
+                assert card["moved"] is None  # the first turn has nothing to move from
+        before = {name: field["probabilities"] for name, field in decided.items()}
+        if len(sent) == 1:  # the example's next turn is offered
+            assert {"role": page.input_value("#turn-role"), "text": page.input_value("#turn-text")} == second
+    assert sent[:2] == [first, second]
+    assert not opened.problems
+    shot = os.environ.get("PCD_PLAYGROUND_CONVERSATION_SCREENSHOT")
+    if shot:
+        page.screenshot(path=shot, full_page=True)
+    # New conversation closes the session: its id is gone from the server, and the page starts over
+    (closed,) = press(page, "#new-conversation")
+    assert closed["kind"] == "closed" and f"DELETE /v1/sessions/{sid}" in closed["title"]
+    assert httpx.get(f"{base_url}/v1/sessions/{sid}").status_code == 404
+    assert page.evaluate(READ_CONVERSATION) == [] and page.get_attribute("#session-state", "data-session") == ""
+    assert page.get_attribute("#spec", "readonly") is None
+    # the one-text mode is as it was
+    page.check("#mode-oneshot")
+    assert page.is_visible("#decide") and page.is_hidden("#add-turn")
+
+
+def test_a_refused_turn_shows_the_api_body_and_a_question_set_conversation_draws_its_answers(
+    opened: Opened, base_url: str, engine: Engine
+) -> None:
+    page = opened.page
+    page.check("#mode-conversation")
+    page.fill("#spec", '{"questions": ')  # not JSON: no session is opened, and the page says why
+    local = add_turn(page, {"role": "customer", "text": "hello"})
+    assert local["status"] == "local" and "not valid JSON" in local["error"]
+    assert page.get_attribute("#session-state", "data-session") == ""
+    page.fill("#spec", json.dumps(REFUND_ONLY))
+    blank = {"role": "customer", "text": ""}
+    panel = add_turn(page, blank)
+    sid = page.get_attribute("#session-state", "data-session")
+    assert sid and read_session(base_url, sid)["turns"] == []  # opened, and the refused turn left it as it was
+    own = httpx.post(f"{base_url}/v1/sessions", json={"questions": REFUND_ONLY["questions"]}).json()["id"]
+    refused = httpx.post(f"{base_url}/v1/sessions/{own}/turns", json=blank)
+    assert refused.status_code == 422 and httpx.delete(f"{base_url}/v1/sessions/{own}").status_code == 204
+    assert panel["kind"] == "error" and panel["status"] == "422" and "HTTP 422" in panel["title"]
+    assert f"POST /v1/sessions/{sid}/turns" in panel["title"]
+    assert json.loads(panel["error"]) == refused.json()
+    assert page.evaluate(READ_CONVERSATION) == []
+    # the same session then takes a turn: a question set's answers, drawn by the one-text mode's code
+    turn = {"role": "customer", "text": "I was charged twice. Please give me my money back."}
+    panel = add_turn(page, turn)
+    session = read_session(base_url, sid)
+    assert session["kind"] == "decide" and session["turns"] == [turn]
+    assert panel["title"] == f"Turn 1 · POST /v1/sessions/{sid}/turns"
+    assert_panel_matches(panel, session["result"], expected_from_systemone(session["result"]))
+    # the browser logs the refused request itself as a console error; nothing else went wrong
+    assert [problem for problem in opened.problems if "status of 422" not in problem] == []
+
+
+def test_the_bundled_conversation_is_the_examples_folders() -> None:
+    full = json.loads((ROOT / "examples" / "support_conversation.json").read_text())
+    assert CONVERSATION["schema"] == full["schema"]
+    assert CONVERSATION["turns"] == full["turns"][: len(CONVERSATION["turns"])] and len(CONVERSATION["turns"]) >= 3
 
 
 # -- without a browser ------------------------------------------------------------------------

@@ -1,10 +1,13 @@
 """The playground: one page on ``pcd serve`` (``GET /`` and ``GET /playground``) where a person types a
-text and a schema or a question set, presses Decide, and sees each decision as bars.
+text and a schema or a question set, presses Decide, and sees each decision as bars; or, in its
+conversation mode, follows a conversation turn by turn through the session routes.
 
 The page is a client of the server's public routes and of nothing else: a question set goes to
 ``POST /v1/systemone``, a schema to ``POST /v1/chat/completions`` with ``response_format``
 ``json_schema`` (its per-field probabilities are read from ``x_pcd.fields``), so it shows exactly
-what an API client gets, errors included (the 4xx body as the API returns it). Everything it loads
+what an API client gets, errors included (the 4xx body as the API returns it). A conversation opens a
+session (``POST /v1/sessions``), appends each turn (``POST /v1/sessions/{id}/turns``) and closes it
+(``DELETE``), drawing each turn's answer with the same code (``conversation.js``). Everything it loads
 ships in this package, because users run offline: its Content-Security-Policy allows ``'self'``
 only, so a page that reached for a CDN would break in the test rather than on a user's machine.
 
@@ -22,12 +25,12 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
-__all__ = ["PAGE_PATHS", "add_playground", "bundled_examples"]
+__all__ = ["PAGE_PATHS", "add_playground", "bundled_conversation", "bundled_examples"]
 
 #: where the page answers; ``pcd serve --no-playground`` leaves both to the 404 handler
 PAGE_PATHS = ("/", "/playground")
 #: the page's own files, served by name from this package; nothing else under /playground/static
-_STATIC = {"playground.js": "text/javascript", "playground.css": "text/css"}
+_STATIC = {"playground.js": "text/javascript", "conversation.js": "text/javascript", "playground.css": "text/css"}
 # 'self' only: no CDN, no inline script or style, and the page may call no other origin
 _SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'; base-uri 'none'",
@@ -72,8 +75,20 @@ def bundled_examples() -> tuple[dict[str, Any], ...]:
     )
 
 
+@cache
+def bundled_conversation() -> dict[str, Any]:
+    """The conversation the page's conversation mode can load: the schema and first turns of
+    ``examples/support_conversation.json`` (a copy, as for the ticket; a test keeps it equal), few
+    enough that stepping through them stays quick on a laptop.
+    """
+    conversation = json.loads(_read("support_conversation.json"))
+    n_turns = len(conversation["turns"])
+    name = f"a support chat, the first {n_turns} turns of examples/support_conversation.json"
+    return {"name": name, **conversation}
+
+
 def add_playground(app: "FastAPI", *, api_key_required: bool) -> None:
-    """Add the page, its two static files and ``/playground/examples`` to ``app``.
+    """Add the page, its static files and ``/playground/examples`` to ``app``.
 
     None of these routes needs the API key: they serve only this package's files and the bundled
     examples, never a model answer. ``api_key_required`` tells the page to ask for the key up front.
@@ -92,7 +107,11 @@ def add_playground(app: "FastAPI", *, api_key_required: bool) -> None:
         return Response(_read(name), media_type=_STATIC[name], headers=_SECURITY_HEADERS)
 
     async def examples() -> JSONResponse:
-        body = {"api_key_required": api_key_required, "examples": list(bundled_examples())}
+        body = {
+            "api_key_required": api_key_required,
+            "examples": list(bundled_examples()),
+            "conversation": bundled_conversation(),
+        }
         return JSONResponse(body, headers=_SECURITY_HEADERS)
 
     for path in PAGE_PATHS:

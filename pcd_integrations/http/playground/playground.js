@@ -5,7 +5,14 @@
 "use strict";
 
 const KEY_STORAGE = "pcd-playground-api-key";
-const state = { examples: [], apiKey: sessionStorage.getItem(KEY_STORAGE) || "", model: null, runs: 0 };
+const state = {
+  examples: [],
+  conversationExample: null, // conversation.js's "Load example conversation"
+  apiKey: sessionStorage.getItem(KEY_STORAGE) || "",
+  model: null,
+  runs: 0,
+  mode: "oneshot", // or "conversation" (conversation.js)
+};
 
 function byId(id) {
   return document.getElementById(id);
@@ -27,13 +34,16 @@ function shown(value) {
 }
 
 // -- talking to the server ----------------------------------------------------------------------
-async function post(path, body) {
-  const headers = { "Content-Type": "application/json" };
+async function send(method, path, body) {
+  const headers = {};
+  if (body !== undefined) headers["Content-Type"] = "application/json";
   if (state.apiKey) headers.Authorization = `Bearer ${state.apiKey}`;
   const started = performance.now();
+  const init = { method, headers };
+  if (body !== undefined) init.body = JSON.stringify(body);
   let response;
   try {
-    response = await fetch(path, { method: "POST", headers, body: JSON.stringify(body) });
+    response = await fetch(path, init);
   } catch (error) {
     return { ok: false, status: 0, statusText: "no answer", body: String(error), ms: performance.now() - started };
   }
@@ -43,9 +53,13 @@ async function post(path, body) {
   try {
     parsed = JSON.parse(raw);
   } catch (ignored) {
-    // not JSON: shown as the server sent it
+    // not JSON (or a 204's empty body): shown as the server sent it
   }
   return { ok: response.ok, status: response.status, statusText: response.statusText, body: parsed, ms };
+}
+
+function post(path, body) {
+  return send("POST", path, body);
 }
 
 function schemaName(spec) {
@@ -80,8 +94,8 @@ function argmax(probabilities) {
   return best;
 }
 
-function fromSystemOne(body) {
-  const decisions = Object.entries(body.answers || {}).map(([name, answer]) => {
+function systemOneDecisions(answers) {
+  return Object.entries(answers || {}).map(([name, answer]) => {
     const view = {
       name,
       mass: answer.x_candidate_mass,
@@ -103,6 +117,10 @@ function fromSystemOne(body) {
     }
     return view;
   });
+}
+
+function fromSystemOne(body) {
+  const decisions = systemOneDecisions(body.answers);
   const cost = [
     `${body.x_forward_passes} forward passes`,
     `${body.usage.input_tokens} tokens in`,
@@ -112,9 +130,9 @@ function fromSystemOne(body) {
   return { decisions, warnings: body.x_warnings || [], cost };
 }
 
-function fromChatCompletion(body) {
-  const pcd = body.x_pcd;
-  const decisions = Object.entries(pcd.fields || {}).map(([name, field]) => {
+// a fill's fields (FieldResult.to_dict(), as x_pcd.fields and a session's record carry them)
+function fillDecisions(fields) {
+  return Object.entries(fields || {}).map(([name, field]) => {
     const view = {
       name,
       value: shown(field.value),
@@ -135,6 +153,11 @@ function fromChatCompletion(body) {
     }
     return view;
   });
+}
+
+function fromChatCompletion(body) {
+  const pcd = body.x_pcd;
+  const decisions = fillDecisions(pcd.fields);
   const usage = body.usage;
   const cached = usage.prompt_tokens_details ? usage.prompt_tokens_details.cached_tokens : 0;
   const cost = [
@@ -198,10 +221,11 @@ function decisionCard(view) {
   return card;
 }
 
-function errorPanel(title, answer, path) {
+function errorPanel(title, answer, path, method = "POST") {
   const panel = element("div", "error");
   panel.dataset.status = String(answer.status);
-  const heading = answer.status ? `HTTP ${answer.status} ${answer.statusText} from POST ${path}` : `no answer from POST ${path}`;
+  const route = `${method} ${path}`;
+  const heading = answer.status ? `HTTP ${answer.status} ${answer.statusText} from ${route}` : `no answer from ${route}`;
   panel.append(element("h2", "", `${title}: ${heading}`));
   const body = typeof answer.body === "string" ? answer.body : JSON.stringify(answer.body, null, 2);
   panel.append(element("pre", "error-body", body));
@@ -258,14 +282,19 @@ function showLocalError(message) {
   byId("results").replaceChildren(panel);
 }
 
-async function decide() {
-  let spec;
+// the editor's schema or question set; undefined (said on the page) when it is not JSON
+function readSpec() {
   try {
-    spec = JSON.parse(byId("spec").value);
+    return JSON.parse(byId("spec").value);
   } catch (error) {
     showLocalError(`The schema or question set is not valid JSON: ${error.message}`);
-    return finish();
+    return undefined;
   }
+}
+
+async function decide() {
+  const spec = readSpec();
+  if (spec === undefined) return finish();
   const comparing = byId("compare").checked;
   const texts = comparing ? [["Text A", byId("text-a").value], ["Text B", byId("text-b").value]] : [["Text", byId("text-a").value]];
   byId("decide").disabled = true;
@@ -327,6 +356,8 @@ async function start() {
   await readHealth();
   const bundled = await (await fetch("/playground/examples")).json();
   state.examples = bundled.examples;
+  state.conversationExample = bundled.conversation;
+  byId("conversation-example").textContent = `Example: ${bundled.conversation.name}`;
   byId("key-form").hidden = !bundled.api_key_required;
   state.examples.forEach((example, index) => byId("example").append(new Option(example.name, String(index))));
   loadExample();
