@@ -183,7 +183,7 @@ def test_the_models_table_is_the_recorded_run():
 
 
 #: the same measurement with every other job on the machine paused (docs/models.md, "On a quiet machine")
-QUIET_RUNS = ("auto_smollm2_quiet.json", "auto_qwen1.5b_quiet.json")
+QUIET_RUNS = ("auto_smollm2_quiet.json", "auto_qwen1.5b_quiet.json", "auto_gemma_quiet.json")
 
 
 def _auto_row(record: dict) -> str:
