@@ -181,29 +181,25 @@ def report(
             "second_seconds": second_s,
             "curve": [p.to_dict() for p in curve],
         }
+        point = None
         if fitted is not None and name in fitted.below:
             point = cascade_curve(first, second, gold, *times, thresholds=(fitted.below[name],))[0]
             entry["fitted"] = {**point.to_dict(), "on_train": dict(fitted.on_train.get(name, {}))}
         found["fields"][name] = entry
-        _print_curve(name, args.cascade, entry, curve, times[1])
+        _print_curve(name, args.cascade, times, curve, point)
     if args.cascade_plot:
         write_plot(found, args.cascade_plot, f"{getattr(args, 'model', '')} then {args.cascade} on {args.data}")
     return found
 
 
-def _print_curve(name: str, model: str, entry: dict[str, Any], curve: list[CascadePoint], second_s: float) -> None:
-    times = f"{entry['first_seconds'] or 0:.2f} s, then {second_s:.2f} s"
-    print(f"{name}: cascade to {model} (time per example: {times})", file=sys.stderr)
+def _print_curve(
+    name: str, model: str, times: tuple[float, float], curve: list[CascadePoint], fitted: CascadePoint | None
+) -> None:
+    first_s, second_s = times
+    print(f"{name}: cascade to {model} (time per example: {first_s:.2f} s, then {second_s:.2f} s)", file=sys.stderr)
     shown = [(f"below {p.threshold:.2f}", p) for p in curve]
-    if "fitted" in entry:
-        shown.append(
-            (
-                f"fitted {entry['fitted']['threshold']:.3f}",
-                CascadePoint(
-                    **{k: entry["fitted"][k] for k in ("threshold", "escalated", "accuracy", "seconds_per_example")}
-                ),
-            )
-        )
+    if fitted is not None:
+        shown.append((f"fitted {fitted.threshold:.3f}", fitted))
     for label, p in shown:
         ratio = f" ({p.seconds_per_example / second_s:.2f}x the second alone)" if second_s else ""
         print(
