@@ -97,6 +97,9 @@ class OracleBackend(Backend):
     def _prefix_logp(self, prefix: Prefix) -> np.ndarray:
         return self.logp(prefix.ids)
 
+    def _cut(self, prefix: Prefix, n_tokens: int) -> Prefix:
+        return Prefix(prefix.ids[:n_tokens], state=prefix.ids[:n_tokens])  # the ids are the whole state
+
     def _score_chunk_hidden(
         self, prefix: Prefix | None, trunk: tuple[int, ...], tree: TokenTree, queries: list[Query]
     ) -> tuple[list[np.ndarray], tuple[int, ...] | None, list[np.ndarray]]:
@@ -211,6 +214,7 @@ def check_backend(backend: Backend, prompt: Sequence[int], rows: Sequence[Sequen
     for got, want in zip(chunked.values, batched.values):
         np.testing.assert_allclose(got, want, atol=atol, err_msg="chunking changed a result")
     _check_trunk(backend, prompt, rows, queries, atol)
+    _check_cut(backend, prompt, rows, queries, atol)
     if backend.reads_hidden:
         _check_hidden(backend, whole, rows, queries, batched.values, atol)
 
@@ -285,6 +289,48 @@ def _check_trunk(
         later = backend.score(scored.prefix, rows, queries[:1]).values[0]
         np.testing.assert_allclose(later, reference[0], atol=atol, err_msg=f"{where}: the extended prefix differs")
     assert (parent.ids, prefilled.ids) == (tuple(prompt[:half]), tuple(prompt)), "a trunk changed its prefix"
+
+
+def _check_cut(
+    backend: Backend, prompt: Sequence[int], rows: list[tuple[int, ...]], queries: list[Query], atol: float
+) -> None:
+    """A prefix cut inside the trunk a pass read (as a session keeps its conversation), or inside a
+    prefill, is that start of the prompt prefilled: the same probabilities after it and after rows
+    read from it, a later prefill from it included, for no pass; the prefix it was cut from is
+    unchanged. Probabilities, not log-probs: llama.cpp's batch shapes move a log-prob at -12 nats by
+    0.2 to 0.5 between two prefills of the same tokens, and a probability there by 1e-5.
+    """
+    tolerance = min(atol, 0.05)
+    ids = queries[0].ids
+    first = backend.prefill(prompt[:1])
+    scored = backend.score(first, rows, queries, trunk=tuple(prompt[1:]))
+    after_scored = backend.score(scored.prefix, rows, queries).values
+    prefilled = backend.prefill(prompt)
+    for source, n in ((scored.prefix, len(prompt) // 2), (scored.prefix, len(prompt) - 1), (prefilled, 2)):
+        passes = backend.forward_passes
+        cut = backend.cut(source, n)
+        assert backend.forward_passes == passes, f"a cut to {n} of {source.n_tokens} tokens read a pass"
+        assert cut.ids == tuple(prompt[:n])
+        reference = backend.prefill(prompt[:n])
+        np.testing.assert_allclose(
+            np.exp(backend.next_logp(cut)[list(ids)]),
+            np.exp(backend.next_logp(reference)[list(ids)]),
+            atol=tolerance,
+            err_msg=f"after a cut to {n} tokens, a probability differs from the prefill",
+        )
+        for got, want in zip(backend.score(cut, rows, queries).values, backend.score(reference, rows, queries).values):
+            np.testing.assert_allclose(
+                np.exp(got), np.exp(want), atol=tolerance, err_msg=f"rows after a cut to {n} tokens differ"
+            )
+        grown = backend.prefill(prompt[n:], parent=cut)
+        np.testing.assert_allclose(
+            np.exp(backend.next_logp(grown)),
+            np.exp(backend.next_logp(prefilled)),
+            atol=tolerance,
+            err_msg=f"a prefill after a cut to {n} tokens differs from the whole prompt's",
+        )
+    for got, want in zip(backend.score(scored.prefix, rows, queries).values, after_scored):
+        np.testing.assert_allclose(got, want, atol=0, err_msg="a cut changed the prefix it was cut from")
 
 
 def check_grow(

@@ -74,9 +74,20 @@ def oracle():
 
 @pytest.fixture(scope="session")
 def gemma_engine():
+    """Gemma 3 270M on torch float32, which ``auto`` no longer picks for it (llama.cpp is faster): the
+    tests that take it hold its answers to 1e-5, the bound torch float32 keeps and llama.cpp does not."""
     from pcd_core import Engine
 
-    return Engine.load("gemma3-270m")
+    return Engine.load("gemma3-270m", backend="torch", dtype="float32")
+
+
+@pytest.fixture(scope="session")
+def mlx_engine():
+    """SmolLM2-135M on MLX (its Q4_1 GGUF read quantized; on Linux through ``mlx[cpu]``)."""
+    pytest.importorskip("mlx.core", reason="the MLX tests need the mlx extra")
+    from pcd_core import Engine
+
+    return Engine.load("smollm2-135m", backend="mlx")
 
 
 @pytest.fixture
@@ -97,7 +108,7 @@ def traced() -> tuple[object, object]:
 
 # -- markers: what each test needs, so that a developer can pick a loop (docs/layout.md, "The test loop") --
 #: fixtures that load a real model
-MODEL_FIXTURES = frozenset({"engine", "gemma_engine", "llama_engine"})
+MODEL_FIXTURES = frozenset({"engine", "gemma_engine", "llama_engine", "mlx_engine"})
 #: modules whose tests drive real client libraries against a loopback server
 CLIENT_IMPORTS = ("import openai", "from openai", "langchain_openai", "instructor", "llama_index.llms.openai")
 #: modules that take minutes as a whole on 2 cores (each over 60 s in the runs that added them, or a

@@ -2,9 +2,10 @@
 
 The reference for each append is the engine's own ``fill``/``decide`` of ``session.text`` with
 ``fence_nonce=session.nonce``: the same prompt read in one piece from the cached head, while the
-session reads only the new turn after its kept KV. Torch float32 on SmolLM2-135M, and on Gemma 3
-270M for the two equality tests (another tokenizer, a base model without a chat template): the two
-agree to 1e-5 in every probability, and open fields write the same text.
+session reads only the new turn after its kept KV. Torch float32 on SmolLM2-135M, and for the two
+equality tests on Gemma 3 270M (another tokenizer, a base model without a chat template) and on MLX:
+the two agree to 1e-5 in every probability, open fields write the same text, and an append takes
+the fresh call's passes, its turn read in the pass of the tail and rows.
 """
 
 from __future__ import annotations
@@ -65,8 +66,9 @@ def _same_decide(session_result, fresh) -> None:
                 assert mine.probabilities[name] == pytest.approx(p, abs=TOLERANCE), (qid, name)
 
 
-#: the equality tests run on both embedded models, so that nothing holds for one tokenizer only
-BOTH_MODELS = pytest.mark.parametrize("loaded", ["engine", "gemma_engine"])
+#: the equality tests run on both embedded models, so that nothing holds for one tokenizer only, and on
+#: MLX (SmolLM2's Q4_1 read quantized), whose packed pass and prefill agree to the last bit here
+BOTH_MODELS = pytest.mark.parametrize("loaded", ["engine", "gemma_engine", "mlx_engine"])
 
 
 @pytest.mark.model  # the model fixtures are asked for by name, which the conftest's marking does not see
@@ -90,6 +92,10 @@ def test_every_append_equals_a_fresh_fill_and_reads_only_the_new_turn(loaded, re
                 <= fresh.stats.prompt_tokens - len(engine.tokenizer.encode_head(session.text)) + 1
             )
         assert result.stats.input_tokens == fresh.stats.input_tokens  # the same prompt, however it was read
+        # the new turn is read in the pass that reads the tail and rows: no pass of its own (the first
+        # append reads the head too, where nothing had cached it)
+        head_pass = result.stats.head_cache == "miss"
+        assert result.stats.forward_passes == fresh.stats.forward_passes + head_pass
 
 
 @pytest.mark.model  # the model fixtures are asked for by name, which the conftest's marking does not see
@@ -102,6 +108,7 @@ def test_every_append_equals_a_fresh_decide(loaded, request):
         fresh = engine.decide(session.text, QUESTIONS, fence_nonce=session.nonce)
         _same_decide(result, fresh)
         assert result.stats.row_tokens == fresh.stats.row_tokens
+        assert result.stats.forward_passes == fresh.stats.forward_passes + (result.stats.head_cache == "miss")
 
 
 def test_a_fork_branches_without_changing_its_parent(engine):

@@ -2,8 +2,8 @@
 
 Each append equals a fresh ``decide``/``fill`` of the whole conversation on the same engine within
 llama.cpp's measured bound. The session reads the prompt in other batches than a fresh call does
-(the new turn after the kept KV, then the tail; a fresh call reads the whole conversation after the
-cached head), and llama.cpp's quantized kernels give log-probs that move with the batch shape:
+(the new turn with the tail and rows after the kept KV; a fresh call reads the whole conversation
+after the cached head), and llama.cpp's quantized kernels give log-probs that move with the batch shape:
 ``tests/test_llamacpp_backend.py`` holds them to ``SELF_ATOL`` = 0.3 nats against plain prefills. So
 each answer's log-ratio to another answer (what renormalising keeps) may move by twice that; on
 SmolLM2's GGUF the probabilities measured here moved by 0.021 to 0.039.

@@ -35,6 +35,9 @@ A backend knows nothing about schemas, labels or JSON. It offers:
     step of one token is dominated by reading the weights, which a joined pass reads once. The base
     class runs the steps one ``grow`` after another.
 
+``cut(prefix, n_tokens)`` gives the first ``n_tokens`` of a prefix as a prefix of their own, over the
+same KV where the backend can; a session keeps its conversation so (``pcd_core/sessions/session.py``).
+
 ``next_logp(prefix)``, the full-vocabulary log-softmax after a prefix, exists for token-by-token
 baselines; the engine needs a whole vocabulary only for generated rows.
 
@@ -439,6 +442,21 @@ class Backend(ABC):
             logp[k] = value
         return Rows(scored.prefix, extended, tuple(logp))
 
+    def cut(self, prefix: Prefix, n_tokens: int) -> Prefix:
+        """The first ``n_tokens`` of ``prefix`` as a prefix of their own, equal to
+        ``prefill(prefix.ids[:n_tokens])``, sharing the KV ``prefix`` holds instead of reading the
+        tokens again where the backend can (torch, llama.cpp, MLX and vLLM can; the base class reads
+        them again). A session reads a new turn in the same pass as the closing lines and rows after
+        it, then keeps only the conversation: the turn's end is inside that pass's trunk
+        (``pcd_core/sessions/session.py``). ``prefix`` is left as it was.
+        """
+        if not 0 < n_tokens <= prefix.n_tokens:
+            raise BackendError(f"cannot cut a prefix of {prefix.n_tokens} tokens to {n_tokens}")
+        if n_tokens == prefix.n_tokens:
+            return prefix
+        shared = self._on_model_thread(partial(self._cut, prefix, n_tokens))
+        return shared if shared is not None else self.prefill(prefix.ids[:n_tokens])
+
     def next_logp(self, prefix: Prefix) -> np.ndarray:
         """Full-vocabulary log-softmax after the prefix (for token-by-token baselines)."""
         logp = np.asarray(self._on_model_thread(partial(self._prefix_logp, prefix)), dtype=np.float64)
@@ -492,6 +510,12 @@ class Backend(ABC):
     @abstractmethod
     def _prefix_logp(self, prefix: Prefix) -> np.ndarray:
         """Full-vocabulary log-softmax after the prefix's last token, from its stored state."""
+
+    def _cut(self, prefix: Prefix, n_tokens: int) -> Prefix | None:
+        """``cut`` without a pass: the first ``n_tokens`` over ``prefix``'s KV, or None where this
+        backend cannot share it for that length (``cut`` then reads the tokens again).
+        """
+        return None
 
     def _score_chunk_hidden(
         self, prefix: Prefix | None, trunk: tuple[int, ...], tree: TokenTree, queries: list[Query]

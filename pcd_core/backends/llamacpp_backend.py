@@ -93,12 +93,13 @@ llama.llama_log_set(_LOG_CALLBACK, ctypes.c_void_p(0))
 class LlamaPrefixState:
     """A prefix's sequence (re-read from ``ids`` when evicted), and the logits and final hidden state
     after its last token. ``hidden`` is None when the pass that read the prefix computed no hidden
-    states; ``_prefix_hidden`` fills it in on first need.
+    states, ``logits`` when the prefix was cut from a longer one; ``_prefix_hidden`` and
+    ``_prefix_logp`` fill them in on first need.
     """
 
     seq: Seq
     ids: tuple[int, ...]
-    logits: np.ndarray
+    logits: np.ndarray | None
     hidden: np.ndarray | None
 
 
@@ -293,9 +294,10 @@ class LlamaCppBackend(Backend):
             self.sequences.register(state.seq)
         return self.sequences.hold(state.seq)
 
-    def _new_prefix(self, ids: tuple[int, ...], seq: int, out: _Outputs, index: int) -> LlamaPrefixState:
+    def _new_prefix(self, ids: tuple[int, ...], seq: int, out: _Outputs | None, index: int = -1) -> LlamaPrefixState:
         holder = Seq(seq)
-        state = LlamaPrefixState(holder, ids, out.logits[index], out.hidden.get(index))
+        logits, hidden = (out.logits[index], out.hidden.get(index)) if out is not None else (None, None)
+        state = LlamaPrefixState(holder, ids, logits, hidden)
         self.sequences.release_later(state, holder)
         self.sequences.register(holder)
         return state
@@ -419,8 +421,22 @@ class LlamaCppBackend(Backend):
             state = self._new_prefix(ids, trunk_seq, out, len(trunk) - 1)
         return values, state, [out.hidden[i] for i in read] if hidden else []
 
+    def _cut(self, prefix: Prefix, n_tokens: int) -> Prefix:
+        """A sequence of its own that shares the first ``n_tokens`` cells of ``prefix``'s (no KV is
+        copied); the logits after its last token are read on first need.
+        """
+        return Prefix(ids=prefix.ids[:n_tokens], state=self._locked(lambda: self._cut_seq(prefix, n_tokens)))
+
+    def _cut_seq(self, prefix: Prefix, n_tokens: int) -> LlamaPrefixState:
+        source = self._prefix_seq(prefix)
+        seq = self.sequences.take()
+        self._copy(source, seq, n_tokens)
+        return self._new_prefix(prefix.ids[:n_tokens], seq, None)
+
     def _prefix_logp(self, prefix: Prefix) -> np.ndarray:
         state: LlamaPrefixState = prefix.state
+        if state.logits is None:
+            state.logits, state.hidden = self._locked(lambda: self._reread_last(prefix))
         return _log_softmax(state.logits)
 
     def _prefix_hidden(self, prefix: Prefix) -> np.ndarray:
@@ -430,10 +446,11 @@ class LlamaCppBackend(Backend):
         """
         state: LlamaPrefixState = prefix.state
         if state.hidden is None:
-            state.hidden = self._locked(lambda: self._reread_last(prefix))
+            state.logits, state.hidden = self._locked(lambda: self._reread_last(prefix))
         return state.hidden
 
-    def _reread_last(self, prefix: Prefix) -> np.ndarray:
+    def _reread_last(self, prefix: Prefix) -> tuple[np.ndarray, np.ndarray]:
+        """The logits and hidden state after ``prefix``'s last token, read again in a sequence of its own."""
         source = self._prefix_seq(prefix)
         seq = self.sequences.take()
         try:
@@ -441,7 +458,7 @@ class LlamaCppBackend(Backend):
             self._copy(source, seq, last)
             out = self._decode(pass_layout_for_prompt(prefix.ids[last:], seq, last), hidden=True)
             self.counter.add(1)
-            return out.hidden[0]
+            return out.logits[0], out.hidden[0]
         finally:
             self.sequences.drop(seq)
 

@@ -60,6 +60,9 @@ class _PrefixState:
     values: tuple[Any, ...]
     last_hidden: Any  # [hidden_size], before the final norm
     last_middle: Any  # [hidden_size], the middle layers' mean (base.py's middle_layers)
+    #: where the pass that made the prefix began reading (its trunk, or what a prefill read), and its
+    #: states per token there, from which ``_cut`` takes the last states of a cut that ends inside
+    trunk_states: tuple[int, Any, Any] | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -203,8 +206,9 @@ class MlxBackend(Backend):
             return self._attention(index, q, k, v, masks[self._windows[index]])
 
         hidden, middle = self._run_layers(mx.array([ids]), start, attend)
-        state = _PrefixState(tuple(keys), tuple(values), last_hidden=hidden[0, -1], last_middle=middle[0, -1])
-        mx.eval(state.keys, state.values, state.last_hidden, state.last_middle)
+        read = (start, hidden[0], middle[0])  # a cut may end inside what this prefill read
+        state = _PrefixState(tuple(keys), tuple(values), hidden[0, -1], middle[0, -1], trunk_states=read)
+        mx.eval(state.keys, state.values, state.last_hidden, state.last_middle, read[1], read[2])
         return state
 
     def _score_chunk(
@@ -258,9 +262,30 @@ class MlxBackend(Backend):
         if not trunk:
             return gathered, None, states
         ends = {"last_hidden": hidden[n_trunk - 1], "last_middle": middle[n_trunk - 1]}
-        kept = _PrefixState(keys=tuple(keys), values=tuple(values), **ends)
-        mx.eval(kept.keys, kept.values, kept.last_hidden, kept.last_middle)
+        trunk_states = (n_prefix, hidden[:n_trunk], middle[:n_trunk])
+        kept = _PrefixState(keys=tuple(keys), values=tuple(values), trunk_states=trunk_states, **ends)
+        mx.eval(kept.keys, kept.values, kept.last_hidden, kept.last_middle, trunk_states[1], trunk_states[2])
         return gathered, kept, states
+
+    def _cut(self, prefix: Prefix, n_tokens: int) -> Prefix | None:
+        """Slices of the first ``n_tokens`` keys and values, when they end inside what the pass that
+        made ``prefix`` read (its trunk, or a prefill's tokens), whose states it kept; else None.
+        """
+        state: _PrefixState = prefix.state
+        if state.trunk_states is None:
+            return None
+        start, hidden, middle = state.trunk_states
+        if not start < n_tokens <= start + hidden.shape[0]:
+            return None
+        end = n_tokens - start
+        cut = _PrefixState(
+            keys=tuple(k[:, :, :n_tokens] for k in state.keys),
+            values=tuple(v[:, :, :n_tokens] for v in state.values),
+            last_hidden=hidden[end - 1],
+            last_middle=middle[end - 1],
+            trunk_states=(start, hidden[:end], middle[:end]),
+        )
+        return Prefix(ids=prefix.ids[:n_tokens], state=cut)
 
     def _grow(
         self,

@@ -57,6 +57,10 @@ class TorchState:
     last_hidden: torch.Tensor
     last_middle: torch.Tensor  # the middle layers' mean at the last token (base.py's middle_layers)
     room: Room | None = None
+    #: where the pass that made the state began reading (its trunk, or what a prefill read), and its
+    #: final and middle states per token there, from which ``TorchPasses._cut`` takes the last states
+    #: of a cut that ends inside (a tenth of the KV's size on SmolLM2)
+    trunk_states: tuple[int, torch.Tensor, torch.Tensor] | None = None
 
 
 class Arena:

@@ -86,5 +86,8 @@ def packed_hidden(
         assert prefix is not None
         keep_packed_stems(backend, prefix, tree, cache, hidden, middle)
     index = [n_trunk + tree.node_of[q.row][q.position] for q in queries]
-    kept = backend._kept(cache, hidden[n_trunk - 1], middle[n_trunk - 1]) if trunk else None
+    kept = None
+    if trunk:  # the trunk's states are kept for a ``cut`` inside it; rows' states are not
+        states = (n_prefix, hidden[:n_trunk].clone(), middle[:n_trunk].clone())
+        kept = backend._kept(cache, hidden[n_trunk - 1], middle[n_trunk - 1], states)
     return hidden, middle, index, kept

@@ -102,7 +102,12 @@ class TorchPasses(Backend):
         return out, total[0] / len(self._middle)
 
     @staticmethod
-    def _kept(cache: Cache, last_hidden: torch.Tensor, last_middle: torch.Tensor) -> TorchState:
+    def _kept(
+        cache: Cache,
+        last_hidden: torch.Tensor,
+        last_middle: torch.Tensor,
+        trunk_states: tuple[int, torch.Tensor, torch.Tensor] | None = None,
+    ) -> TorchState:
         layers = [layer for layer in cache.layers if isinstance(layer, PrefixLayer)]
         assert len(layers) == len(cache.layers), "every layer of the engine's caches is a PrefixLayer"
         keys = tuple(layer.keys for layer in layers if layer.keys is not None)
@@ -112,8 +117,34 @@ class TorchPasses(Backend):
         if buffers and len(buffers) == len(layers):
             room = Room([k for k, _ in buffers], [v for _, v in buffers], keys[0].shape[-2])
         return TorchState(
-            keys=keys, values=values, last_hidden=last_hidden.detach(), room=room, last_middle=last_middle.detach()
+            keys=keys,
+            values=values,
+            last_hidden=last_hidden.detach(),
+            room=room,
+            last_middle=last_middle.detach(),
+            trunk_states=trunk_states,
         )
+
+    def _cut(self, prefix: Prefix, n_tokens: int) -> Prefix | None:
+        """Views of the first ``n_tokens`` keys and values (no copy), when they end inside what the
+        pass that made ``prefix`` read (its trunk, or a prefill's tokens), whose states it kept; else
+        None (``cut`` reads again).
+        """
+        state: TorchState = prefix.state
+        if state.trunk_states is None:
+            return None
+        start, hidden, middle = state.trunk_states
+        if not start < n_tokens <= start + len(hidden):
+            return None
+        end = n_tokens - start
+        cut = TorchState(
+            keys=tuple(k[..., :n_tokens, :] for k in state.keys),
+            values=tuple(v[..., :n_tokens, :] for v in state.values),
+            last_hidden=hidden[end - 1],
+            last_middle=middle[end - 1],
+            trunk_states=(start, hidden[:end], middle[:end]),
+        )
+        return Prefix(ids=prefix.ids[:n_tokens], state=cut)
 
     def _masks(self, q_pos: torch.Tensor, k_pos: torch.Tensor, allowed: torch.Tensor) -> Any:
         """Additive masks per attention type; ``allowed`` is [batch, q, k] before any window. Each is a
@@ -161,7 +192,8 @@ class TorchPasses(Backend):
             cache=cache,
             use_cache=True,
         )
-        state = self._kept(cache, out.last_hidden_state[0, -1], middle[0, -1])
+        hidden, middle = out.last_hidden_state[0], middle[0]
+        state = self._kept(cache, hidden[-1], middle[-1], (start, hidden, middle))  # a cut may end inside
         self.synchronize()
         return state
 

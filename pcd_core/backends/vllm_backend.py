@@ -310,6 +310,9 @@ class VllmBackend(Backend):
         moved = [Query(q.row if q.position >= 0 else 0, q.position + 1, q.ids) for q in queries]
         return Scored(super().score(shifted, moved_rows, moved, pause=pause).values, whole)
 
+    def _cut(self, prefix: Prefix, n_tokens: int) -> Prefix:
+        return Prefix(prefix.ids[:n_tokens], state=None)  # the ids are the whole state
+
     def _score_chunk(
         self, prefix: Prefix | None, trunk: tuple[int, ...], tree: TokenTree, queries: list[Query]
     ) -> tuple[list[np.ndarray], None]:

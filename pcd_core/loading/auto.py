@@ -8,8 +8,8 @@ The rule, measured by ``pcd bench --auto`` (``pcd_core/bench/auto_pick.py``, doc
 2. With CUDA, torch, in bfloat16 (GPU serving's dtype; ``backends/torch_backend.default_dtype``).
 3. On a CPU, a GGUF of at least ``LLAMACPP_MIN_BYTES`` goes to llama.cpp (when its extra is installed),
    which reads the quantized weights as they are; torch would compute on a float32 copy four to
-   eight times their size. A smaller GGUF (the embedded SmolLM2 and Gemma) and any safetensors
-   folder go to torch. Apple silicon follows the CPU rule (not measured here: no such machine).
+   eight times their size. A smaller GGUF (the embedded SmolLM2) and any safetensors folder go to
+   torch. Apple silicon follows the CPU rule (not measured here: no such machine).
 4. torch on a CPU computes in bfloat16 only where the CPU has AMX (``amx_bf16``), and only if the
    load-time self-check passes in it (``load._torch_backend`` falls back to float32); elsewhere
    float32, today's default. AVX-512-BF16 without AMX (this project's 2-core AMD machine) keeps
@@ -31,11 +31,12 @@ from typing import Literal
 
 from pcd_core.loading.options import BackendName, LoadOptions
 
-#: GGUF files at least this large run on llama.cpp on a CPU. Measured with ``pcd bench --auto``
-#: (docs/bench/auto.json, auto_smollm2.json, docs/models.md): the 491 MB Qwen2.5-Coder-0.5B filled
-#: 2.9x faster on llama.cpp; the 98 MB SmolLM2 came out even on a busy machine and faster on torch on a
-#: quiet one (docs/llamacpp.md), so it stays there; the 253 MB Gemma 3 was not measured and stays too
-LLAMACPP_MIN_BYTES = 400_000_000
+#: GGUF files at least this large run on llama.cpp on a CPU. Measured with ``pcd bench --auto`` on a quiet
+#: machine (docs/bench/auto_*_quiet.json, docs/models.md): the 98 MB SmolLM2 read closed fields 1.65x
+#: faster on torch, so it stays there; the 253 MB Gemma 3 filled faster on llama.cpp (1.17x closed, 4.7x
+#: mixed), as did the 491 MB Qwen2.5-Coder-0.5B and the 1,117 MB 1.5B. The threshold sits between
+#: SmolLM2 and Gemma, at their geometric mean: fill times scale with size as a ratio, not a difference
+LLAMACPP_MIN_BYTES = 160_000_000
 
 ModelFormat = Literal["gguf", "safetensors", "remote"]
 

@@ -66,7 +66,7 @@ class Reader(Protocol):
 
     def read(
         self, host: SessionHost, prepared: Prepared[Any], lookup_ids: tuple[int, ...], base: Prefix, pause: Any
-    ) -> tuple[RoundStats, Callable[[Any], Result]]: ...
+    ) -> tuple[RoundStats, Callable[[Any], Result], Prefix]: ...
 
     def observe(self, result: Any, trigger: Trigger) -> Observation: ...
 
@@ -98,7 +98,7 @@ class FillReader:
 
     def read(
         self, host: SessionHost, prepared: Prepared[FillPlan], lookup_ids: tuple[int, ...], base: Prefix, pause: Any
-    ) -> tuple[RoundStats, Callable[[Any], Result]]:
+    ) -> tuple[RoundStats, Callable[[Any], Result], Prefix]:
         plan, adjust, meter = prepared
         rounds = RoundStats()
         decoded, warnings = read_request(
@@ -115,7 +115,7 @@ class FillReader:
         )
         filled = read_waves(host.model, plan, decoded, adjust, meter, rounds, pause)
         filled.warnings[:0] = warnings
-        return rounds, lambda stats: plan.assemble(filled, stats)
+        return rounds, lambda stats: plan.assemble(filled, stats), decoded.prefix
 
     def observe(self, result: Any, trigger: Trigger) -> Observation:
         if trigger.field not in result.fields:
@@ -152,7 +152,7 @@ class DecideReader:
 
     def read(
         self, host: SessionHost, prepared: Prepared[DecidePlan], lookup_ids: tuple[int, ...], base: Prefix, pause: Any
-    ) -> tuple[RoundStats, Callable[[Any], Result]]:
+    ) -> tuple[RoundStats, Callable[[Any], Result], Prefix]:
         plan, adjust, meter = prepared
         rounds = RoundStats()
         hidden = adjust is not None and adjust.reads_hidden
@@ -169,7 +169,8 @@ class DecideReader:
             lookup=lambda ids, use: (base, True, False),  # the session's kept KV is the head
         )
         readouts, spreads = plan.merged(list(decoded.readouts))
-        return rounds, lambda stats: plan.respond(host.model_name, readouts, stats, warnings, adjust, spreads)
+        finish = lambda stats: plan.respond(host.model_name, readouts, stats, warnings, adjust, spreads)  # noqa: E731
+        return rounds, finish, decoded.prefix
 
     def observe(self, result: Any, trigger: Trigger) -> Observation:
         if trigger.field not in result.answers:

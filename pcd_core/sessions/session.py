@@ -9,9 +9,12 @@ How an append reads only its turn. The conversation is the request's input, one 
 (``prompt.new_fence_nonce``): a hashed nonce would change the prompt from the fence's first line at
 every turn, a secret one leaves the prompt up to the conversation's end as it was. The session keeps
 the KV of the prompt up to the end of the conversation (the head, the fence's opening line, every
-turn); an append reads the new turn's tokens after it (``Backend.prefill`` with that prefix as parent,
-which never changes the parent, so a ``fork()`` shares it), then the fence's closing line, the tail
-and the rows in one pass (``read_path.read_request``, the read path ``fill`` and ``decide`` take). The
+turn); an append reads the new turn's tokens after it, with the fence's closing line, the tail and
+the rows behind them, in one pass (``read_path.read_request``, the read path ``fill`` and ``decide``
+take: the new turn and the closing lines are that pass's trunk), then keeps the KV up to the new
+turn's end (``Backend.cut``, over the pass's own KV). Neither changes the prefix read after, so a
+``fork()`` shares it. A backend that reads a trunk in a pass of its own (torch's ``copies`` layout)
+reads the turn first, as a ``prefill`` after the kept KV. The
 ids are those of the whole prompt tokenized in one piece, exactly as a fresh ``fill``/``decide`` with
 ``fence_nonce=session.nonce`` tokenizes it; where the new turn merged with the token before it, the
 session reads from the last token the two agree on, and says so in the result's warnings.
@@ -386,15 +389,18 @@ class Session:
             base, reused, note = self._base(whole[:n_keep], self._reader.head_ids(plan))
             if note and not dropped:
                 notes.append(note)
-            kept = base
-            if base is None or base.n_tokens < n_keep:
+            backend = host.model.backend
+            if base is None or (base.n_tokens < n_keep and not backend.packs_trunk):
+                # no head to read after, or a backend that would read the trunk in a pass of its own
                 start = 0 if base is None else base.n_tokens
-                kept = host.model.backend.prefill(whole[start:n_keep], parent=base)
+                base = backend.prefill(whole[start:n_keep], parent=base)
                 turn.pause()
-            assert kept is not None
             extend_ms = ms_since(clock)
-            rounds, finish = self._reader.read(host, prepared, whole[:n_keep], kept, turn.pause)
-            n_new = n_keep - reused  # a head prefilled on a miss was read by this append too
+            rounds, finish, extended = self._reader.read(host, prepared, whole[: base.n_tokens], base, turn.pause)
+            # the new turns were read in the trunk of the first pass, with the closing lines and rows:
+            # the conversation's KV is kept over that pass's, without its closing lines
+            kept = backend.cut(extended, n_keep) if base.n_tokens < n_keep else base
+            n_new = base.n_tokens - reused  # what was read before the pass: a head on a miss, a prefill
             meter.stats = replace(
                 meter.stats,
                 prompt_tokens=meter.stats.prompt_tokens + n_new,
@@ -402,7 +408,7 @@ class Session:
                 head_cache="hit" if reused else "miss",
                 head_ms=meter.stats.head_ms + extend_ms,
             )
-            count_request(host.model.backend, meter, rounds, passes_before, reused)
+            count_request(backend, meter, rounds, passes_before, reused)
         self._prefix = kept
         host.sessions.hold(self)
         stats = replace(meter.stats, queue_ms=turn.queue_ms, total_ms=ms_since(started))
