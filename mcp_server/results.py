@@ -50,7 +50,7 @@ YES_AT = 0.65
 NO_AT = 0.35
 
 
-#: in a cascade, what each engine spent on the request (``pcd_core.cascade.StageCost``); absent outside one
+#: in a cascade, what each engine spent on the request (``pcd_core.cascade_escalation.StageCost``); absent outside one
 STAGES = "In a cascade: per engine, the fields or questions it was asked and its passes, tokens and time."
 
 

@@ -13,10 +13,12 @@ its rule held, whether the later answer replaced the earlier one, and both readi
 (a ``PcdError``: a remote that times out, refuses or answers 5xx, pcd_integrations/remote_decisions.py,
 or an input over a smaller context) leaves the earlier answers, marked as not escalated and why: a
 cascade never loses a field to a later engine. The cost record gives passes, tokens and time per
-engine (``StageCost``), and ``stats`` sums them.
+engine (``StageCost``), and ``stats`` sums them; one input's records and merges are
+``pcd_core/cascade_escalation.py``'s.
 
-A ``Cascade`` has the engine's interface (``fill``, ``decide``, their ``_many`` and async twins, and
-``session``, whose every append is cascaded: ``pcd_core/cascade_session.py``), and
+A ``Cascade`` has the engine's interface (``fill``, ``decide``, their ``_many``, whose later stages are
+asked once per distinct set of escalated names for the whole batch (``pcd_core/cascade_batch.py``),
+the async twins, and ``session``, whose every append is cascaded: ``pcd_core/cascade_session.py``), and
 every other attribute (``model_name``, ``tokenizer``, ``generate``, ...) is the first engine's, so a
 door that takes an ``Engine`` takes a cascade unchanged. A multi-label list and the open (generated)
 fields stay with the first engine. ``tests/test_cascade.py`` checks it on the embedded model cascading
@@ -28,27 +30,31 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, Protocol
-
-from pydantic import BaseModel, Field
 
 from pcd_core.cascade_asking import (
     Ask,
     decide_statelessly,
-    dependants,
     fill_statelessly,
     stage_keywords,
     stage_schema,
 )
+from pcd_core.cascade_batch import decide_together, each_alone, escalate, fill_together
+from pcd_core.cascade_escalation import (
+    CascadeDecideResponse,
+    CascadeExtraction,
+    DecideEscalation,
+    FillEscalation,
+    Reading,
+)
 from pcd_core.cascade_session import CascadedSession, SessionPlan, opens_sessions
 from pcd_core.concurrency.model_lock import in_thread
-from pcd_core.cost import Stats
-from pcd_core.errors import OptionError, PcdError
-from pcd_core.request.questions import Answer, DecideResponse, NoulAnswer
+from pcd_core.errors import OptionError
+from pcd_core.request.questions import DecideResponse
 from pcd_core.request.schema import Schema, parse_schema
-from pcd_core.result import Extraction, FieldResult
+from pcd_core.result import Extraction
 from pcd_core.sessions.session import is_question_set
 from pcd_core.trust.calibration import Calibration
 
@@ -117,51 +123,6 @@ class EscalationRule:
 
 
 @dataclass(frozen=True)
-class Reading:
-    """What a rule looks at in one answer, from a fill's field or a decide's answer alike."""
-
-    value: Any
-    probability: float
-    probabilities: Mapping[str, float]
-    candidate_mass: float
-    abstained: bool
-    set_size: int
-
-    @classmethod
-    def of_field(cls, result: FieldResult) -> Reading:
-        size = len(result.answer_set) if result.answer_set is not None else 1
-        return cls(
-            result.value,
-            result.probability,
-            dict(result.probabilities),
-            result.candidate_mass,
-            result.abstained,
-            size,
-        )
-
-    @classmethod
-    def of_answer(cls, answer: Answer) -> Reading:
-        size = len(answer.answer_set) if answer.answer_set is not None else 1
-        if isinstance(answer, NoulAnswer):
-            probabilities = {"true": answer.noul, "false": 1.0 - answer.noul}
-            value: Any = answer.noul >= 0.5
-        else:
-            probabilities = dict(answer.probabilities)
-            value = answer.choice if hasattr(answer, "choice") else answer.score
-        top = max(probabilities.values())
-        return cls(value, top, probabilities, answer.candidate_mass, answer.abstained, size)
-
-    def to_dict(self, engine: str) -> dict[str, Any]:
-        return {
-            "engine": engine,
-            "value": self.value,
-            "probability": self.probability,
-            "probabilities": dict(self.probabilities),
-            "candidate_mass": self.candidate_mass,
-        }
-
-
-@dataclass(frozen=True)
 class Stage:
     """A later engine and the rule that sends a field to it; ``name`` says who answered (default: the
     engine's ``model_name``).
@@ -174,73 +135,6 @@ class Stage:
     @property
     def label(self) -> str:
         return self.name or str(getattr(self.engine, "model_name", type(self.engine).__name__))
-
-
-class StageCost(BaseModel):
-    """What one engine of a cascade spent on one request."""
-
-    engine: str
-    asked: int = Field(description="Fields or questions this engine was asked.")
-    forward_passes: int = 0
-    input_tokens: int = 0
-    total_ms: float = 0.0
-    error: str | None = None  # why this stage's answers were not used
-
-
-@dataclass
-class CascadeExtraction(Extraction):
-    """A fill's ``Extraction`` whose fields say who answered, with the cost per engine."""
-
-    stages: list[StageCost] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**super().to_dict(), "cascade": [s.model_dump() for s in self.stages]}
-
-
-class CascadeDecideResponse(DecideResponse):
-    """A decide's answers, each saying who answered, with the cost per engine (``x_cascade`` on the wire)."""
-
-    stages: list[StageCost] = Field(default_factory=list, exclude=True)
-
-    def to_wire(self) -> dict[str, Any]:
-        wire = super().to_wire()
-        wire["x_cascade"] = [s.model_dump() for s in self.stages]
-        return wire
-
-
-def summed(costs: Sequence[Stats], total_ms: float) -> Stats:
-    """The stats of several engines' calls as one record: counts and times added, ``total_ms`` the wall time;
-    the words (row layout, head cache, backend, dtype) are the first engine's.
-    """
-    first = costs[0] if costs else Stats()
-    numbers = {
-        f.name: sum(getattr(s, f.name) for s in costs)
-        for f in fields(Stats)
-        if f.name != "total_ms" and isinstance(getattr(first, f.name), int | float)
-    }
-    return replace(first, **numbers, total_ms=total_ms)
-
-
-def _stage_failed(
-    label: str, error: PcdError, started: float, asked: int, warnings: list[str], costs: list[StageCost]
-) -> str:
-    """A stage that raised: logged, named in the warnings, its time recorded as its cost; the reason."""
-    failure = f"{type(error).__name__}: {error}"
-    logger.warning("cascade stage %s failed; keeping earlier answers: %s", label, failure)
-    warnings.append(f"stage {label!r} was not used: {failure}")
-    costs.append(_cost(label, asked, Stats(total_ms=(time.perf_counter() - started) * 1000), failure))
-    return failure
-
-
-def _cost(name: str, asked: int, stats: Stats, error: str | None = None) -> StageCost:
-    return StageCost(
-        engine=name,
-        asked=asked,
-        forward_passes=stats.forward_passes,
-        input_tokens=stats.input_tokens,
-        total_ms=stats.total_ms,
-        error=error,
-    )
 
 
 class Cascade:
@@ -293,13 +187,16 @@ class Cascade:
         return self._escalate_fill(parsed, result, fill_statelessly(parsed, text, keywords), started)
 
     def fill_many(self, schema: Any, texts: list[str], **keywords: Any) -> list[CascadeExtraction]:
+        """``fill`` of each text, read in one batch by the first engine and by each later stage (once
+        per distinct sub-schema it is asked, ``cascade_batch.py``, which says how the cost is shared).
+        """
         started = time.perf_counter()
         results = self.first.fill_many(schema, texts, **keywords)
         parsed = parse_schema(schema)
-        return [
-            self._escalate_fill(parsed, r, fill_statelessly(parsed, t, keywords), started)
-            for t, r in zip(texts, results)
-        ]
+        escalations = [FillEscalation(self.first_name, parsed, r) for r in results]
+        asks = [fill_statelessly(parsed, t, keywords) for t in texts]
+        escalate(escalations, self.stages, fill_together(parsed, texts, keywords, asks))
+        return [e.finish(started) for e in escalations]
 
     async def afill(self, schema: Any, text: str, **keywords: Any) -> CascadeExtraction:
         return await in_thread(self.fill, schema, text, **keywords)
@@ -309,56 +206,9 @@ class Cascade:
 
     def _escalate_fill(self, schema: Schema, result: Extraction, ask: Ask, started: float) -> CascadeExtraction:
         """``result`` (the first engine's) with the fields each stage's rule sends on answered by ``ask``."""
-        fields_now = dict(result.fields)
-        for name, found in fields_now.items():
-            if isinstance(found, FieldResult):
-                fields_now[name] = replace(found, engine=self.first_name)
-        answered_by = {name: 0 for name in fields_now}  # the stage that answered each field; 0 the first
-        costs, warnings = [_cost(self.first_name, len(schema.fields), result.stats)], list(result.warnings)
-        all_stats = [result.stats]
-        for index, stage in enumerate(self.stages, start=1):
-            reasons = {
-                name: why
-                for name, found in fields_now.items()
-                if isinstance(found, FieldResult)
-                and answered_by[name] == index - 1
-                and (why := stage.rule.reasons(name, Reading.of_field(found)))
-            }
-            if not reasons:
-                break
-            asked = dependants(schema, set(reasons))
-            for name in asked - set(reasons):
-                reasons[name] = (f"depends on {sorted(set(schema.field(name).depends_on) & asked)[0]!r}",)
-            clock = time.perf_counter()
-            try:
-                later = ask(index, stage, tuple(f.name for f in schema.fields if f.name in asked))
-            except PcdError as error:
-                failure = _stage_failed(stage.label, error, clock, len(asked), warnings, costs)
-                for name in asked:
-                    earlier = fields_now[name]
-                    record = _record(reasons[name], stage.label, False, Reading.of_field(earlier), None, failure)
-                    fields_now[name] = replace(earlier, escalation=_chain(earlier, record))
-                break
-            costs.append(_cost(stage.label, len(asked), later.stats))
-            all_stats.append(later.stats)
-            for name in asked:
-                earlier, newer = fields_now[name], later.fields.get(name)
-                if not isinstance(newer, FieldResult):
-                    continue
-                record = _record(
-                    reasons[name],
-                    stage.label,
-                    True,
-                    Reading.of_field(earlier),
-                    Reading.of_field(newer),
-                    None,
-                    earlier.engine or self.first_name,
-                )
-                fields_now[name] = replace(newer, engine=stage.label, escalation=_chain(earlier, record))
-                answered_by[name] = index
-        value = _rebuilt(schema, result, fields_now)
-        stats = summed(all_stats, (time.perf_counter() - started) * 1000)
-        return CascadeExtraction(value, fields_now, stats, warnings, stages=costs)
+        escalation = FillEscalation(self.first_name, schema, result)
+        escalate([escalation], self.stages, each_alone([ask]))
+        return escalation.finish(started)
 
     # -- decide -------------------------------------------------------------------------------
     def decide(self, state: Any, questions: dict[str, Any], **keywords: Any) -> CascadeDecideResponse:
@@ -367,9 +217,15 @@ class Cascade:
         return self._escalate_decide(response, decide_statelessly(state, questions), started)
 
     def decide_many(self, states: Sequence[Any], questions: dict[str, Any], **keywords: Any) -> list[Any]:
+        """``decide`` of each state, read in one batch by the first engine and by each later stage (once
+        per distinct question subset it is asked, ``cascade_batch.py``).
+        """
         started = time.perf_counter()
         responses = self.first.decide_many(states, questions, **keywords)
-        return [self._escalate_decide(r, decide_statelessly(s, questions), started) for s, r in zip(states, responses)]
+        escalations = [DecideEscalation(self.first_name, r) for r in responses]
+        asks = [decide_statelessly(s, questions) for s in states]
+        escalate(escalations, self.stages, decide_together(states, questions, asks))
+        return [e.finish(started) for e in escalations]
 
     async def adecide(self, state: Any, questions: dict[str, Any], **keywords: Any) -> CascadeDecideResponse:
         return await in_thread(self.decide, state, questions, **keywords)
@@ -379,83 +235,6 @@ class Cascade:
 
     def _escalate_decide(self, response: DecideResponse, ask: Ask, started: float) -> CascadeDecideResponse:
         """``response`` (the first engine's) with the questions each stage's rule sends on answered by ``ask``."""
-        answers = {qid: a.model_copy(update={"engine": self.first_name}) for qid, a in response.answers.items()}
-        answered_by = {qid: 0 for qid in answers}
-        costs = [_cost(self.first_name, len(answers), response.stats)]
-        all_stats, warnings = [response.stats], list(response.warnings)
-        for index, stage in enumerate(self.stages, start=1):
-            reasons = {
-                qid: why
-                for qid, answer in answers.items()
-                if answered_by[qid] == index - 1 and (why := stage.rule.reasons(qid, Reading.of_answer(answer)))
-            }
-            if not reasons:
-                break
-            sub = tuple(reasons)  # in the questions' order, as the answers come
-            clock = time.perf_counter()
-            try:
-                later = ask(index, stage, sub)
-            except PcdError as error:
-                failure = _stage_failed(stage.label, error, clock, len(sub), warnings, costs)
-                for qid in sub:
-                    earlier = answers[qid]
-                    record = _record(reasons[qid], stage.label, False, Reading.of_answer(earlier), None, failure)
-                    answers[qid] = earlier.model_copy(update={"escalation": _chain(earlier, record)})
-                break
-            costs.append(_cost(stage.label, len(sub), later.stats))
-            all_stats.append(later.stats)
-            warnings += [f"{stage.label}: {w}" for w in later.warnings]
-            for qid in sub:
-                earlier, newer = answers[qid], later.answers.get(qid)
-                if newer is None or type(newer) is not type(earlier):
-                    # a remote refused this question: the earlier answer stays, marked
-                    record = _record(reasons[qid], stage.label, False, Reading.of_answer(earlier), None, "refused")
-                    answers[qid] = earlier.model_copy(update={"escalation": _chain(earlier, record)})
-                    continue
-                record = _record(
-                    reasons[qid],
-                    stage.label,
-                    True,
-                    Reading.of_answer(earlier),
-                    Reading.of_answer(newer),
-                    None,
-                    earlier.engine or self.first_name,
-                )
-                answers[qid] = newer.model_copy(update={"engine": stage.label, "escalation": _chain(earlier, record)})
-                answered_by[qid] = index
-        stats = summed(all_stats, (time.perf_counter() - started) * 1000)
-        return CascadeDecideResponse(
-            model=response.model, answers=answers, stats=stats, warnings=warnings, stages=costs
-        )
-
-
-def _record(
-    reasons: Sequence[str],
-    to: str,
-    escalated: bool,
-    earlier: Reading,
-    later: Reading | None,
-    error: str | None,
-    earlier_engine: str = "",
-) -> dict[str, Any]:
-    """One stage's escalation of one field: why, to whom, whether its answer replaced the earlier one,
-    and both readings (the later one None where the stage failed).
-    """
-    readings = [earlier.to_dict(earlier_engine)] + ([later.to_dict(to)] if later is not None else [])
-    return {"reasons": list(reasons), "to": to, "escalated": escalated, "error": error, "readings": readings}
-
-
-def _chain(earlier: Any, record: dict[str, Any]) -> dict[str, Any]:
-    """The escalation record, after the earlier stages' (a field escalated twice keeps both)."""
-    before = getattr(earlier, "escalation", None)
-    return {**record, "before": before} if before else record
-
-
-def _rebuilt(schema: Schema, first: Extraction, fields_now: dict[str, Any]) -> Any:
-    """The value again, with the escalated fields' new answers, as the first engine built it (a
-    multi-label list is never escalated, so its value stands).
-    """
-    values = {name: found.value for name, found in fields_now.items()}
-    if isinstance(first.value, dict) or schema.model_class is None:
-        return dict(values)
-    return schema.rebuild(values)
+        escalation = DecideEscalation(self.first_name, response)
+        escalate([escalation], self.stages, each_alone([ask]))
+        return escalation.finish(started)

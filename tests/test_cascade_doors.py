@@ -167,3 +167,70 @@ def test_the_framework_adapters_take_a_cascade(cascade, direct):
 
     report = PCDLLM(engine=cascade).structured_predict(Ticket, PromptTemplate("{message}"), message=TEXT)
     assert report.model_dump() == cascade.fill(Ticket, TEXT).values
+
+
+def test_pcd_mcp_sessions_cascade_every_append(cascade, engine):
+    """``session_open`` / ``session_append`` / ``session_close`` on a cascade's server: each append's
+    answers name their engine, and the escalated one is the later stage's, read in its own session.
+    """
+    pytest.importorskip("mcp")
+    from mcp import Client
+
+    from mcp_server import build_server
+    from mcp_server.http_transport import SERVED
+
+    server = build_server(cascade)
+
+    async def call() -> Any:
+        async with Client(server, raise_exceptions=True) as client:
+            opened = await client.call_tool("session_open", {"questions": QUESTIONS})
+            sid = opened.structured_content["session_id"]
+            appended = [
+                await client.call_tool("session_append", {"session_id": sid, "text": text, "role": role})
+                for text, role in ((TEXT, "user"), ("I am sorry, let me check the order.", "assistant"))
+            ]
+            session = SERVED[server].sessions[sid]
+            seen = session.text, session.nonce, session.stage_sessions[1].nonce
+            closed = await client.call_tool("session_close", {"session_id": sid})
+            return appended, seen, closed
+
+    appended, (text, nonce, stage_nonce), closed = asyncio.run(call())
+    assert not any(a.is_error for a in appended) and closed.structured_content == {"closed": True}
+    for result in appended:
+        answers = result.structured_content["answers"]
+        assert answers["refund"]["x_engine"] == "smollm2-raw" and answers["refund"]["x_escalation"]["escalated"]
+        assert answers["team"]["x_engine"] == "smollm2-abstaining" and "x_escalation" not in answers["team"]
+    # the later stage's session answered refund: a fresh decide of the conversation by that engine,
+    # with its session's nonce; team is the first engine's, with the first session's nonce
+    answers = appended[-1].structured_content["answers"]
+    later = engine.decide(text, QUESTIONS, fence_nonce=stage_nonce).answers["refund"]
+    assert answers["refund"]["noul"] == pytest.approx(later.noul, abs=1e-5)
+    first = cascade.first.decide(text, QUESTIONS, fence_nonce=nonce).answers
+    assert answers["team"]["choice"] == first["team"].choice
+    assert answers["refund"]["x_escalation"]["readings"][0]["probability"] == pytest.approx(
+        max(first["refund"].noul, 1 - first["refund"].noul), abs=1e-5
+    )
+
+
+def test_the_session_middleware_puts_the_cascades_decisions_in_the_agents_state(cascade, engine):
+    """``PCDSessionMiddleware`` over a cascade in a real ``create_agent`` loop: the decisions it puts into
+    the state are the cascade's, the escalated one the later engine's answer on the conversation.
+    """
+    pytest.importorskip("langchain")
+    from langchain.agents import create_agent
+
+    from pcd_integrations.langchain import ChatPCD
+    from pcd_integrations.langchain.session import PCDSessionMiddleware
+
+    middleware = PCDSessionMiddleware(cascade, QUESTIONS)
+    agent: Any = create_agent(ChatPCD(engine=engine, max_tokens=8), tools=[], middleware=[middleware])
+    state = agent.invoke({"messages": [("user", TEXT)]})
+    decisions = state["pcd_decisions"]
+    session, read = next(iter(middleware._sessions.values()))
+    assert [t.role for t in read] == ["user", "assistant"]  # the reply was read after the agent's step
+    assert decisions["refund"]["x_engine"] == "smollm2-raw" and decisions["refund"]["x_escalation"]["escalated"]
+    assert decisions["team"]["x_engine"] == "smollm2-abstaining"
+    later = engine.decide(session.text, QUESTIONS, fence_nonce=session.stage_sessions[1].nonce)
+    assert decisions["refund"]["noul"] == pytest.approx(later.answers["refund"].noul, abs=1e-5)
+    first = cascade.first.decide(session.text, QUESTIONS, fence_nonce=session.nonce)
+    assert decisions["team"]["choice"] == first.answers["team"].choice
