@@ -33,7 +33,18 @@ def test_a_bad_conversation_file_is_refused_before_any_load(tmp_path):
         load_conversation(tmp_path / "missing.json")
 
 
-@pytest.mark.parametrize("name", ["session_torch.json", "session_torch_again.json", "session_torch_quiet.json"])
+#: the recorded runs docs/sessions.md shows, each under its command
+RUNS = (
+    "session_torch.json",
+    "session_torch_again.json",
+    "session_torch_quiet.json",
+    "session_torch_merged.json",
+    "session_torch_threads.json",
+    "session_llamacpp.json",
+)
+
+
+@pytest.mark.parametrize("name", RUNS)
 def test_the_sessions_page_table_is_the_recorded_run(name):
     path = ROOT / "docs" / "bench" / name
     if not path.exists():
