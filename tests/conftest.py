@@ -126,6 +126,7 @@ SLOW_MODULES = frozenset(
         "test_langchain_session",
         "test_cascade",
         "test_cascade_doors",
+        "test_cascade_batch",  # three engines' batches and solo calls compared, about 10 minutes loaded
         "test_remote_decisions",
         "test_soak",
     }
