@@ -182,7 +182,7 @@ def _summary(record: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, An
         "max_kv_tokens_held": max(r["kv_tokens_held"] for r in rows),
         "evictions": rows[-1]["evictions"],
         "median_append_ms": statistics.median(r["append_ms"] for r in rows),
-        "per_session": rows,
+        "per_session": list(rows),
     }
 
 
