@@ -12,11 +12,12 @@ The bound it states and checks::
     baseline + min(N, max_sessions + 1) * longest_session_tokens * bytes_per_token
 
 ``baseline`` is the RSS after the load and one warm fill of a conversation of the same size, so that
-it holds the working set of one such pass (the model lock reads one at a time); ``longest_session_tokens`` the most tokens
-one session's KV held (the conversation and the prompt's head before it); ``bytes_per_token`` the
-backend's ``kv_bytes_per_token``, or the bytes a session's state was measured to hold per token
-(every tensor storage it keeps: KV, kept hidden states), whichever is more. One session more than
-``max_sessions``: the append that evicts the oldest reads its own KV before the oldest drops its.
+it holds the working set of one such pass (the model lock lets one read at a time);
+``longest_session_tokens`` the most tokens one session's KV held (the conversation and the prompt's
+head before it); ``bytes_per_token`` the backend's ``kv_bytes_per_token``, or the bytes a session's
+state was measured to hold per token (every tensor or array it keeps: KV, kept hidden states),
+whichever is more. One session more than ``max_sessions``: the append that evicts the oldest reads
+its own KV before the oldest drops its.
 
 Then the first session, evicted when N > max_sessions, appends one more turn: it reads its
 conversation again (its warnings say so) and its answers are compared with a fresh ``fill`` of the same
@@ -41,16 +42,18 @@ EVICTED_NOTE = "evicted"
 
 
 def state_bytes(state: Any) -> int:
-    """The bytes of every tensor storage a prefix's state keeps (each storage counted once, whole,
-    so that a view into a larger buffer counts the buffer); 0 for a state with no tensors.
+    """The bytes of every tensor storage or array a prefix's state keeps (each torch storage counted
+    once, whole, so that a view into a larger buffer counts the buffer); 0 for a state with neither.
     """
-    seen: set[int] = set()
+    seen: set[int] = set()  # storages counted
+    visited: set[int] = set()  # objects walked: a state whose parts refer to each other ends
     total = 0
     pending: list[Any] = [state]
     while pending:
         item = pending.pop()
-        if item is None or isinstance(item, (str, int, float, bool)):
+        if item is None or isinstance(item, (str, int, float, bool)) or id(item) in visited:
             continue
+        visited.add(id(item))
         storage = getattr(item, "untyped_storage", None)
         if callable(storage):
             held = storage()
@@ -58,7 +61,10 @@ def state_bytes(state: Any) -> int:
                 seen.add(held.data_ptr())
                 total += int(held.nbytes())
             continue
-        if isinstance(item, (bytes, bytearray)):
+        nbytes = getattr(item, "nbytes", None)  # a numpy array
+        if isinstance(nbytes, int):
+            total += nbytes
+        elif isinstance(item, (bytes, bytearray)):
             total += len(item)
         elif isinstance(item, (tuple, list)):
             pending.extend(item)
@@ -160,7 +166,7 @@ def _text(turns: list[tuple[str, str]]) -> str:
 def _summary(record: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any]:
     """The stated bound (the module's docstring gives it) and the peaks measured against it."""
     longest = max(r["session_kv_tokens"] for r in rows)
-    measured = max(r["state_bytes"] / r["session_kv_tokens"] for r in rows if r["session_kv_tokens"])
+    measured = max((r["state_bytes"] / r["session_kv_tokens"] for r in rows if r["session_kv_tokens"]), default=0.0)
     per_token = max(float(record["kv_bytes_per_token"]), measured)
     held = min(len(rows), record["max_sessions"] + 1)
     bound = int(record["baseline_rss_bytes"] + held * longest * per_token)
