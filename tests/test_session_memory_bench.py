@@ -4,11 +4,13 @@ record, on the real embedded model with a small ``max_sessions``.
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
 import pytest
 
+from pcd_core.bench.report import write_table
 from pcd_core.bench.session_memory import bench_session_memory
 from pcd_core.bench.sessions import load_conversation
 
@@ -90,3 +92,15 @@ def test_session_memory_needs_a_conversation_and_is_checked_before_a_model_loads
     assert main(["bench", "--session", str(EXAMPLE), "--session-memory", "3", "--session-tokens", "0"]) == 2
     err = capsys.readouterr().err
     assert "--session-memory needs --session" in err and "--session-tokens 0" in err
+
+
+def test_the_memory_section_is_the_recorded_run():
+    path = ROOT / "docs" / "bench" / "session_memory.json"
+    if not path.exists():
+        pytest.skip("session_memory.json was not recorded")
+    page = (ROOT / "docs" / "sessions.md").read_text()
+    assert "--json docs/bench/session_memory.json" in page and "<!-- MEASURE -->" not in page
+    rendered = io.StringIO()
+    write_table(json.loads(path.read_text())["records"], rendered)
+    rows = [line for line in rendered.getvalue().splitlines() if line.startswith(("| torch", "| llamacpp"))]
+    assert rows and all(row in page for row in rows), rows
