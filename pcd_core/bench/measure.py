@@ -55,7 +55,7 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def _return_free_memory() -> None:
+def release_free_memory() -> None:
     """Hand the allocator's free pages back to the system (glibc), so that the next call's RSS rise
     counts the memory it allocates, not only what it needs beyond memory freed by the call before.
     """
@@ -119,7 +119,7 @@ def timed(backend: Any, call: Callable[[], Any], *, fresh_memory: bool = False) 
     passes = backend.forward_passes
     synchronize = getattr(backend, "synchronize", _no_device)
     if fresh_memory:
-        _return_free_memory()
+        release_free_memory()
     synchronize()
     mark = getattr(backend, "device_memory_mark", _no_device_memory)()
     with PeakSampler() as sampler:

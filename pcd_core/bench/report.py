@@ -107,6 +107,23 @@ _SESSION = (  # pcd bench --session
 )
 
 
+_SESSION_MEMORY = (  # pcd bench --session FILE --session-memory N
+    ("backend", "backend", "{}"),
+    ("dtype", "dtype", "{}"),
+    ("sessions", "sessions", "{}"),
+    ("longest_session_tokens", "tokens a session held", "{}"),
+    ("max_sessions", "max_sessions", "{}"),
+    ("evictions", "evictions", "{}"),
+    ("baseline_rss_mb", "RSS after load MB", "{:.0f}"),
+    ("bound_mb", "stated bound MB", "{:.0f}"),
+    ("peak_rss_mb", "peak RSS MB", "{:.0f}"),
+    ("within_bound", "within", "{}"),
+    ("median_append_ms", "append ms (median)", "{:.0f}"),
+    ("reread_max_probability_gap", "re-read gap", "{:.1e}"),
+    ("rss_after_close_mb", "RSS after close MB", "{:.0f}"),
+)
+
+
 def _cell(record: dict[str, Any], key: str, fmt: str) -> str:
     value = record.get(key)
     if value is None:
@@ -125,6 +142,7 @@ def write_table(records: list[dict[str, Any]], out: TextIO) -> None:
         ("choices", _CHOICES),
         ("widths", _WIDTHS),
         ("session", _SESSION),
+        ("session_memory", _SESSION_MEMORY),
     )
     for mode, columns in modes:
         picked = [r for r in records if r.get("mode") == mode]

@@ -71,12 +71,7 @@ def bench_session(
         fresh = engine.fill(schema, session.text, fence_nonce=session.nonce, generate=False)
         reread_ms = (time.perf_counter() - clock) * 1000.0
         reread_tokens = backend.counter.mine().tokens_read - before
-        gap = max(
-            abs(p - mine.fields[key].probabilities[label])
-            for key, field in fresh.fields.items()
-            if hasattr(field, "probabilities")
-            for label, p in field.probabilities.items()
-        )
+        gap = probability_gap(mine, fresh)
         turn_tokens = len(engine.tokenizer.encode_head("\n" + SessionTurn(role, text).line))
         rows.append(
             {
@@ -97,6 +92,19 @@ def bench_session(
             on_turn({**_summary(engine, name, rows), "partial": True})
     session.close()
     return _summary(engine, name, rows)
+
+
+def probability_gap(mine: Any, fresh: Any) -> float:
+    """The largest gap between two results' label probabilities (0.0 when no field has any)."""
+    return max(
+        (
+            abs(p - mine.fields[key].probabilities[label])
+            for key, field in fresh.fields.items()
+            if hasattr(field, "probabilities")
+            for label, p in field.probabilities.items()
+        ),
+        default=0.0,
+    )
 
 
 def _summary(engine: Any, name: str, rows: list[dict[str, Any]]) -> dict[str, Any]:

@@ -225,6 +225,13 @@ class Session:
         return prefix.n_tokens if prefix is not None else 0
 
     @property
+    def prefix(self) -> Prefix | None:
+        """The kept KV (None after eviction or close), for what measures the memory a session holds
+        (``pcd_core/bench/session_memory.py``); reading from it never changes it.
+        """
+        return self._prefix
+
+    @property
     def closed(self) -> bool:
         return self._closed
 

@@ -19,6 +19,7 @@ from pcd_core import BACKENDS, DEFAULT_LIMITS, LoadOptions, PcdError, parse_sche
 from pcd_core.bench.choices import bench_choices
 from pcd_core.bench.report import write_json, write_plot, write_table
 from pcd_core.bench.runner import BASELINES, BenchCase, bench_case, bench_throughput
+from pcd_core.bench.session_memory import bench_session_memory
 from pcd_core.bench.sessions import bench_session, load_conversation
 from pcd_core.bench.widths import bench_widths
 from pcd_core.loading.dummy_weights import check_architecture
@@ -117,6 +118,22 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="instead, follow a conversation turn by turn (a JSON file with 'schema' and 'turns', e.g. "
         "examples/support_conversation.json): a session's appends against re-reading the whole "
         "conversation at each turn, same engine, same run",
+    )
+    bench.add_argument(
+        "--session-memory",
+        type=int,
+        default=0,
+        metavar="N",
+        help="with --session, instead open N sessions of --session-tokens tokens each (the file's turns in "
+        "a cycle) and record the RSS they hold against the stated bound, evictions beyond max_sessions, "
+        "and the first session's re-read after its eviction",
+    )
+    bench.add_argument(
+        "--session-tokens",
+        type=int,
+        default=2000,
+        metavar="T",
+        help="--session-memory: tokens of each session's conversation (default 2000)",
     )
     bench.add_argument("--json", metavar="OUT.json", help="write the records here")
     bench.add_argument("--plot", metavar="OUT.png", help="plot ms per request against fields here")
@@ -245,6 +262,13 @@ def _check(args: argparse.Namespace) -> tuple[list[BenchCase], tuple[str, ...]]:
         )
     if args.session and (args.throughput or args.choices or args.clients or args.widths or args.versus):
         raise PcdError("--session runs alone (not with --throughput, --choices, --clients, --widths or --versus)")
+    if args.session_memory < 0 or args.session_tokens < 1:
+        raise PcdError(
+            f"--session-memory {args.session_memory} --session-tokens {args.session_tokens}: "
+            "a whole number of sessions, each at least 1 token"
+        )
+    if args.session_memory and not args.session:
+        raise PcdError("--session-memory needs --session CONVERSATION.json: the turns each session reads")
     if args.session and args.backend == "vllm":
         raise PcdError("--session runs on a local backend; vLLM re-reads the text and caches prefixes itself")
     if args.ar_cap is not None and args.ar_cap < 1:
@@ -379,7 +403,14 @@ def run_bench(args: argparse.Namespace) -> int:
                     if args.json:
                         write_json([*records, partial], args.json, meta)
 
-                records.append(bench_session(engine, schema, turns, name=Path(args.session).name, on_turn=save))
+                if args.session_memory:
+                    records.append(
+                        bench_session_memory(
+                            engine, schema, turns, args.session_memory, args.session_tokens, on_session=save
+                        )
+                    )
+                else:
+                    records.append(bench_session(engine, schema, turns, name=Path(args.session).name, on_turn=save))
                 progress.update(1)
                 if args.json:
                     write_json(records, args.json, meta)
