@@ -114,6 +114,20 @@ class Scored:
     hidden: list[np.ndarray] | None = None
 
 
+def cut_states(states: tuple[int, Any, Any] | None, n_tokens: int) -> tuple[int, Any, Any] | None:
+    """The per-token states a cut to ``n_tokens`` keeps, from those a pass kept (where it began
+    reading, its final states, its middle states): None when the cut does not end inside them. The
+    torch and MLX backends take a cut's last states from here (``_cut``).
+    """
+    if states is None:
+        return None
+    start, hidden, middle = states
+    if not start < n_tokens <= start + len(hidden):
+        return None
+    end = n_tokens - start
+    return start, hidden[:end], middle[:end]
+
+
 #: row tokens per forward pass when the caller sets no limit: a few thousand rows' worth of masks
 DEFAULT_MAX_TOKENS_PER_PASS = 4096
 #: estimated KV and mask bytes one pass may need before ``score`` refuses it

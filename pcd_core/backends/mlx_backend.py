@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from pcd_core.backends.base import Backend, Growth, Prefix, Query, Rows, middle_layers, new_tokens
+from pcd_core.backends.base import Backend, Growth, Prefix, Query, Rows, cut_states, middle_layers, new_tokens
 from pcd_core.backends.packing import TokenTree, pack_tree
 from pcd_core.errors import BackendError, BackendUnavailableError
 
@@ -272,18 +272,15 @@ class MlxBackend(Backend):
         made ``prefix`` read (its trunk, or a prefill's tokens), whose states it kept; else None.
         """
         state: _PrefixState = prefix.state
-        if state.trunk_states is None:
+        kept = cut_states(state.trunk_states, n_tokens)
+        if kept is None:
             return None
-        start, hidden, middle = state.trunk_states
-        if not start < n_tokens <= start + hidden.shape[0]:
-            return None
-        end = n_tokens - start
         cut = _PrefixState(
             keys=tuple(k[:, :, :n_tokens] for k in state.keys),
             values=tuple(v[:, :, :n_tokens] for v in state.values),
-            last_hidden=hidden[end - 1],
-            last_middle=middle[end - 1],
-            trunk_states=(start, hidden[:end], middle[:end]),
+            last_hidden=kept[1][-1],
+            last_middle=kept[2][-1],
+            trunk_states=kept,
         )
         return Prefix(ids=prefix.ids[:n_tokens], state=cut)
 

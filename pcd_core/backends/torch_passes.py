@@ -27,7 +27,7 @@ import numpy as np
 import torch  # reached only through ``torch_backend``, which checks that torch is there
 from transformers.cache_utils import Cache
 
-from pcd_core.backends.base import Backend, Prefix, middle_layers
+from pcd_core.backends.base import Backend, Prefix, cut_states, middle_layers
 from pcd_core.backends.torch_cache import PrefixLayer, Room, StemMemo, TorchState
 
 #: the key dimension of every additive mask is padded to this many elements, and the mask passed as a
@@ -131,18 +131,15 @@ class TorchPasses(Backend):
         None (``cut`` reads again).
         """
         state: TorchState = prefix.state
-        if state.trunk_states is None:
+        kept = cut_states(state.trunk_states, n_tokens)
+        if kept is None:
             return None
-        start, hidden, middle = state.trunk_states
-        if not start < n_tokens <= start + len(hidden):
-            return None
-        end = n_tokens - start
         cut = TorchState(
             keys=tuple(k[..., :n_tokens, :] for k in state.keys),
             values=tuple(v[..., :n_tokens, :] for v in state.values),
-            last_hidden=hidden[end - 1],
-            last_middle=middle[end - 1],
-            trunk_states=(start, hidden[:end], middle[:end]),
+            last_hidden=kept[1][-1],
+            last_middle=kept[2][-1],
+            trunk_states=kept,
         )
         return Prefix(ids=prefix.ids[:n_tokens], state=cut)
 
