@@ -75,7 +75,7 @@ def test_pcd_valid_is_the_json_schema_verdict_on_pcd_output(engine):
     at_most_two = dict(TINY, maxProperties=2)
     record = bench_case(engine, BenchCase("tiny", at_most_two, INPUT), repeat=1, baselines=())
     assert record["pcd_valid"] is False  # three keys written, as the fields ask; two allowed
-    assert record["pcd_forward_passes"] == 2
+    assert record["pcd_forward_passes"] == 1  # the second wave read behind each answer of the first
 
 
 def test_agreement_counts_decisions_and_forgives_spelling_only():
@@ -120,7 +120,7 @@ def test_bench_records_every_method_and_pcd_is_valid(engine, tmp_path, monkeypat
     assert pcd(["bench", *argv]) == 0
     (record,) = json.loads(out.read_text())["records"]
     assert RECORD_KEYS <= set(record)
-    assert record["fields"] == 3 and record["pcd_valid"] and record["pcd_forward_passes"] == 2
+    assert record["fields"] == 3 and record["pcd_valid"] and record["pcd_forward_passes"] == 1
     assert record["ar_tokens"] <= 8 and record["ar_stop"] in ("brace", "cap", "eos")
     assert record["arc_valid"]
     # one pass for the request with the first row, one per later field, one per deeper decision node
@@ -152,9 +152,10 @@ def test_bench_on_a_mixed_schema_is_valid_for_pcd_grammar_ar_and_sequential(engi
     record = bench_case(engine, case, repeat=1, baselines=("arc", "seq"))
     assert record["pcd_valid"] and record["arc_valid"] and record["seq_valid"]
     assert record["arc_engine"] == "llguidance"
-    # the parallel fill: the closed passes, then the longest open row (its first step writes them in)
+    # the parallel fill: the closed fields' one pass (the second wave read ahead in it), then the
+    # longest open row (its first step writes both waves' answers in)
     stats = record["pcd_stats"]
-    assert record["pcd_forward_passes"] == 2 + stats["open_steps"]
+    assert record["pcd_forward_passes"] == 1 + stats["open_steps"]
     assert record["seq_forward_passes"] > record["pcd_forward_passes"]
     assert set(record["pcd_output"]) == set(MIXED["properties"])
 
@@ -180,7 +181,7 @@ def test_scripted_generators_write_pcds_document_one_pass_per_token(engine):
     record = bench_case(engine, BenchCase("tiny", TINY, INPUT), repeat=1, baselines=("ar", "arc"), scripted=True)
     assert record["ar_stop"] == record["arc_stop"] == "brace"
     assert record["ar_tokens"] == record["arc_tokens"] == record["arc_forward_passes"] == len(script)
-    assert record["pcd_forward_passes"] == 2
+    assert record["pcd_forward_passes"] == 1
     assert all(record[key] is None for key in ANSWER_KEYS)
 
 
@@ -216,7 +217,7 @@ def test_throughput_times_the_solo_loop_and_the_batch_on_one_engine(engine, tmp_
     assert pcd([*argv, "--json", str(out)]) == 0
     (record,) = json.loads(out.read_text())["records"]
     assert record["documents"] == 5 and record["same_answers"] is True
-    assert record["solo_forward_passes"] == 5 * 2 and record["forward_passes"] == 2  # TINY: two waves
+    assert record["solo_forward_passes"] == 5 and record["forward_passes"] == 1  # TINY: two waves, one pass
     assert record["speedup"] == record["solo_ms"] / record["total_ms"] > 0
     assert record["peak_rss_mb"] >= record["solo_peak_rss_mb"] > 0
     assert "| tiny | torch | float32 | 3 | 5 |" in capsys.readouterr().out

@@ -56,12 +56,12 @@ def mlx_q4(engine):
 
 
 def compare_fills(torch_engine: Engine, mlx_fp32: Engine, schema, text: str) -> None:
-    """Assert fp32 identity field by field, and a warm request of 2 forward passes on both."""
+    """Assert fp32 identity field by field, and a warm request of at most 2 forward passes, the same on both."""
     torch_engine.warmup(schema)
     mlx_fp32.warmup(schema)
     expected = torch_engine.fill(schema, text)
     got = mlx_fp32.fill(schema, text)
-    assert got.stats.forward_passes == expected.stats.forward_passes == 2
+    assert got.stats.forward_passes == expected.stats.forward_passes <= 2
     for name, want in expected.fields.items():
         have = got.fields[name]
         assert have.value == want.value, name

@@ -12,6 +12,7 @@ import pytest
 
 from pcd_core import BackendError, DecodeOptions, OptionError, PromptError
 from pcd_core.backends.base import Query
+from pcd_core.planning import speculation
 from pcd_core.prompting.trie import LabelTrie, Variant
 from pcd_core.reading.rounds import DecisionTask, RoundStats, decode, plan_rows
 from pcd_core.testing import OracleBackend, check_backend, oracle_engine
@@ -154,7 +155,8 @@ def test_query_after_the_prefix_reads_its_last_position():
     np.testing.assert_allclose(got, oracle.logp(PROMPT)[[3, 4]])
 
 
-def test_oracle_engine_first_field_equals_brute_force_over_the_whole_prompt():
+def test_oracle_engine_first_field_equals_brute_force_over_the_whole_prompt(monkeypatch):
+    monkeypatch.setattr(speculation, "SPECULATIVE_TOKENS", 0)  # each wave in a pass of its own
     engine = oracle_engine()
     schema = {"flag": "boolean", "tier": ["GOLD", "SILVER"]}
     result = engine.fill(schema, "some input")
@@ -196,7 +198,8 @@ def test_a_trunk_read_with_the_first_round_equals_its_prefill(strategy):
     assert passes == 1 + stats.rounds  # the first half's prefill, then the rounds: the trunk costs none
 
 
-def test_a_warm_fill_is_two_passes_a_cold_one_three_and_each_wave_one_more():
+def test_a_warm_fill_is_two_passes_a_cold_one_three_and_each_wave_one_more(monkeypatch):
+    monkeypatch.setattr(speculation, "SPECULATIVE_TOKENS", 0)  # each wave in a pass of its own
     engine = oracle_engine()
     schema = {"flag": "boolean", "tier": ["GOLD", "SILVER"], "team": {"enum": ["A", "B"], "depends_on": ["tier"]}}
     assert [engine.fill(schema, "some input").stats.forward_passes for _ in range(2)] == [4, 3]
@@ -206,7 +209,8 @@ def test_a_warm_fill_is_two_passes_a_cold_one_three_and_each_wave_one_more():
     assert [engine.decide("some state", question).stats.forward_passes for _ in range(2)] == [2, 1]
 
 
-def test_an_input_that_merges_with_the_head_is_read_whole_and_warned_about():
+def test_an_input_that_merges_with_the_head_is_read_whole_and_warned_about(monkeypatch):
+    monkeypatch.setattr(speculation, "SPECULATIVE_TOKENS", 0)  # each wave in a pass of its own
     # every request opens its fence with "<<<", right after the head's newline: here they merge
     engine = oracle_engine(merges={b"\n<": 300})
     schema = {"flag": "boolean", "tier": ["GOLD", "SILVER"]}

@@ -14,6 +14,7 @@ from pydantic import BaseModel, Field
 from pcd_core import ChoiceAnswer, DecodeOptions, Engine, NoulAnswer, OptionError, PromptError, SchemaError, ScoreAnswer
 from pcd_core.backends.packing import pack_tree
 from pcd_core.errors import RequestError
+from pcd_core.planning import speculation
 from pcd_core.planning.deciding import answer_of, plan_decide
 from pcd_core.prompting.question_rows import render_decide_prompt
 from pcd_core.reading.read_path import BYPASSED, after_head
@@ -49,12 +50,20 @@ WAVES = {
 }
 
 
-def test_each_depends_on_wave_adds_one_pass(engine):
+def test_each_depends_on_wave_adds_one_pass_but_the_second_rides_in_the_first(engine, monkeypatch):
     engine.warmup(WAVES)
     result = engine.fill(WAVES, TEXT)
     assert [result.fields[n].wave for n in WAVES] == [0, 1, 1, 2]
-    # input with topic's rows; topic's line with urgent and team; their lines with escalate
-    assert result.stats.forward_passes == 3
+    # the input with topic's rows and, behind each of topic's two lines, urgent's and team's; then
+    # the chosen lines of both waves with escalate's rows
+    assert result.stats.forward_passes == 2
+    monkeypatch.setattr(speculation, "SPECULATIVE_TOKENS", 0)
+    apart = engine.fill(WAVES, TEXT)
+    assert apart.stats.forward_passes == 3  # topic's line, then urgent's and team's with escalate's rows
+    for name in WAVES:
+        assert apart.fields[name].value == result.fields[name].value, name
+        for label, p in apart.fields[name].probabilities.items():
+            assert result.fields[name].probabilities[label] == pytest.approx(p, abs=1e-5), (name, label)
 
 
 @pytest.mark.parametrize("strategy", ["greedy", "exact"])
@@ -260,10 +269,13 @@ def merging(engine):
 
 
 def expected_rows(rounds):
-    """Rows and distinct row tokens of trie rounds, laid out independently of the engine's counters."""
+    """Rows and distinct row tokens of trie rounds, laid out independently of the engine's counters;
+    a round lists tries, or (lead, trie) pairs for tries read behind a lead (a speculative pass).
+    """
     n_rows = n_tokens = 0
     for tries in rounds:
-        rows, _ = plan_rows([(trie.row, path) for trie in tries for path in trie.decision_paths()])
+        led = [pair if isinstance(pair, tuple) else ((), pair) for pair in tries]
+        rows, _ = plan_rows([(lead + trie.row, path) for lead, trie in led for path in trie.decision_paths()])
         n_rows, n_tokens = n_rows + len(rows), n_tokens + len(pack_tree(rows).tokens)
     return n_rows, n_tokens
 
@@ -304,8 +316,11 @@ def measured(engine, call):
     return result, engine.backend.counter.tokens_read - before
 
 
+@pytest.mark.parametrize("ahead", [False, True], ids=["two-waves", "speculative"])
 @pytest.mark.parametrize("case", list(HEAD_CACHE))
-def test_fill_stats_are_exact_cold_warm_and_bypassed(engine, merging, case):
+def test_fill_stats_are_exact_cold_warm_and_bypassed(engine, merging, case, ahead, monkeypatch):
+    if not ahead:
+        monkeypatch.setattr(speculation, "SPECULATIVE_TOKENS", 0)
     target, text = scenario(engine, merging, case, TEXT)
     if case == "warm":
         target.warmup(Ticket)
@@ -313,9 +328,14 @@ def test_fill_stats_are_exact_cold_warm_and_bypassed(engine, merging, case):
     compiled = target.compile(Ticket)
     first = compiled.field("topic")
     line = first.answer_ids[[label.value for label in first.field.labels].index(result.value.topic)]
-    rounds = [[first.trie], [compiled.field("wants_refund").trie, compiled.field("urgent").trie]]
+    later = [compiled.field("wants_refund").trie, compiled.field("urgent").trie]
+    if ahead:  # the second wave behind each of topic's lines, in the first pass: no answer line in the trunk
+        rounds = [[first.trie, *[(lead, trie) for lead in first.answer_ids for trie in later]]]
+        line = ()
+    else:
+        rounds = [[first.trie], later]
     whole = target.request_ids(compiled, text)
-    passes = {"cold": 3, "warm": 2, "bypassed": 2}[case]
+    passes = {"cold": 3, "warm": 2, "bypassed": 2}[case] - ahead
     check_stats(
         result.stats,
         result.warnings,

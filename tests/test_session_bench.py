@@ -15,6 +15,7 @@ from pcd_core.request.schema import parse_schema
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "support_conversation.json"
+QUESTIONS = ROOT / "examples" / "support_questions.json"
 
 
 def test_the_bundled_conversation_has_forty_turns_and_a_support_leads_questions():
@@ -86,3 +87,34 @@ def test_session_runs_alone_and_its_file_is_checked_before_a_model_loads(tmp_pat
     assert main(["bench", "--session", str(EXAMPLE), "--widths", "1,2"]) == 2
     assert main(["bench", "--session", str(tmp_path / "none.json")]) == 2
     assert capsys.readouterr().err.count("--session") == 2
+
+
+def test_bench_session_asks_a_question_set_and_its_rows_carry_the_questions(engine, tmp_path, monkeypatch):
+    """``--session-questions``: the same turns asked as ``decide`` questions; each append's rows carry
+    every question's text after the conversation, where the schema's rows are its short keys.
+    """
+    from pcd_core.engine import Engine
+    from pcd_integrations.commands.main import main
+
+    schema, turns = load_conversation(EXAMPLE)
+    short = tmp_path / "short.json"
+    short.write_text(json.dumps({"schema": schema, "turns": [{"role": r, "text": t} for r, t in turns[:2]]}))
+    monkeypatch.setattr(Engine, "load", classmethod(lambda cls, *args, **kwargs: engine))
+    records = {}
+    for asks, extra in (("schema", []), ("questions", ["--session-questions", str(QUESTIONS)])):
+        out = tmp_path / f"{asks}.json"
+        assert main(["bench", "--session", str(short), *extra, "--json", str(out)]) == 0
+        (records[asks],) = json.loads(out.read_text())["records"]
+        assert records[asks]["asks"] == asks and records[asks]["same_values"], asks
+        assert records[asks]["max_probability_gap"] < 1e-5
+    assert records["questions"]["median_row_tokens"] > 3 * records["schema"]["median_row_tokens"]
+
+
+def test_session_questions_are_checked_before_any_load(tmp_path, capsys):
+    from pcd_integrations.commands.main import main
+
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"questions": {"q": {"type": "choice", "criteria": {"a": None}}}}))
+    assert main(["bench", "--session", str(EXAMPLE), "--session-questions", str(bad)]) != 0
+    assert main(["bench", "--session-questions", str(QUESTIONS)]) != 0
+    assert "--session-questions" in capsys.readouterr().err

@@ -51,14 +51,27 @@ def bench_session(
     turns: list[tuple[str, str]],
     name: str = "",
     on_turn: Callable[[dict[str, Any]], None] | None = None,
+    questions: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One pass over the conversation: per turn, the append and the re-read, timed and counted;
     ``on_turn`` gets the summary so far after each turn (``partial``: True), so a long run that is
-    stopped still leaves its turns.
+    stopped still leaves its turns. With ``questions`` (a question set as ``decide`` takes it), the
+    session and the re-read ask them instead of filling ``schema``: each question's row carries its
+    text after the conversation, where a schema's catalog sits in the cached head.
     """
     backend = engine.backend
-    engine.warmup(schema)  # both methods start from the cached head
-    session = engine.session(schema, generate=False)
+    if questions is None:
+        engine.warmup(schema)  # both methods start from the cached head
+        session = engine.session(schema, generate=False)
+    else:
+        engine.decide(turns[0][1], questions)  # a decide of any text caches the question prompt's head
+        session = engine.session(questions)
+
+    def reread() -> Any:
+        if questions is None:
+            return engine.fill(schema, session.text, fence_nonce=session.nonce, generate=False)
+        return engine.decide(session.text, questions, fence_nonce=session.nonce)
+
     rows: list[dict[str, Any]] = []
     for index, (role, text) in enumerate(turns, start=1):
         before = backend.counter.mine().tokens_read
@@ -68,7 +81,7 @@ def bench_session(
         append_tokens = backend.counter.mine().tokens_read - before
         before = backend.counter.mine().tokens_read
         clock = time.perf_counter()
-        fresh = engine.fill(schema, session.text, fence_nonce=session.nonce, generate=False)
+        fresh = reread()
         reread_ms = (time.perf_counter() - clock) * 1000.0
         reread_tokens = backend.counter.mine().tokens_read - before
         gap = probability_gap(mine, fresh)
@@ -85,29 +98,55 @@ def bench_session(
                 "reread_ms": reread_ms,
                 "conversation_tokens": mine.stats.cached_tokens + mine.stats.prompt_tokens,
                 "max_probability_gap": gap,
-                "same_values": mine.values == fresh.values,
+                "same_values": _values(mine) == _values(fresh),
             }
         )
         if on_turn is not None:
-            on_turn({**_summary(engine, name, rows), "partial": True})
+            on_turn({**_summary(engine, name, rows, questions), "partial": True})
     session.close()
-    return _summary(engine, name, rows)
+    return _summary(engine, name, rows, questions)
+
+
+def _probabilities(result: Any) -> dict[tuple[str, str], float]:
+    """Every label probability of a fill's fields or a decide's answers, keyed by (name, label)."""
+    if hasattr(result, "answers"):  # a DecideResponse: a yes/no answer carries its noul
+        return {
+            (key, label): p
+            for key, answer in result.answers.items()
+            for label, p in (
+                answer.probabilities.items()
+                if hasattr(answer, "probabilities")
+                else [("true", answer.noul), ("false", 1.0 - answer.noul)]
+            )
+        }
+    return {
+        (key, label): p
+        for key, field in result.fields.items()
+        if hasattr(field, "probabilities")
+        for label, p in field.probabilities.items()
+    }
+
+
+def _values(result: Any) -> Any:
+    """What a result decided: a fill's values, a decide's likeliest label per question."""
+    if not hasattr(result, "answers"):
+        return result.values
+    probabilities = _probabilities(result)
+    return {
+        key: max((p, label) for (name, label), p in probabilities.items() if name == key)[1]
+        if key in {name for name, _ in probabilities}
+        else None
+        for key in result.answers
+    }
 
 
 def probability_gap(mine: Any, fresh: Any) -> float:
-    """The largest gap between two results' label probabilities (0.0 when no field has any)."""
-    return max(
-        (
-            abs(p - mine.fields[key].probabilities[label])
-            for key, field in fresh.fields.items()
-            if hasattr(field, "probabilities")
-            for label, p in field.probabilities.items()
-        ),
-        default=0.0,
-    )
+    """The largest gap between two results' label probabilities (0.0 when none has any)."""
+    ours = _probabilities(mine)
+    return max((abs(p - ours[key]) for key, p in _probabilities(fresh).items()), default=0.0)
 
 
-def _summary(engine: Any, name: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
+def _summary(engine: Any, name: str, rows: list[dict[str, Any]], questions: dict[str, Any] | None) -> dict[str, Any]:
     session_ms = sum(r["append_ms"] for r in rows)
     reread_ms = sum(r["reread_ms"] for r in rows)
 
@@ -124,6 +163,7 @@ def _summary(engine: Any, name: str, rows: list[dict[str, Any]]) -> dict[str, An
         "backend": engine.backend.name,
         "dtype": weights_dtype(engine.backend),
         "conversation": name,
+        "asks": "schema" if questions is None else "questions",
         "turns": len(rows),
         "session_ms": session_ms,
         "reread_ms": reread_ms,

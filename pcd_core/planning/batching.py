@@ -43,7 +43,7 @@ from pcd_core.planning.filling import Filled, FillPlan
 from pcd_core.reading.loaded_model import LoadedModel
 from pcd_core.reading.read_path import after_head, count_request, ms_since, read_head
 from pcd_core.reading.readout import Readout
-from pcd_core.reading.rounds import DecisionTask, Decoded, RoundStats, plan_rows
+from pcd_core.reading.rounds import DecisionTask, RoundStats, plan_rows
 from pcd_core.request.questions import DecideResponse
 from pcd_core.result import Extraction
 from pcd_core.trust.calibration_applying import Adjust
@@ -91,7 +91,7 @@ def decode_batch(backend: Backend, head: Prefix, stems: list[Stem], pause: Calla
                 task.pending = []
             if not requests:
                 continue
-            own, placed = plan_rows([(task.trie.row, path) for task, path in requests])
+            own, placed = plan_rows([(task.lead + task.trie.row, path) for task, path in requests])
             first = len(rows)
             rows.extend(stem.ids + row for row in own)
             if any(position == -1 for _, position in placed):
@@ -215,23 +215,33 @@ class BatchRead:
         head = self._head(compiled.head_ids, [p.whole for p in plans], meters)
         stems = [Stem(p.whole[len(compiled.head_ids) :], []) for p in plans]
         filled = [Filled() for _ in plans]
+        speculation = plans[0].speculation(self.backend)  # one compiled schema: the same for every plan
+        written = 0  # the waves whose answer lines every stem holds
         clock = time.perf_counter()
         for wave_index in range(len(compiled.waves)):
+            if wave_index == 1 and speculation is not None:
+                continue  # read in the first wave's pass, behind each answer
             if wave_index:
                 pause()
                 for stem, plan, done in zip(stems, plans, filled):
-                    stem.ids += tuple(plan.answer_lines(set(compiled.waves[wave_index - 1]), done.chosen))
+                    for wave in compiled.waves[written:wave_index]:
+                        stem.ids += tuple(plan.answer_lines(set(wave), done.chosen))
+                written = wave_index
             for stem, plan in zip(stems, plans):
-                stem.tasks = plan.tasks(wave_index)
+                stem.tasks = plan.first_tasks(speculation) if not wave_index else plan.tasks(wave_index)
             readouts = decode_batch(self.backend, head, stems, pause)
             for plan, done, stem_readouts, adjust in zip(plans, filled, readouts, adjusts):
-                done.record(plan, wave_index, Decoded(stem_readouts, head), adjust)
+                if wave_index:
+                    done.record(plan, wave_index, stem_readouts, adjust)
+                else:
+                    done.record_first(plan, stem_readouts, adjust, speculation)
             if not wave_index:
                 for m in meters:
                     m.stats = replace(m.stats, prefill_ms=ms_since(clock))
                 clock = time.perf_counter()
         for m, stem in zip(meters, stems):
-            m.stats = replace(m.stats, decode_ms=ms_since(clock) if len(compiled.waves) > 1 else 0.0)
+            later = len(compiled.waves) > (2 if speculation is not None else 1)
+            m.stats = replace(m.stats, decode_ms=ms_since(clock) if later else 0.0)
             self._count(m, stem, passes_before, len(compiled.head_ids))
         return filled
 

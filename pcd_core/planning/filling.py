@@ -19,9 +19,10 @@ from typing import Any, TypedDict
 
 import numpy as np
 
-from pcd_core.backends.base import Prefix
+from pcd_core.backends.base import Backend, Prefix
 from pcd_core.cost import Meter, Stats
 from pcd_core.errors import OptionError, PromptError
+from pcd_core.planning.speculation import Speculation, speculate
 from pcd_core.prompting.compiler import CompiledSchema
 from pcd_core.reading.generation import GeneratedField, generate_open_fields
 from pcd_core.reading.loaded_model import LaterStep, LoadedModel
@@ -123,6 +124,20 @@ class FillPlan:
         compiled = self.compiled
         return [DecisionTask(compiled.field(name).trie, self.options.strategy) for name in compiled.waves[wave_index]]
 
+    def speculation(self, backend: Backend) -> Speculation | None:
+        """How the first pass also reads the second wave (``speculation.py``), or None when it would not pay."""
+        waves = self.compiled.waves
+        if len(waves) < 2:
+            return None
+        (first,) = waves[0]  # the first independent field is decided alone (``Schema.waves``)
+        wave = [self.compiled.field(name).answer_ids for name in waves[1]]
+        return speculate(self.compiled.field(first).answer_ids, wave, 1, backend.row_layout == "packed")
+
+    def first_tasks(self, speculation: Speculation | None) -> list[DecisionTask]:
+        """The decisions of the first pass: the first wave's, and with ``speculation`` the second's behind it."""
+        first = self.tasks(0)
+        return first if speculation is None else speculation.tasks(first, self.tasks(1))
+
     def answer_lines(self, names: set[str], chosen: Mapping[str, int]) -> list[int]:
         """The chosen answer lines of the fields in ``names``, in schema order: the trunk that the
         next wave's rows (or the open rows) hang from.
@@ -156,11 +171,11 @@ class Filled:
     generated: dict[str, GeneratedField] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
 
-    def record(self, plan: FillPlan, wave_index: int, decoded: Decoded, adjust: Adjust | None) -> None:
+    def record(self, plan: FillPlan, wave_index: int, readouts: list[Readout], adjust: Adjust | None) -> None:
         """One wave's readouts as field results; debiased / calibrated before the choice feeds a later wave."""
         compiled = plan.compiled
         names = compiled.waves[wave_index] if compiled.waves else ()  # no closed fields: no readouts
-        for name, readout in zip(names, decoded.readouts):
+        for name, readout in zip(names, readouts):
             flags: dict[str, Any] = {}
             if adjust is not None:
                 readout, flags = adjust(name, readout)
@@ -169,6 +184,21 @@ class Filled:
             kept = readout.hidden if plan.hidden else None
             method = flags.pop("method", plan.options.strategy)  # "head" where a trained head answered
             self.results[name] = field_result(spec, readout, method, wave_index, hidden=kept, **flags)
+
+    def record_first(
+        self, plan: FillPlan, readouts: list[Readout], adjust: Adjust | None, speculation: Speculation | None
+    ) -> list[Readout]:
+        """The first pass's readouts: the first wave's, and under ``speculation`` the second wave's
+        behind the answer the first chose (the branches not taken are dropped). Returns the last
+        wave recorded's readouts.
+        """
+        if speculation is None:
+            self.record(plan, 0, readouts, adjust)
+            return readouts
+        self.record(plan, 0, speculation.first(readouts), adjust)
+        taken = speculation.branch(readouts, self.chosen[plan.compiled.waves[0][0]])
+        self.record(plan, 1, taken, adjust)
+        return taken
 
 
 def fill_passes(
@@ -187,18 +217,19 @@ def fill_passes(
     """
     passes_before = model.backend.counter.mine().forward_passes
     rounds = RoundStats()
+    speculation = plan.speculation(model.backend)
     decoded, warnings = read_request(
         model,
         plan.compiled.head_ids,
         plan.whole,
-        plan.tasks(0),
+        plan.first_tasks(speculation),
         meter,
         rounds,
         use_cache,
         pause,
         plan.reads_hidden(adjust),
     )
-    filled = read_waves(model, plan, decoded, adjust, meter, rounds, pause, later)
+    filled = read_waves(model, plan, decoded, adjust, meter, rounds, pause, later, speculation)
     filled.warnings[:0] = warnings  # the request's warnings come before the open rows'
     count_request(model.backend, meter, rounds, passes_before, len(plan.compiled.head_ids))
     return filled
@@ -213,30 +244,36 @@ def read_waves(
     rounds: RoundStats,
     pause: Callable[[], None],
     later: LaterStep | None = None,
+    speculation: Speculation | None = None,
 ) -> Filled:
-    """Every pass of a fill after the first (whose readouts are ``first``): one per later wave, then
-    the open rows' steps. Fills ``decode_ms``, ``generate_ms``, ``open_steps``, ``output_tokens`` and
-    the answer lines' ``prompt_tokens``.
+    """Every pass of a fill after the first (whose readouts are ``first``, with the second wave's
+    behind each answer under ``speculation``): one per later wave, then the open rows' steps. Fills
+    ``decode_ms``, ``generate_ms``, ``open_steps``, ``output_tokens`` and the answer lines'
+    ``prompt_tokens``.
     """
     compiled = plan.compiled
     filled = Filled()
-    filled.record(plan, 0, first, adjust)
-    decoded = first
+    taken = filled.record_first(plan, first.readouts, adjust, speculation)
+    decoded = replace(first, readouts=taken)
+    unwritten = list(compiled.waves[: 1 if speculation is None else 2])  # decided, their lines not in the prefix
     clock = time.perf_counter()
-    for wave_index in range(1, len(compiled.waves)):
+    later_waves = range(len(unwritten), len(compiled.waves))
+    for wave_index in later_waves:
         pause()
-        lines = plan.answer_lines(set(compiled.waves[wave_index - 1]), filled.chosen)
+        lines = [t for wave in unwritten for t in plan.answer_lines(set(wave), filled.chosen)]
         tasks = plan.tasks(wave_index)
         decoded = decode(
             model.backend, decoded.prefix, tasks, rounds, trunk=lines, pause=pause, hidden=plan.reads_hidden(adjust)
         )
         meter.stats = replace(meter.stats, prompt_tokens=meter.stats.prompt_tokens + len(lines))
-        filled.record(plan, wave_index, decoded, adjust)
-    meter.stats = replace(meter.stats, decode_ms=ms_since(clock))
+        filled.record(plan, wave_index, decoded.readouts, adjust)
+        unwritten = [compiled.waves[wave_index]]
+    if later_waves:
+        meter.stats = replace(meter.stats, decode_ms=ms_since(clock))
     if plan.generates:
         clock = time.perf_counter()
         pause()
-        _generate_open(model, plan, decoded.prefix, filled, meter, pause, later)
+        _generate_open(model, plan, decoded.prefix, filled, meter, pause, later, unwritten)
         meter.stats = replace(meter.stats, generate_ms=ms_since(clock))
     return filled
 
@@ -249,11 +286,13 @@ def _generate_open(
     meter: Meter,
     pause: Callable[[], None],
     later: LaterStep | None,
+    unwritten: list[tuple[str, ...]],
 ) -> None:
-    """Generate every open field; the first step also writes in the closed answers not yet in the prompt."""
+    """Generate every open field; the first step also writes in the closed answers not yet in the
+    prompt (the ``unwritten`` waves', in order).
+    """
     compiled = plan.compiled
-    written = {name for wave in compiled.waves[:-1] for name in wave}
-    lines = plan.answer_lines({f.name for f in compiled.fields} - written, filled.chosen)
+    lines = [t for wave in unwritten for t in plan.answer_lines(set(wave), filled.chosen)]
     meter.stats = replace(meter.stats, prompt_tokens=meter.stats.prompt_tokens + len(lines))
     max_new_tokens = dict(plan.max_new_tokens) if plan.max_new_tokens is not None else None
     filled.generated, filled.warnings = generate_open_fields(

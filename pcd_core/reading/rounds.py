@@ -51,6 +51,7 @@ class DecisionTask:
     reads: dict[Path, dict[int, float]] = field(default_factory=dict)
     pending: list[Path] = field(default_factory=list)
     hidden: Any = None  # the final hidden state at the first decision point, when the pass read it
+    lead: tuple[int, ...] = ()  # tokens read before the trie's row, in the row (planning/speculation.py)
 
     def __post_init__(self) -> None:
         if self.strategy == "trie":
@@ -140,7 +141,7 @@ def decode(
         requests = [(task, path) for task in tasks for path in task.pending]
         for task in tasks:
             task.pending = []
-        rows, placed = plan_rows([(task.trie.row, path) for task, path in requests])
+        rows, placed = plan_rows([(task.lead + task.trie.row, path) for task, path in requests])
         queries = [
             Query(row, position, task.trie.children_ids(path))
             for (task, path), (row, position) in zip(requests, placed)

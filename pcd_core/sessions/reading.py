@@ -101,11 +101,12 @@ class FillReader:
     ) -> tuple[RoundStats, Callable[[Any], Result], Prefix]:
         plan, adjust, meter = prepared
         rounds = RoundStats()
+        speculation = plan.speculation(host.model.backend)
         decoded, warnings = read_request(
             host.model,
             lookup_ids,
             plan.whole,
-            plan.tasks(0),
+            plan.first_tasks(speculation),
             meter,
             rounds,
             True,
@@ -113,7 +114,7 @@ class FillReader:
             plan.reads_hidden(adjust),
             lookup=lambda ids, use: (base, True, False),  # the session's kept KV is the head
         )
-        filled = read_waves(host.model, plan, decoded, adjust, meter, rounds, pause)
+        filled = read_waves(host.model, plan, decoded, adjust, meter, rounds, pause, speculation=speculation)
         filled.warnings[:0] = warnings
         return rounds, lambda stats: plan.assemble(filled, stats), decoded.prefix
 

@@ -120,6 +120,12 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
         "conversation at each turn, same engine, same run",
     )
     bench.add_argument(
+        "--session-questions",
+        metavar="FILE",
+        help="with --session, ask the conversation these questions (a question file as pcd decide takes) "
+        "instead of filling its schema",
+    )
+    bench.add_argument(
         "--session-memory",
         type=int,
         default=0,
@@ -267,6 +273,8 @@ def _check(args: argparse.Namespace) -> tuple[list[BenchCase], tuple[str, ...]]:
             f"--session-memory {args.session_memory} --session-tokens {args.session_tokens}: "
             "a whole number of sessions, each at least 1 token"
         )
+    if args.session_questions and (not args.session or args.session_memory):
+        raise PcdError("--session-questions goes with --session CONVERSATION.json, and not with --session-memory")
     if args.session_memory and not args.session:
         raise PcdError("--session-memory needs --session CONVERSATION.json: the turns each session reads")
     if args.session and args.backend == "vllm":
@@ -341,6 +349,10 @@ def run_bench(args: argparse.Namespace) -> int:
     choices = choice_counts(args)
     widths = _field_counts(args.widths, "--widths", "1,2,4,8,16") or []
     conversation = load_conversation(args.session) if args.session else None
+    questions = None
+    if args.session_questions:
+        questions = common.read_questions(args.session_questions)["questions"]
+        common.check_questions(args.session_questions, "", questions)  # before the model loads
     chosen = _options(args)
     if args.backend == "vllm":
         return run_vllm_bench(args, chosen[0], cases)
@@ -410,7 +422,11 @@ def run_bench(args: argparse.Namespace) -> int:
                         )
                     )
                 else:
-                    records.append(bench_session(engine, schema, turns, name=Path(args.session).name, on_turn=save))
+                    records.append(
+                        bench_session(
+                            engine, schema, turns, name=Path(args.session).name, on_turn=save, questions=questions
+                        )
+                    )
                 progress.update(1)
                 if args.json:
                     write_json(records, args.json, meta)
