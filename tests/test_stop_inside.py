@@ -9,6 +9,7 @@ the same and other requests as a freshly loaded engine does; a pass that carries
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -164,3 +165,34 @@ def test_a_joined_pass_runs_to_its_end_when_one_of_its_callers_is_cancelled(engi
     same_answers(outcome["other"], alone[OTHER_STATE], tolerance=1e-5)
     if not isinstance(outcome["cancelled"], Cancelled):  # the pass ran to its end: its answers are whole
         same_answers(outcome["cancelled"], alone[STATE], tolerance=1e-5)
+
+
+def test_hangup_bench_records_the_short_decides_wait_with_the_check_off_and_on(engine, tmp_path, capsys, monkeypatch):
+    """``pcd bench --hangup 6`` on the served engine: a record with the check off and one with it on,
+    each drop's short decide answered with its queue time, its wall time and the long pass's tokens.
+    """
+    pytest.importorskip("fastapi", reason="--hangup serves the engine (the http extra)")
+    from pcd_integrations.commands.main import main as pcd
+
+    monkeypatch.setattr(Engine, "load", classmethod(lambda cls, *args, **kwargs: engine))
+    out = tmp_path / "hangup.json"
+    assert pcd(["bench", "--hangup", "6", "--repeat", "1", "--json", str(out)]) == 0
+    boundary, inside = json.loads(out.read_text())["records"]
+    assert (boundary["stop_inside"], inside["stop_inside"]) == (False, True)
+    for record in (boundary, inside):
+        assert record["mode"] == "hangup" and record["questions"] == 6 and len(record["drops"]) == 1
+        (drop,) = record["drops"]
+        assert drop["short_queue_ms"] >= 0.0 and drop["short_wall_ms"] > 0.0
+        assert drop["long_tokens"] > 6 and drop["passes"] >= 1
+        assert drop["dropped_after_ms"] > drop["pass_started_after_ms"] > 0.0
+        assert record["short_decide_ms"] > 0.0
+    assert stopping_inside()  # the run leaves the setting as it found it
+    assert "| torch | float32 | 6 |" in capsys.readouterr().out
+
+
+def test_hangup_options_are_checked_before_a_model_loads(capsys):
+    from pcd_integrations.commands.main import main as pcd
+
+    assert pcd(["bench", "--hangup", "-1"]) == 2
+    assert pcd(["bench", "--hangup", "8", "--clients", "2"]) == 2
+    assert capsys.readouterr().err.count("pcd: error: --hangup") == 2

@@ -51,6 +51,9 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, TypeVar
 
+# the in-pass check's switch is re-exported (``as``) for callers above the backends: ``pcd bench --hangup``
+from pcd_core.backends.pass_stop import set_stopping_inside as set_stopping_inside
+from pcd_core.backends.pass_stop import stopping_inside as stopping_inside
 from pcd_core.backends.pass_stop import watching
 from pcd_core.errors import Cancelled
 
