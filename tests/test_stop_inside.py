@@ -196,3 +196,41 @@ def test_hangup_options_are_checked_before_a_model_loads(capsys):
     assert pcd(["bench", "--hangup", "-1"]) == 2
     assert pcd(["bench", "--hangup", "8", "--clients", "2"]) == 2
     assert capsys.readouterr().err.count("pcd: error: --hangup") == 2
+
+
+class CountedStop:
+    """A stop signal that is set from its ``after``-th look on: where a llama.cpp pass stops is then
+    a count of the abort callback's looks, not a timing.
+    """
+
+    reason = "the client went away"
+
+    def __init__(self, after: int) -> None:
+        self.after, self.looks = after, 0
+
+    @property
+    def cancelled(self) -> bool:
+        self.looks += 1
+        return self.looks > self.after
+
+
+def test_llamacpp_stops_inside_llama_decode_and_leaves_no_cells_behind(llama_engine):
+    """A warm decide's pass on llama.cpp asks its abort callback between graph nodes; set after 50
+    looks (of the hundreds a whole pass takes) it stops inside ``llama_decode``, every sequence id
+    the pool holds free has no cells left, and the same decide then answers as before.
+    """
+    from pcd_core.backends.llamacpp_backend import llama
+    from pcd_core.backends.pass_stop import watching
+
+    backend = llama_engine.backend
+    before = llama_engine.decide(STATE, LONG)  # the head cached and the priors measured
+    whole = CountedStop(10**9)
+    with watching(whole):
+        llama_engine.decide(STATE, LONG)
+    stopped = CountedStop(50)
+    with watching(stopped), pytest.raises(Cancelled, match="stopped inside llama_decode"):
+        llama_engine.decide(STATE, LONG)
+    assert 50 < stopped.looks < whole.looks / 2
+    free = list(backend.sequences._free)
+    assert [seq for seq in free if llama.llama_memory_seq_pos_max(backend._memory, seq) != -1] == []
+    same_answers(llama_engine.decide(STATE, LONG), before)
