@@ -29,6 +29,10 @@ again when next used and growing rows are read again whole at their next step. M
 the cells a context holds are resident from its start (llama.cpp clears them), 180 MB for SmolLM2's
 8,192.
 
+A prompt's, a packed pass's or a re-read's ``llama_decode`` stops inside once the caller's
+cancellation is set (``pass_stop.py``; ``llama_set_abort_callback``, bound here from the library), and
+the sequences it wrote are dropped as after any failed pass; a generation's step runs to its end.
+
 At load, packed rows are checked against each row read in a pass of its own in this backend; a
 layout that differs by more than ``LAYOUT_TOLERANCE`` is refused (``BackendError``).
 

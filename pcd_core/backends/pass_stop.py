@@ -3,9 +3,12 @@
 A request whose client went away stops at its next pass boundary (``pcd_core/concurrency/model_lock.py``),
 but one pass can be long: a 200-question decide is a single forward pass of about 20 s on two cores,
 and a short request behind it waited for the rest of it (docs/sessions.md, "Short turns after a
-dropped long pass", has the figures). So the backends that can look between layers (torch: ``TorchPasses._decode``)
-ask ``watched()`` when a pass starts and, when it gives a signal, check it before each decoder layer
-and raise ``Cancelled`` (``stop_inside``) once it is set.
+dropped long pass", has the figures). So the backends that can look inside a pass ask ``watched()`` when it starts and,
+when it gives a signal, look at it as the pass goes and raise ``Cancelled`` once it is set: torch
+before each decoder layer (``TorchPasses._decode``, ``stop_inside``), llama.cpp between its graph's
+nodes through ``llama_set_abort_callback`` (``LlamaCppBackend._decode``: prompts, packed passes and
+re-reads, whose sequences are dropped on any error; not generation steps, whose rows continue in
+place).
 
 The signal is the caller's ``Cancellation``, put here by ``model_lock.cancellable`` (``watching``): this
 module sits below the backends so that they can read it without importing the engine's concurrency
@@ -14,10 +17,13 @@ pass sees the signal of the request it runs for. A pass that carries several cal
 ``pcd_core/concurrency/pass_join.py``) runs under ``shared_pass``: there ``watched()`` gives nothing,
 so one caller leaving never stops the others' answers; such a pass stops at its end, as before.
 
-A pass stopped inside leaves nothing shared half-written: its cache layers and outputs are its own,
+A torch pass stopped inside leaves nothing shared half-written: its cache layers and outputs are its own,
 the prefix it reads is immutable, and the one shared buffer a pass may write into, the room behind a
 prefix (``torch_cache.Room``), is claimed before the pass and never offered again, claimed or not
 used; a memo of a batch's paths (``torch_cache.StemMemo``) is replaced only after its pass completes.
+On llama.cpp the aborted micro-batch's cells are removed by ``llama_decode`` and the rest of the
+pass's cells go with the sequences its caller drops; a prefix's own cells are never written by a
+pass after it.
 
 ``PCD_STOP_INSIDE_PASSES=0`` (or ``set_stopping_inside(False)``) turns the check off, leaving only the
 pass boundaries: ``pcd bench --hangup`` measures both in one run. ``tests/test_stop_inside.py`` covers it.

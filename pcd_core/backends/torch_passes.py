@@ -8,6 +8,8 @@ are functions over it in their own modules: packed rows (``torch_packed.py``), b
 and of copies (``torch_batched.py``), generation (``torch_generation.py``); ``TorchBackend``
 (``torch_backend.py``) puts them together behind the backend contract.
 
+Under a cancelled caller a pass stops between decoder layers (``_decode``, ``pass_stop.py``).
+
 The masks are what SDPA's memory-efficient kernel takes: additive, in the model's dtype, one copy
 shared by every head (transformers repeats the key/value heads itself when a mask is given), the key
 dimension padded to a multiple of 16 elements and passed as a view (``MASK_ALIGN``), so that no layer
