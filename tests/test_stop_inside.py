@@ -115,16 +115,18 @@ def test_with_the_check_off_the_same_cancellation_lets_the_pass_end(engine):
 
 
 def test_a_reply_stopped_inside_a_step_leaves_later_replies_as_on_a_fresh_engine(engine, fresh):
-    """Stopped inside its second step (the first that writes the room behind the prompt's KV,
-    ``torch_cache.Room``), a reply leaves nothing half-written that a later one reads: the same
-    prompt and another get the tokens and log-probabilities of a fresh engine.
+    """With the chat head cached, a reply's first pass reads its prompt with room behind it and its
+    second, the first step, writes its rows into that room (``torch_cache.Room``). Stopped inside
+    that step, it leaves nothing half-written that a later reply reads: the same prompt and another
+    get the tokens and log-probabilities of a fresh engine.
     """
+    engine.generate(OTHER_PROMPT, max_new_tokens=1)  # the chat head cached
     token = Cancellation()
-    with layer_log(engine, token, at_pass=3) as passes, pytest.raises(Cancelled, match="stopped inside"):
-        run_cancellable(token, lambda: engine.generate(PROMPT, max_new_tokens=24))
-    assert passes[-1] == list(range(CANCEL_AT + 1))
+    with layer_log(engine, token, at_pass=2) as passes, pytest.raises(Cancelled, match="stopped inside"):
+        run_cancellable(token, lambda: engine.generate(PROMPT, max_new_tokens=12))
+    assert [len(layers) for layers in passes] == [engine.backend.n_layers, CANCEL_AT + 1]
     for prompt in (PROMPT, OTHER_PROMPT):
-        got, want = engine.generate(prompt, max_new_tokens=24), fresh.generate(prompt, max_new_tokens=24)
+        got, want = engine.generate(prompt, max_new_tokens=12), fresh.generate(prompt, max_new_tokens=12)
         assert got.token_ids == want.token_ids
         assert got.logp_sum == pytest.approx(want.logp_sum, abs=1e-6)
 
