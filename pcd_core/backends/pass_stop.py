@@ -1,10 +1,11 @@
 """Stopping a pass inside: the cancellation a backend's pass watches between its layers.
 
 A request whose client went away stops at its next pass boundary (``pcd_core/concurrency/model_lock.py``),
-but one pass can be long: a 200-question decide is a single forward pass of about 20 s on two cores,
-and a short request behind it waited for the rest of it (docs/sessions.md, "Short turns after a
-dropped long pass", has the figures). So the backends that can look inside a pass ask ``watched()`` when it starts and,
-when it gives a signal, look at it as the pass goes and raise ``Cancelled`` once it is set: torch
+but one pass can be long: a decide of 200 questions on a warm head is a single forward pass, and a
+short request sent after its client hung up waited for the rest of it (docs/operations.md, "Short
+turns after a dropped long pass", has the figures). So the backends that can look inside a pass ask
+``watched()`` when it starts and, when it gives a signal, look at it as the pass goes and raise
+``Cancelled`` once it is set: torch
 before each decoder layer (``TorchPasses._decode``, ``stop_inside``), llama.cpp between its graph's
 nodes through ``llama_set_abort_callback`` (``LlamaCppBackend._decode``: prompts, packed passes and
 re-reads, whose sequences are dropped on any error; not generation steps, whose rows continue in

@@ -2,8 +2,7 @@
 
 The loaded engine is served on a loopback port in this process (``pcd_integrations/serving/loopback.py``).
 A client posts a decide of ``N`` questions (``long_questions``: generated, the same every run) on
-``/v1/decisions``: one forward pass of N rows on a warm head, about 20 s for 200 questions on two
-cores. Once that pass has started (the backend counts a pass before it runs) and ``settle_s`` more
+``/v1/decisions``: one forward pass of N rows on a warm head. Once that pass has started (the backend counts a pass before it runs) and ``settle_s`` more
 have gone by, the client hangs up, and another client sends a one-question decide at once; its
 ``x_queue_ms`` is how long it waited for the model, and the wall time around its request what its
 caller saw. Each drop is made twice in the same run, on the same served engine: with the in-pass
@@ -12,7 +11,7 @@ check off (``pcd_core/backends/pass_stop.py``'s ``set_stopping_inside(False)``, 
 
 The check's own cost is measured on the same engine: the short decide, called directly under a
 ``Cancellation`` nobody sets, with the check off and on in turn (the layers' hooks installed only
-when on), ``repeat`` x 5 times each; medians. One record per check setting; docs/sessions.md ("Short
+when on), ``repeat`` x 5 times each; medians. One record per check setting; docs/operations.md ("Short
 turns after a dropped long pass") reports them.
 """
 
