@@ -68,8 +68,9 @@ class GenerationError(PcdError, RuntimeError):
 
 
 class Cancelled(PcdError):
-    """The request was cancelled (its client went away) and stopped at its next pass boundary, having
-    given the model back; raised by the engine when a ``model_lock.Cancellation`` it runs under is set.
+    """The request was cancelled (its client went away) and stopped at its next pass boundary, or inside
+    a pass that served it alone (``backends/pass_stop.py``), having given the model back; raised by the
+    engine when a ``model_lock.Cancellation`` it runs under is set.
     """
 
 

@@ -29,6 +29,10 @@ again when next used and growing rows are read again whole at their next step. M
 the cells a context holds are resident from its start (llama.cpp clears them), 180 MB for SmolLM2's
 8,192.
 
+A prompt's, a packed pass's or a re-read's ``llama_decode`` stops inside once the caller's
+cancellation is set (``pass_stop.py``; ``llama_set_abort_callback``, bound here from the library), and
+the sequences it wrote are dropped as after any failed pass; a generation's step runs to its end.
+
 At load, packed rows are checked against each row read in a pass of its own in this backend; a
 layout that differs by more than ``LAYOUT_TOLERANCE`` is refused (``BackendError``).
 
@@ -52,9 +56,10 @@ import numpy as np
 
 from pcd_core.backends.base import Backend, Growth, Prefix, Query, Rows
 from pcd_core.backends.packing import TokenTree, pack_tree
+from pcd_core.backends.pass_stop import StopSignal, watched
 from pcd_core.backends.seqpool import Seq, SeqPool
 from pcd_core.backends.seqsets import BatchLayout, grow_layout, leaves, pass_layout, pass_layout_for_prompt
-from pcd_core.errors import BackendError, BackendUnavailableError, PromptError
+from pcd_core.errors import BackendError, BackendUnavailableError, Cancelled, PromptError
 
 try:
     import llama_cpp as llama
@@ -87,6 +92,13 @@ def _log_to_python(level: int, text: bytes, user_data: Any) -> None:
 # llama.cpp writes its load report to stderr unless told otherwise; the callback must stay referenced
 _LOG_CALLBACK = llama.llama_log_callback(_log_to_python)
 llama.llama_log_set(_LOG_CALLBACK, ctypes.c_void_p(0))
+
+# ``llama_set_abort_callback`` is in the library but not in llama-cpp-python's bindings (0.3.36)
+_set_abort_callback = llama.llama_cpp._lib.llama_set_abort_callback
+_set_abort_callback.argtypes = [llama.llama_context_p_ctypes, llama.ggml_abort_callback, ctypes.c_void_p]
+_set_abort_callback.restype = None
+#: llama_decode's return code for a batch its abort callback stopped (llama.h)
+DECODE_ABORTED = 2
 
 
 @dataclass(eq=False)
@@ -285,7 +297,7 @@ class LlamaCppBackend(Backend):
         if state.seq.id is None:  # evicted: read its ids again from scratch
             seq = self.sequences.take()
             try:
-                self._decode(pass_layout_for_prompt(state.ids, seq))
+                self._decode(pass_layout_for_prompt(state.ids, seq), stoppable=True)
             except BaseException:
                 self.sequences.drop(seq)
                 raise
@@ -308,10 +320,29 @@ class LlamaCppBackend(Backend):
             llama.llama_memory_seq_cp(self._memory, source, target, -1, end)
 
     # -- one batch ----------------------------------------------------------------------------
-    def _decode(self, layout: BatchLayout, hidden: bool = False) -> _Outputs:
+    def _decode(self, layout: BatchLayout, hidden: bool = False, stoppable: bool = False) -> _Outputs:
         """Run one batch; the logits of every flagged entry, by batch index, and their hidden states
         with ``hidden``.
+
+        A ``stoppable`` batch (one whose every sequence its caller drops when it raises: a prompt's,
+        a packed pass's rows and trunk, a re-read) stops inside ``llama_decode`` once the caller's
+        cancellation is set (``pass_stop.watched``): llama.cpp's graph asks the abort callback
+        between its nodes, returns ``DECODE_ABORTED`` and removes the cells of the micro-batch it
+        stopped in; the caller's drop removes the rest. A generation's step is not stoppable: its
+        rows' sequences continue in place from one step to the next.
         """
+        signal = watched() if stoppable else None
+        if signal is None:
+            return self._decode_batch(layout, hidden)
+        stop = llama.ggml_abort_callback(lambda _data: bool(signal.cancelled))
+        _set_abort_callback(self._ctx, stop, None)
+        try:
+            return self._decode_batch(layout, hidden, signal)
+        finally:
+            _set_abort_callback(self._ctx, llama.ggml_abort_callback(), None)
+
+    def _decode_batch(self, layout: BatchLayout, hidden: bool, signal: StopSignal | None = None) -> _Outputs:
+        """``_decode``'s batch; with ``signal``, an aborted decode is its ``Cancelled``."""
         if hidden != self._embeddings:
             llama.llama_set_embeddings(self._ctx, hidden)
             self._embeddings = hidden
@@ -334,6 +365,8 @@ class LlamaCppBackend(Backend):
             while (code := llama.llama_decode(self._ctx, batch)) == 1:  # no room in the KV cache
                 if not self.sequences.evict_one():
                     self._no_room()
+            if code == DECODE_ABORTED and signal is not None and signal.cancelled:
+                raise Cancelled(f"{signal.reason}; the request's pass was stopped inside llama_decode")
             if code != 0:
                 raise BackendError(f"llama_decode failed with code {code}")
             out = _Outputs({}, {})
@@ -366,7 +399,7 @@ class LlamaCppBackend(Backend):
         self._copy(source, seq)
         start = parent.n_tokens if parent is not None else 0
         try:
-            out = self._decode(pass_layout_for_prompt(ids, seq, start), hidden)
+            out = self._decode(pass_layout_for_prompt(ids, seq, start), hidden, stoppable=True)
         except BaseException:
             self.sequences.drop(seq)
             raise
@@ -405,7 +438,7 @@ class LlamaCppBackend(Backend):
                 leaf_seqs.append(seq)
             nodes = [tree.node_of[q.row][q.position] for q in queries]
             layout = pass_layout(n_prefix, trunk, tree, leaf_seqs=leaf_seqs, trunk_seq=trunk_seq, read_nodes=nodes)
-            out = self._decode(layout, hidden)
+            out = self._decode(layout, hidden, stoppable=True)
         except BaseException:
             if trunk_seq is not None:
                 self.sequences.drop(trunk_seq)
@@ -456,7 +489,7 @@ class LlamaCppBackend(Backend):
         try:
             last = prefix.n_tokens - 1
             self._copy(source, seq, last)
-            out = self._decode(pass_layout_for_prompt(prefix.ids[last:], seq, last), hidden=True)
+            out = self._decode(pass_layout_for_prompt(prefix.ids[last:], seq, last), hidden=True, stoppable=True)
             self.counter.add(1)
             return out.logits[0], out.hidden[0]
         finally:

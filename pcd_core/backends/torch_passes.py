@@ -8,6 +8,8 @@ are functions over it in their own modules: packed rows (``torch_packed.py``), b
 and of copies (``torch_batched.py``), generation (``torch_generation.py``); ``TorchBackend``
 (``torch_backend.py``) puts them together behind the backend contract.
 
+Under a cancelled caller a pass stops between decoder layers (``_decode``, ``pass_stop.py``).
+
 The masks are what SDPA's memory-efficient kernel takes: additive, in the model's dtype, one copy
 shared by every head (transformers repeats the key/value heads itself when a mask is given), the key
 dimension padded to a multiple of 16 elements and passed as a view (``MASK_ALIGN``), so that no layer
@@ -21,6 +23,7 @@ reach this one only through ``torch_backend``, which checks that torch is instal
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -28,12 +31,18 @@ import torch  # reached only through ``torch_backend``, which checks that torch 
 from transformers.cache_utils import Cache
 
 from pcd_core.backends.base import Backend, Prefix, cut_states, middle_layers
+from pcd_core.backends.pass_stop import StopSignal, stop_inside, watched
 from pcd_core.backends.torch_cache import PrefixLayer, Room, StemMemo, TorchState
 
 #: the key dimension of every additive mask is padded to this many elements, and the mask passed as a
 #: view: the memory-efficient kernel wants each row of a bias to start 16 bytes apart (8 bfloat16s,
 #: 4 float32s) and pads a copy per layer otherwise; 16 elements covers every dtype offered
 MASK_ALIGN = 16
+
+
+def _check_before(signal: StopSignal, layer: int, n_layers: int, _module: Any, _args: Any) -> None:
+    """A decoder layer's forward pre-hook: stop the pass here once its caller is cancelled."""
+    stop_inside(signal, layer, n_layers)
 
 
 class TorchPasses(Backend):
@@ -86,6 +95,9 @@ class TorchPasses(Backend):
     def _decode(self, **inputs: Any) -> tuple[Any, torch.Tensor]:
         """One decoder forward, and the mean of the middle layers' outputs at every position
         (``middle_layers`` in base.py), summed as each layer finishes so no layer's output is kept.
+        Under a caller's cancellation that this pass serves alone (``pass_stop.watched``), each layer
+        first checks it and raises ``Cancelled`` once it is set: a long pass stops inside, and what it
+        wrote goes with its frames (``pass_stop.py`` says why nothing shared is left half-written).
         """
         total: list[torch.Tensor] = []
 
@@ -94,6 +106,12 @@ class TorchPasses(Backend):
             total.append(state if not total else total.pop() + state)
 
         hooks = [self.decoder.layers[i].register_forward_hook(add) for i in self._middle]
+        signal = watched()
+        if signal is not None:
+            hooks += [
+                layer.register_forward_pre_hook(partial(_check_before, signal, i, self.n_layers))
+                for i, layer in enumerate(self.decoder.layers)
+            ]
         try:
             out = self.decoder(**inputs)
         finally:

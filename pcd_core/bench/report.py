@@ -124,6 +124,19 @@ _SESSION_MEMORY = (  # pcd bench --session FILE --session-memory N
 )
 
 
+_HANGUP = (  # pcd bench --hangup N
+    ("backend", "backend", "{}"),
+    ("dtype", "dtype", "{}"),
+    ("questions", "questions", "{}"),
+    ("long_tokens", "long pass tokens", "{}"),
+    ("stop_inside", "stops inside its pass", "{}"),
+    ("repeat", "drops", "{}"),
+    ("median_short_queue_ms", "short decide queue ms (median)", "{:.0f}"),
+    ("median_short_wall_ms", "short decide wall ms (median)", "{:.0f}"),
+    ("short_decide_ms", "short decide alone ms (median)", "{:.1f}"),
+)
+
+
 def _cell(record: dict[str, Any], key: str, fmt: str) -> str:
     value = record.get(key)
     if value is None:
@@ -143,6 +156,7 @@ def write_table(records: list[dict[str, Any]], out: TextIO) -> None:
         ("widths", _WIDTHS),
         ("session", _SESSION),
         ("session_memory", _SESSION_MEMORY),
+        ("hangup", _HANGUP),
     )
     for mode, columns in modes:
         picked = [r for r in records if r.get("mode") == mode]

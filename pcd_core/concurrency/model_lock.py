@@ -25,7 +25,11 @@ Cancellation rides on the same boundaries. A server that sees its client leave s
 point, fill, decide, generate and stream, is covered by the one lock they all take). The request then
 raises ``Cancelled`` where it would next take or offer the model: on entering a turn, at every
 ``pause``, and while it waits in the queue (it leaves the queue). The model is released on the way out
-and the rows it grew go with its frames, so the next request starts at once.
+and the rows it grew go with its frames, so the next request starts at once. A pass itself need not
+run to its end: ``cancellable`` also hands the flag to the backends (``backends/pass_stop.py``), and
+the torch backend checks it between decoder layers, so a long pass (a 200-question decide is one)
+stops inside when it serves the cancelled caller alone; a pass joined with other callers' work
+(``pass_join.py``) runs to its end. ``tests/test_stop_inside.py`` stops a real pass inside;
 ``tests/test_fairness.py`` cancels a real reply and fill between passes;
 ``tests/test_chat_completions.py`` drops a real client in the middle of a long chat and reads the
 next request's wait; ``tests/test_mcp_server.py`` abandons an MCP fill mid-generation.
@@ -47,6 +51,10 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, TypeVar
 
+# the in-pass check's switch is re-exported (``as``) for callers above the backends: ``pcd bench --hangup``
+from pcd_core.backends.pass_stop import set_stopping_inside as set_stopping_inside
+from pcd_core.backends.pass_stop import stopping_inside as stopping_inside
+from pcd_core.backends.pass_stop import watching
 from pcd_core.errors import Cancelled
 
 _T = TypeVar("_T")
@@ -83,10 +91,13 @@ _CURRENT: ContextVar[Cancellation | None] = ContextVar("pcd_cancellation", defau
 
 @contextmanager
 def cancellable(token: Cancellation) -> Iterator[Cancellation]:
-    """Run the engine calls in the block under ``token``: once it is set they raise ``Cancelled``."""
+    """Run the engine calls in the block under ``token``: once it is set they raise ``Cancelled``, at
+    a pass boundary or inside a pass that serves them alone (``backends/pass_stop.py``).
+    """
     reset = _CURRENT.set(token)
     try:
-        yield token
+        with watching(token):
+            yield token
     finally:
         _CURRENT.reset(reset)
 

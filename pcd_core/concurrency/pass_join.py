@@ -15,7 +15,9 @@ where each row sees its own prefix and its own row only, so each reply gets the 
 alone; ``chatting.py``, ``joined_grow``), decides over one head, and fills of one compiled schema
 that generate nothing (both in ``engine.py``, through ``batching.BatchRead``, each state's answers
 those of its own decide or fill). A caller that stops (its consumer gone, ``Cancelled``) withdraws work nobody took;
-work already taken runs and its result is dropped. When a joined pass fails, each piece is run
+work already taken runs and its result is dropped: a pass that carries several callers' work runs
+under ``pass_stop.shared_pass``, so no caller's cancellation stops it inside (``backends/pass_stop.py``),
+while a caller's work read alone may stop inside its pass. When a joined pass fails, each piece is run
 alone, so one caller's error reaches that caller only. ``tests/test_stepping.py`` checks concurrent
 replies, decides and fills against the same read one by one, and the passes they cost.
 """
@@ -28,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from pcd_core.backends.base import Backend, GrowStep, Prefix, Rows
+from pcd_core.backends.pass_stop import shared_pass
 from pcd_core.concurrency.model_lock import no_pause
 
 W = TypeVar("W")
@@ -143,10 +146,12 @@ class PassJoin(Generic[W, R]):
                 only.finish(self.run_alone(only.work, pause), None, only.tokens)
                 return
             try:
-                results = self.run_many([ticket.work for ticket in taken])
+                with shared_pass():  # others' work rides in it: one caller leaving must not stop it
+                    results = self.run_many([ticket.work for ticket in taken])
             except Exception:
                 for ticket in taken:
-                    self._run_caught(ticket)
+                    with shared_pass(ticket is not taken[0]):  # the caller's own piece may stop inside
+                        self._run_caught(ticket)
                 return
             tokens = sum(ticket.tokens for ticket in taken)
             for ticket, result in zip(taken, results, strict=True):

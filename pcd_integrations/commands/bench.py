@@ -25,6 +25,7 @@ from pcd_core.bench.widths import bench_widths
 from pcd_core.loading.dummy_weights import check_architecture
 from pcd_integrations.commands import common
 from pcd_integrations.commands.bench_clients import bench_clients
+from pcd_integrations.commands.bench_hangup import bench_hangup
 
 #: what ``--backend all`` runs, in turn
 LOCAL_BACKENDS = tuple(name for name in BACKENDS if name != "vllm")
@@ -88,6 +89,17 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     bench.add_argument(
         "--client-tokens", type=int, default=32, metavar="M", help="--clients: max_tokens of each chat reply"
+    )
+    bench.add_argument(
+        "--hangup",
+        type=int,
+        nargs="?",
+        const=200,
+        default=0,
+        metavar="N",
+        help="instead, serve the engine on a loopback port, start a decide of N questions (default 200), hang "
+        "up once its pass is under way and time a short decide sent then, with the in-pass cancellation "
+        "check off and on (--repeat drops each)",
     )
     bench.add_argument(
         "--choices",
@@ -266,6 +278,17 @@ def _check(args: argparse.Namespace) -> tuple[list[BenchCase], tuple[str, ...]]:
         raise PcdError(
             "--widths runs alone, on local backends (not with --throughput, --choices, --clients or --versus)"
         )
+    if args.hangup < 0 or args.hangup > DEFAULT_LIMITS.max_questions:
+        raise PcdError(f"--hangup {args.hangup}: from 1 to {DEFAULT_LIMITS.max_questions} questions")
+    if (
+        args.hangup
+        and (args.throughput or args.choices or args.clients or args.widths or args.session or args.versus)
+        or (args.hangup and args.backend in ("all", "vllm"))
+    ):
+        raise PcdError(
+            "--hangup runs alone, on one local backend (not with --throughput, --choices, --clients, --widths, "
+            "--session or --versus)"
+        )
     if args.session and (args.throughput or args.choices or args.clients or args.widths or args.versus):
         raise PcdError("--session runs alone (not with --throughput, --choices, --clients, --widths or --versus)")
     if args.session_memory < 0 or args.session_tokens < 1:
@@ -364,7 +387,7 @@ def run_bench(args: argparse.Namespace) -> int:
     steps = 2 + args.repeat * (2 + len(baselines))  # warm-up, repeats, the memory runs
     per_backend = (
         1
-        if args.throughput or args.clients or widths or conversation
+        if args.throughput or args.clients or args.hangup or widths or conversation
         else len(choices)
         if choices
         else len(cases) * steps
@@ -401,6 +424,10 @@ def run_bench(args: argparse.Namespace) -> int:
                 continue
             if args.clients:
                 records.extend(bench_clients(engine, args.clients, args.client_requests, args.client_tokens))
+                progress.update(1)
+                continue
+            if args.hangup:
+                records.extend(bench_hangup(engine, args.hangup, args.repeat))
                 progress.update(1)
                 continue
             if widths:
