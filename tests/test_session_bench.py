@@ -42,6 +42,10 @@ RUNS = (
     "session_torch_merged.json",
     "session_torch_threads.json",
     "session_llamacpp.json",
+    "session_torch_ahead.json",
+    "session_torch_ahead_threads.json",
+    "session_llamacpp_ahead.json",
+    "session_torch_questions.json",
 )
 
 
