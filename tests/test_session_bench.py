@@ -122,3 +122,24 @@ def test_session_questions_are_checked_before_any_load(tmp_path, capsys):
     assert main(["bench", "--session", str(EXAMPLE), "--session-questions", str(bad)]) != 0
     assert main(["bench", "--session-questions", str(QUESTIONS)]) != 0
     assert "--session-questions" in capsys.readouterr().err
+
+
+#: the two layouts docs/sessions.md compares on labelled sets, by the key in each record's file name
+LAYOUTS = {"questions": "questions after the text (`decide`)", "head": "the question in the head (`fill`)"}
+
+
+@pytest.mark.parametrize("name", ["polarity", "20ng-5"])
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_the_layout_table_is_the_recorded_eval(name, layout):
+    path = ROOT / "docs" / "eval" / "layout" / f"smollm2-135m.{name}.{layout}.json"
+    if not path.exists():
+        pytest.skip(f"{path.name} was not recorded")
+    record = json.loads(path.read_text())
+    raw, debiased = record["overall"]["raw"], record["overall"]["debiased"]
+    row = (
+        f"| {name} | {int(raw['n'])} | {LAYOUTS[layout]} | {raw['accuracy']:.3f} | {raw['ece']:.3f} "
+        f"| {debiased['accuracy']:.3f} | {debiased['ece']:.3f} | {record['tokens_read']:,} |"
+    )
+    page = (ROOT / "docs" / "sessions.md").read_text()
+    assert row in page
+    assert record["meta"]["command"].removeprefix("pcd ") in page
