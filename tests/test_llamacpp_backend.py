@@ -219,8 +219,8 @@ def test_a_wrong_layout_or_a_wrong_read_of_shared_cells_is_refused_at_load(monke
             layout, seq_ids=layout.seq_ids[:n_trunk] + tuple(every for _ in layout.seq_ids[n_trunk:])
         )
 
-    def misread(self, layout, hidden=False):
-        out = right_decode(self, layout, hidden)
+    def misread(self, layout, hidden=False, stoppable=False):
+        out = right_decode(self, layout, hidden, stoppable)
         if any(len(seqs) > 1 for seqs in layout.seq_ids):  # a pass with shared cells reads them off by a little
             for logits in out.logits.values():
                 logits[::7] += 0.01

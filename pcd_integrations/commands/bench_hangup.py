@@ -24,9 +24,9 @@ import time
 from typing import Any
 from urllib.parse import urlsplit
 
-from pcd_core import PcdError
+from pcd_core import Cancellation, PcdError
 from pcd_core.bench.measure import weights_dtype
-from pcd_core.concurrency.model_lock import Cancellation, run_cancellable, set_stopping_inside
+from pcd_core.concurrency.model_lock import run_cancellable, set_stopping_inside
 
 LONG_STATE = (
     "Hi, I ordered a blender (order 5521) three weeks ago. It arrived with a cracked jug, the refund I was "
