@@ -224,8 +224,7 @@ class BatchRead:
             if wave_index:
                 pause()
                 for stem, plan, done in zip(stems, plans, filled):
-                    for wave in compiled.waves[written:wave_index]:
-                        stem.ids += tuple(plan.answer_lines(set(wave), done.chosen))
+                    stem.ids += tuple(plan.waves_lines(compiled.waves[written:wave_index], done.chosen))
                 written = wave_index
             for stem, plan in zip(stems, plans):
                 stem.tasks = plan.first_tasks(speculation) if not wave_index else plan.tasks(wave_index)

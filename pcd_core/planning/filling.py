@@ -13,7 +13,7 @@ rebuilds the value. The pass counts this keeps are checked by ``tests/test_engin
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TypedDict
 
@@ -138,6 +138,12 @@ class FillPlan:
         first = self.tasks(0)
         return first if speculation is None else speculation.tasks(first, self.tasks(1))
 
+    def waves_lines(self, waves: Sequence[tuple[str, ...]], chosen: Mapping[str, int]) -> list[int]:
+        """The chosen answer lines of ``waves``, wave after wave: what a prefix lacks when those
+        waves were decided but not yet written in (one wave, or two read in one pass).
+        """
+        return [t for wave in waves for t in self.answer_lines(set(wave), chosen)]
+
     def answer_lines(self, names: set[str], chosen: Mapping[str, int]) -> list[int]:
         """The chosen answer lines of the fields in ``names``, in schema order: the trunk that the
         next wave's rows (or the open rows) hang from.
@@ -260,7 +266,7 @@ def read_waves(
     later_waves = range(len(unwritten), len(compiled.waves))
     for wave_index in later_waves:
         pause()
-        lines = [t for wave in unwritten for t in plan.answer_lines(set(wave), filled.chosen)]
+        lines = plan.waves_lines(unwritten, filled.chosen)
         tasks = plan.tasks(wave_index)
         decoded = decode(
             model.backend, decoded.prefix, tasks, rounds, trunk=lines, pause=pause, hidden=plan.reads_hidden(adjust)
@@ -292,7 +298,7 @@ def _generate_open(
     prompt (the ``unwritten`` waves', in order).
     """
     compiled = plan.compiled
-    lines = [t for wave in unwritten for t in plan.answer_lines(set(wave), filled.chosen)]
+    lines = plan.waves_lines(unwritten, filled.chosen)
     meter.stats = replace(meter.stats, prompt_tokens=meter.stats.prompt_tokens + len(lines))
     max_new_tokens = dict(plan.max_new_tokens) if plan.max_new_tokens is not None else None
     filled.generated, filled.warnings = generate_open_fields(
